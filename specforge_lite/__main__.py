@@ -1,0 +1,80 @@
+"""Command line: `python -m specforge_lite STAGE [hydra overrides]`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+
+STAGE_HELP = {
+    "sample": "run the target over a prompt set and record its own answers (runs/<recipe>/samples)",
+    "train": "train a drafter on the samples (runs/<recipe>/train)",
+    "evaluate": "measure acceptance length and speedup against plain decoding and other drafters (runs/<recipe>/eval)",
+    "export": "write a checkpoint vLLM loads (runs/<recipe>/export)",
+    "run": "all of the above, in order",
+}
+
+USAGE = """usage: python -m specforge_lite STAGE [+recipe=NAME] [key=value ...] [--cfg job]
+
+stages:
+{stages}
+
+examples:
+  python -m specforge_lite sample +recipe=eagle_smollm2 data.max_samples=32
+  python -m specforge_lite run +recipe=smoke
+  python -m specforge_lite train +recipe=eagle_smollm2 --cfg job    # print the resolved config
+
+recipes: {recipes}
+`python -m specforge_lite STAGE --help` shows Hydra's help for a stage (config groups and options).
+"""
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+log = logging.getLogger("specforge_lite")
+
+
+def _usage() -> str:
+    stages = "\n".join(f"  {name:<9} {text}" for name, text in STAGE_HELP.items())
+    recipes = ", ".join(sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))) or "(none found)"
+    return USAGE.format(stages=stages, recipes=recipes)
+
+
+def _dispatch(cfg) -> None:
+    from specforge_lite.stages import run_stage
+
+    try:
+        run_stage(cfg)
+    except SpecforgeError as err:
+        log.error("%s", err)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        sys.exit(0 if argv else 2)
+    stage, rest = argv[0], argv[1:]
+    if stage not in STAGE_HELP:
+        print(f"error: unknown stage {stage!r}; choose one of: {', '.join(STAGE_HELP)}\n", file=sys.stderr)
+        print(_usage(), file=sys.stderr)
+        sys.exit(2)
+    if not CONF_DIR.is_dir():
+        print(f"error: config directory {CONF_DIR} not found; install the project editable (pip install -e .)",
+              file=sys.stderr)
+        sys.exit(2)
+
+    import hydra
+
+    from specforge_lite.config import register_configs
+
+    register_configs()
+    task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_dispatch)
+    sys.argv = [f"specforge_lite {stage}", *rest, f"stage={stage}"]
+    task()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Conversation sources, validation, splitting and chat templating."""

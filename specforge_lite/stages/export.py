@@ -1,0 +1,9 @@
+"""The `export` stage (not built yet)."""
+
+from omegaconf import DictConfig
+
+from specforge_lite.stages import StageNotBuilt
+
+
+def run(cfg: DictConfig) -> None:
+    raise StageNotBuilt("the 'export' stage is not built yet in this version of specforge_lite")

@@ -1,0 +1,275 @@
+"""The `sample` stage: the target answers the training prompts in its own words.
+
+A drafter learns to predict the target, so it trains best on text the target itself
+wrote. This stage reads a conversation source, keeps the train side of the held-out
+split, regenerates the assistant turns with the target (the last one, or every one
+conditioned on the target's own earlier answers) and writes parquet shards of
+`input_ids` and assistant-only `loss_mask` under `run_dir/samples/`.
+
+Resume: shards are the unit of work and are committed by rename; a restarted run
+skips the shards that exist, so a killed run loses at most the shard in flight.
+Data parallel: rank r of w writes shards r, r+w, r+2w, ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import atomic_write_json, package_versions, stage_dir, write_provenance
+from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
+from specforge_lite.data.readers import heldout_split, read_conversations
+from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
+from specforge_lite.targets import load_target, resolve_dtype, resolve_target_path
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- backends
+
+class HFBackend:
+    """Batched, left-padded `generate` on a transformers model."""
+
+    def __init__(self, model, tokenizer, sample_cfg):
+        self.model, self.tokenizer, self.cfg = model, tokenizer, sample_cfg
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id])
+        self.pad_id = tokenizer.pad_token_id
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+        device = self.model.device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention[row, width - len(ids):] = 1
+        greedy = self.cfg.temperature <= 0
+        out = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device),
+            max_new_tokens=self.cfg.max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else self.cfg.temperature, top_p=None if greedy else self.cfg.top_p,
+            top_k=None, eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id)
+        results = []
+        for row in out[:, width:].tolist():
+            stop = next((i for i, tok in enumerate(row) if tok in self.eos_ids), None)
+            results.append((row[: stop + 1], "stop") if stop is not None else (row, "length"))
+        return results
+
+
+class VllmBackend:
+    """vLLM offline engine (tensor parallel for big targets); same output as HFBackend."""
+
+    def __init__(self, model_path: str, target_cfg, sample_cfg):
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError as err:
+            raise SpecforgeError("sample.backend=vllm needs vLLM on a GPU machine: "
+                                 "pip install 'specforge_lite[vllm]'") from err
+        dtype = resolve_dtype(target_cfg.dtype, torch.device("cuda"))
+        self.llm = LLM(model=model_path, dtype=str(dtype).removeprefix("torch."),
+                       tensor_parallel_size=sample_cfg.vllm.tensor_parallel_size,
+                       gpu_memory_utilization=sample_cfg.vllm.gpu_memory_utilization,
+                       max_model_len=sample_cfg.vllm.max_model_len, seed=sample_cfg.seed,
+                       trust_remote_code=target_cfg.trust_remote_code)
+        greedy = sample_cfg.temperature <= 0
+        self.params = SamplingParams(max_tokens=sample_cfg.max_new_tokens,
+                                     temperature=0.0 if greedy else sample_cfg.temperature,
+                                     top_p=1.0 if greedy else sample_cfg.top_p)
+
+    def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), "stop" if o.outputs[0].finish_reason == "stop" else "length")
+                for o in outputs]
+
+
+# --------------------------------------------------------------------------- work
+
+def regenerate(backend, tokenizer, records: list[dict], sample_cfg, max_length: int,
+               on_tokens=lambda n: None) -> tuple[list[dict], Counter]:
+    """Regenerate the assistant turns of `records`; returns output rows and skip counts.
+
+    Requests of one round (the k-th regenerated turn of every conversation) are sorted
+    by prompt length and batched, which keeps left padding small.
+    """
+    skipped: Counter = Counter()
+    states = []
+    for record in records:
+        messages = [dict(m) for m in record["messages"]]
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if sample_cfg.turns == "last":
+            turns = turns[-1:]
+        states.append({"id": record["id"], "messages": messages, "turns": turns, "generated": 0,
+                       "finish": [], "alive": True})
+    for round_index in range(max((len(s["turns"]) for s in states), default=0)):
+        requests = []
+        for state in states:
+            if state["alive"] and round_index < len(state["turns"]):
+                turn = state["turns"][round_index]
+                ids = prompt_ids(tokenizer, state["messages"][:turn])
+                if len(ids) > sample_cfg.max_prompt_length:
+                    state["alive"] = False
+                    skipped["prompt_too_long"] += 1
+                    continue
+                requests.append((state, turn, ids))
+        requests.sort(key=lambda r: len(r[2]))
+        for start in range(0, len(requests), sample_cfg.batch_size):
+            batch = requests[start:start + sample_cfg.batch_size]
+            for (state, turn, _), (gen, finish) in zip(batch, backend.generate([r[2] for r in batch])):
+                text = tokenizer.decode(gen, skip_special_tokens=True).strip()
+                state["generated"] += len(gen)
+                on_tokens(len(gen))
+                if not text:
+                    state["alive"] = False
+                    skipped["empty_reply"] += 1
+                    continue
+                state["messages"][turn]["content"] = text
+                state["finish"].append(finish)
+    rows = []
+    for state in states:
+        if not state["alive"]:
+            continue
+        last = state["turns"][-1] if state["turns"] else len(state["messages"]) - 1
+        messages = state["messages"][: last + 1]  # turns after the last regenerated one no longer fit
+        input_ids, loss_mask = tokenize_conversation(tokenizer, messages, max_length)
+        rows.append({"id": state["id"], "messages": messages, "input_ids": input_ids,
+                     "loss_mask": loss_mask, "num_generated_tokens": state["generated"],
+                     "finish_reasons": state["finish"]})
+    return rows, skipped
+
+
+def _rank_and_world(sample_cfg) -> tuple[int, int]:
+    rank = sample_cfg.rank if sample_cfg.rank is not None else int(os.environ.get("RANK", 0))
+    world = sample_cfg.world_size if sample_cfg.world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
+    if not 0 <= rank < world:
+        raise SpecforgeError(f"sample.rank={rank} is outside world_size={world}")
+    return rank, world
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """What decides the content of the shards; a resume with another value is refused."""
+    keys = {
+        "target": cfg.target.path, "chat_template": cfg.target.chat_template,
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "sample": {k: OmegaConf.to_container(cfg.sample, resolve=True)[k] for k in
+                   ("max_new_tokens", "max_prompt_length", "temperature", "top_p", "turns", "shard_size", "seed")},
+    }
+    keys["data"].pop("strict", None)
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run(cfg: DictConfig) -> None:
+    out = stage_dir(cfg, "sample")
+    data_dir = out / "data"
+    rank, world = _rank_and_world(cfg.sample)
+    sample_cfg = cfg.sample
+
+    records, read_stats = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
+    train, heldout = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
+    if cfg.data.max_samples is not None:
+        train = train[: cfg.data.max_samples]
+    if not train:
+        raise SpecforgeError(f"no training conversations left from {cfg.data.source}")
+
+    print_ = fingerprint(cfg)
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        previous = json.loads(meta_path.read_text()).get("fingerprint")
+        if previous != print_ and completed_shards(data_dir):
+            raise SpecforgeError(
+                f"{out} holds samples made with other settings (fingerprint {previous}, now {print_}); "
+                "use another run_dir or delete that folder to start over")
+    if rank == 0:
+        write_provenance(out, cfg)
+        atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
+                                               "num_train": len(train), "read": read_stats.to_dict()})
+        _write_meta(meta_path, cfg, print_, train, heldout, read_stats, data_dir, complete=False)
+
+    shard_size = sample_cfg.shard_size
+    num_shards = (len(train) + shard_size - 1) // shard_size
+    mine = [j for j in range(num_shards) if j % world == rank]
+    done = set(completed_shards(data_dir))
+    todo = [j for j in mine if j not in done]
+    size = lambda j: min(shard_size, len(train) - j * shard_size)  # noqa: E731
+    if len(todo) < len(mine):
+        log.info("resuming: %d of this rank's %d shards already written", len(mine) - len(todo), len(mine))
+
+    if todo:
+        tokenizer = None
+        if sample_cfg.backend == "vllm":
+            from specforge_lite.targets import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.target)
+            backend = VllmBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg)
+        else:
+            model, tokenizer = load_target(cfg.target)
+            backend = HFBackend(model, tokenizer, sample_cfg)
+        require_chat_template(tokenizer)
+        started, generated = time.perf_counter(), 0
+        bar = tqdm(total=sum(size(j) for j in mine), initial=sum(size(j) for j in mine if j in done),
+                   desc=f"sample rank {rank}/{world}", unit="conv", dynamic_ncols=True)
+
+        def count_tokens(n: int) -> None:
+            nonlocal generated
+            generated += n
+            bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - started):.1f}")
+
+        for j in todo:
+            torch.manual_seed(sample_cfg.seed * 1_000_003 + j)  # same shard, same draws, after any restart
+            chunk = train[j * shard_size:(j + 1) * shard_size]
+            rows, skipped = regenerate(backend, tokenizer, chunk, sample_cfg, cfg.data.max_length, count_tokens)
+            write_shard(data_dir, j, rows, {"records": len(chunk), "written": len(rows), "skipped": dict(skipped),
+                                            "generated_tokens": sum(r["num_generated_tokens"] for r in rows)})
+            bar.update(len(chunk))
+        bar.close()
+        elapsed = time.perf_counter() - started
+        log.info("rank %d generated %d tokens in %.1f s (%.1f tokens/s)", rank, generated, elapsed,
+                 generated / max(elapsed, 1e-9))
+
+    if rank == 0 and set(completed_shards(data_dir)) >= set(range(num_shards)):
+        meta = _write_meta(meta_path, cfg, print_, train, heldout, read_stats, data_dir, complete=True)
+        log.info("samples: %d conversations, %d assistant tokens in %s (skipped: %s)", meta["num_rows"],
+                 meta["num_loss_tokens"], data_dir, meta["skipped"] or "none")
+    elif rank == 0:
+        log.info("rank 0 done; %d shards of %d written so far (other ranks still working)",
+                 len(completed_shards(data_dir)), num_shards)
+
+
+def _write_meta(path: Path, cfg, print_, train, heldout, read_stats, data_dir: Path, complete: bool) -> dict:
+    skipped: Counter = Counter()
+    num_rows = num_tokens = num_loss = generated = 0
+    if complete:
+        import pyarrow.parquet as pq
+
+        for j in completed_shards(data_dir):
+            stats = json.loads(stats_path(data_dir, j).read_text())
+            skipped.update(stats["skipped"])
+            generated += stats["generated_tokens"]
+            table = pq.read_table(shard_path(data_dir, j), columns=["input_ids", "loss_mask"])
+            num_rows += table.num_rows
+            for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
+                num_tokens += len(ids)
+                num_loss += sum(mask)
+    meta = {
+        "complete": complete, "fingerprint": print_,
+        "target": cfg.target.path,
+        "sampling": {k: v for k, v in OmegaConf.to_container(cfg.sample, resolve=True).items()
+                     if k not in ("rank", "world_size", "vllm")},
+        "data": {"source": cfg.data.source, "num_train": len(train), "num_heldout": len(heldout),
+                 "read": read_stats.to_dict()},
+        "num_rows": num_rows, "num_tokens": num_tokens, "num_loss_tokens": num_loss,
+        "num_generated_tokens": generated, "skipped": dict(skipped), "versions": package_versions(),
+    }
+    atomic_write_json(path, meta)
+    return meta
