@@ -47,7 +47,7 @@ def _dispatch(cfg) -> None:
     try:
         run_stage(cfg)
     except SpecforgeError as err:
-        log.error("%s", err)
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
 
     register_configs()
     task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_dispatch)
-    sys.argv = [f"specforge_lite {stage}", *rest, f"stage={stage}"]
+    sys.argv = [f"specforge_lite {stage}", f"stage={stage}", *rest]
     task()
 
 

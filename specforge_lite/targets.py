@@ -44,8 +44,11 @@ def cache_root() -> Path:
 
 
 def resolve_device(spec: str) -> torch.device:
+    """`auto` is CUDA when present; a bare `cuda` under a launcher is this process's GPU (LOCAL_RANK)."""
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cuda" and "LOCAL_RANK" in os.environ:
+        spec = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecforgeError(f"target.device={spec} but CUDA is not available on this machine")

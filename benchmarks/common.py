@@ -1,0 +1,51 @@
+"""Shared by the benchmark scripts: results JSON and the sections of docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import time
+from pathlib import Path
+
+from specforge_lite.artifacts import package_versions
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+
+HEADER = """# Benchmarks
+
+Every number here is written by a script in `benchmarks/` from a run on the machine
+named in its section; re-run the command to reproduce it. Ratios are measured inside
+one run (the machines are shared and noisy); absolute tokens/s vary between runs.
+"""
+
+
+def machine() -> str:
+    import os
+
+    import torch
+
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+            f"threads {torch.get_num_threads()}"
+            + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"))
+
+
+def write_results(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+               "versions": package_versions(), **payload}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def update_doc_section(name: str, markdown: str) -> None:
+    """Replace (or append) the section between `<!-- name -->` markers in docs/BENCHMARKS.md."""
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    text = DOC.read_text() if DOC.exists() else HEADER
+    block = f"<!-- {name} -->\n{markdown.strip()}\n<!-- /{name} -->"
+    pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(text)

@@ -1,0 +1,76 @@
+"""Shared fixtures: the repo's real Hydra configs, tiny targets, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO / "conf"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def compose(overrides: list[str] | None = None):
+    """Compose the real config the CLI would see (`stage` defaults to sample)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from specforge_lite.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return hydra_compose(config_name="config", overrides=overrides or [])
+
+
+@pytest.fixture
+def compose_cfg():
+    return compose
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, check: bool = False
+            ) -> subprocess.CompletedProcess:
+    """Run `python -m specforge_lite ARGS` in a real subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "specforge_lite", *args], cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"CLI {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def target_cfg(path: str, **extra):
+    return OmegaConf.create({"path": path, "dtype": "float32", "device": "cpu", "chat_template": None,
+                             "trust_remote_code": False, **extra})
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    """(model, tokenizer) of the tiny random Llama built from the repo's config."""
+    from specforge_lite.targets import load_target
+
+    return load_target(target_cfg("builtin:tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    from specforge_lite.targets import load_tokenizer
+
+    return load_tokenizer(target_cfg("builtin:smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_target():
+    from specforge_lite.targets import load_target
+
+    return load_target(target_cfg("builtin:smollm2-135m-instruct"))

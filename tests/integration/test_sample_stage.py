@@ -1,0 +1,145 @@
+"""The sample stage end to end through the real CLI: output, resume after SIGKILL,
+data-parallel ranks, refused resumes, and the real SmolLM2 target."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specforge_lite.data.samples import completed_shards, load_samples
+from tests.conftest import REPO, run_cli
+
+
+def write_prompts(path, n):
+    with path.open("w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"p{i:03d}", "messages": [
+                {"role": "user", "content": f"Question number {i}: " + "why? " * (i % 7)},
+                {"role": "assistant", "content": "An answer the target will replace."}]}) + "\n")
+    return path
+
+
+def smoke_args(run_dir, source, *extra):
+    return ["sample", "+recipe=smoke", f"run_dir={run_dir}", f"data.source={source}",
+            "data.heldout_fraction=0", *extra]
+
+
+def rows_by_id(run_dir):
+    ds = load_samples(run_dir / "samples")
+    ids = ds["id"]
+    assert len(ids) == len(set(ids)), "duplicate records"
+    return {row["id"]: row for row in ds}
+
+
+def test_smoke_sample_writes_dataset_and_provenance(tmp_path):
+    run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", check=True)
+    out = tmp_path / "samples"
+    for name in ("config.yaml", "versions.json", "meta.json", "split.json"):
+        assert (out / name).exists(), name
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["complete"] and meta["target"] == "builtin:tiny-llama"
+    assert meta["sampling"]["max_new_tokens"] == 16 and "torch" in meta["versions"]
+    rows = rows_by_id(tmp_path)
+    assert len(rows) == meta["num_rows"] == meta["data"]["num_train"]
+    heldout = set(json.loads((out / "split.json").read_text())["heldout_ids"])
+    assert heldout and not heldout & set(rows)
+    for row in rows.values():
+        assert len(row["input_ids"]) == len(row["loss_mask"]) and 0 < sum(row["loss_mask"]) < len(row["loss_mask"])
+        assert row["messages"][-1]["role"] == "assistant"
+        assert row["num_generated_tokens"] > 0
+
+
+def test_kill_and_resume_loses_nothing_and_duplicates_nothing(tmp_path):
+    source = write_prompts(tmp_path / "prompts.jsonl", 60)
+    args = ["sample.shard_size=2", "sample.batch_size=2", "sample.max_new_tokens=64"]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", *smoke_args(killed, source, *args)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while len(completed_shards(killed / "samples" / "data")) < 3:
+        assert proc.poll() is None, "sample finished or died before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written_before = len(completed_shards(killed / "samples" / "data"))
+    assert 3 <= written_before < 30, "the kill must land mid-run"
+
+    resumed = run_cli(*smoke_args(killed, source, *args), check=True)
+    assert f"resuming: {written_before} of this rank's 30 shards already written" in resumed.stdout + resumed.stderr
+
+    clean = tmp_path / "clean"
+    run_cli(*smoke_args(clean, source, *args), check=True)
+    got, want = rows_by_id(killed), rows_by_id(clean)
+    assert sorted(got) == sorted(want) == [f"p{i:03d}" for i in range(60)]
+    assert got == want
+
+
+def test_data_parallel_ranks_split_one_prompt_set(tmp_path):
+    source = write_prompts(tmp_path / "prompts.jsonl", 12)
+    args = ["sample.shard_size=2", "sample.max_new_tokens=8"]
+    run_dir = tmp_path / "dp"
+    procs = [subprocess.Popen([sys.executable, "-m", "specforge_lite",
+                               *smoke_args(run_dir, source, *args, f"sample.rank={r}", "sample.world_size=2")],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    # rank 0 may finish first; a re-run (any world size) completes the metadata and writes nothing new
+    run_cli(*smoke_args(run_dir, source, *args), check=True)
+    single = tmp_path / "single"
+    run_cli(*smoke_args(single, source, *args), check=True)
+    assert rows_by_id(run_dir) == rows_by_id(single)
+    assert json.loads((run_dir / "samples" / "meta.json").read_text())["complete"]
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", check=True)
+    proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "sample.max_new_tokens=7")
+    assert proc.returncode == 2
+    assert "holds samples made with other settings" in proc.stderr
+
+
+def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path):
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vLLM is installed here; the error path cannot be reached")
+    except ImportError:
+        pass
+    proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "sample.backend=vllm")
+    assert proc.returncode == 2
+    assert "sample.backend=vllm needs vLLM" in proc.stderr
+
+
+def test_stages_not_built_exit_non_zero(tmp_path):
+    for stage in ("train", "export"):
+        proc = run_cli(stage, "+recipe=smoke", f"run_dir={tmp_path}")
+        if "not built yet" not in proc.stderr:
+            continue  # the stage exists now; its own tests cover it
+        assert proc.returncode == 2
+
+
+@pytest.mark.slow
+def test_sample_real_smollm2(tmp_path):
+    run_cli("sample", "+recipe=eagle_smollm2", f"run_dir={tmp_path}", "data.max_samples=4",
+            "sample.max_new_tokens=24", "sample.batch_size=4", "sample.max_prompt_length=200", check=True)
+    rows = rows_by_id(tmp_path)
+    meta = json.loads((tmp_path / "samples" / "meta.json").read_text())
+    assert len(rows) == meta["num_rows"] >= 1
+    assert len(rows) + meta["skipped"].get("prompt_too_long", 0) + meta["skipped"].get("empty_reply", 0) == 4
+    from specforge_lite.targets import load_tokenizer
+    from tests.conftest import target_cfg
+
+    tokenizer = load_tokenizer(target_cfg("builtin:smollm2-135m-instruct"))
+    for row in rows.values():
+        replies = tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m])
+        for message in row["messages"]:  # every assistant turn is the target's and is masked in
+            if message["role"] == "assistant" and len(row["input_ids"]) < 512:
+                assert message["content"] in replies
+        assert len(replies.split()) > 3  # a real model writes words
