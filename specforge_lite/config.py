@@ -86,8 +86,83 @@ class SampleConfig:
 @dataclass
 class EvalConfig:
     dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
-    max_prompts: Optional[int] = None
+    max_prompts: Optional[int] = None  # a subset spread over the categories (round robin)
+    max_turns: Optional[int] = None  # user turns per prompt; later turns see the target's own answers
     max_new_tokens: int = 128
+    # Decoders measured side by side. Ours: plain, ngram, draft_model; Hugging Face's:
+    # hf_generate, hf_prompt_lookup, hf_assisted (with the draft_model below as assistant).
+    # `plain` is always run (the speedup baseline and the reference output).
+    methods: List[str] = field(default_factory=lambda: [
+        "plain", "ngram", "draft_model", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
+    num_draft_tokens: int = 4  # k, the chain length (HF peers get the same k)
+    temperature: float = 0.0  # 0 means greedy (outputs are then checked against plain)
+    top_p: float = 1.0
+    ngram_max: int = 3  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)
+    ngram_min: int = 1
+    ngram_prefer: str = "last"  # which earlier occurrence to copy from: last (most recent) | first (HF's rule)
+    draft_model: Optional[str] = None  # an HF causal LM dir with the target's vocab; null: truncated target
+    truncate_layers: Optional[int] = None  # layers of the truncated target copy; null: min(4, L // 4)
+    warmup: int = 1  # untimed runs of every method on the first prompt before measuring
+    warmup_tokens: int = 32  # new tokens per warm-up run
+    best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
+    cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
+    plots: bool = True
+
+
+class TrainMode(str, Enum):
+    online = "online"  # the frozen target runs inside the training loop
+    offline = "offline"  # target features are cached to disk first, then read back
+
+
+class Tracker(str, Enum):
+    wandb = "wandb"  # offline by default (WANDB_MODE=offline unless set): works with no network
+    tensorboard = "tensorboard"
+    none = "none"
+
+
+@dataclass
+class DrafterConfig:
+    name: str = "eagle3"  # eagle3 (more drafters land with their own issues)
+    # eagle3
+    draft_vocab_size: int = 8192
+    aux_layer_ids: Optional[List[int]] = None  # null: [2, L//2, L-3]
+    ttt_steps: int = 3  # training-time test unroll
+
+
+@dataclass
+class TrainConfig:
+    mode: TrainMode = TrainMode.online
+    epochs: float = 1.0
+    max_steps: Optional[int] = None  # optimizer steps; overrides epochs
+    batch_size: int = 4  # sequences per micro-batch
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    max_grad_norm: float = 0.5
+    step_weight: float = 0.8  # loss weight of TTT step j is step_weight ** j
+    checkpoint_every: int = 50  # optimizer steps; 0 disables
+    keep_checkpoints: int = 2
+    resume: bool = True  # continue from the newest checkpoint in run_dir/train
+    log_every: int = 5
+    tracker: Tracker = Tracker.wandb
+    seed: int = 0
+    mixed_precision: str = "auto"  # auto (bf16 on GPU, none on CPU) | no | bf16
+    offline_shard_size: int = 64  # sequences per cached feature shard
+    dry_run: bool = False  # build on the meta device, print sizes and memory, train nothing
+
+
+@dataclass
+class ExportConfig:
+    # k written into the speculators config; null: `best_k` from run_dir/eval/report.json
+    # (measured on this machine), or `fallback_tokens` when no evaluation has run.
+    speculative_tokens: Optional[int] = None
+    fallback_tokens: int = 3
+    # what vLLM's short form `vllm serve DRAFT_DIR` loads as the target; null: the hub id
+    # of a built-in target, else target.path
+    verifier_name_or_path: Optional[str] = None
+    sglang: bool = False  # also write SGLang's layout under export/sglang
 
 
 @dataclass
@@ -100,6 +175,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     # Free-form notes a recipe carries into its artifacts (hardware, expected time).
     notes: List[Any] = field(default_factory=list)
 

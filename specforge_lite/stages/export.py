@@ -1,9 +1,102 @@
-"""The `export` stage (not built yet)."""
+"""The `export` stage: turn the trained drafter into a directory a serving engine loads.
 
+Reads `run_dir/train/drafter`, writes `run_dir/export/` in the speculators format
+vLLM loads (plus SGLang's layout with `export.sglang=true`) and a README with the
+serve commands, then reloads what it wrote strictly and checks that the reloaded
+drafter computes the trained drafter's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
 from omegaconf import DictConfig
 
-from specforge_lite.stages import StageNotBuilt
+from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
+from specforge_lite.drafters import eagle3
+from specforge_lite.drafters.eagle3_export import (HUB_IDS, load_speculators_dir, write_sglang_dir,
+                                                   write_speculators_dir)
+from specforge_lite.targets import load_target, resolve_target_path
+
+log = logging.getLogger(__name__)
+
+
+def chosen_k(cfg: DictConfig) -> tuple[int, str]:
+    if cfg.export.speculative_tokens is not None:
+        return int(cfg.export.speculative_tokens), "export.speculative_tokens"
+    report = Path(cfg.run_dir) / "eval" / "report.json"
+    if report.exists():
+        best = json.loads(report.read_text()).get("best_k")
+        if isinstance(best, int) and best > 0:
+            return best, f"best_k measured by evaluate ({report})"
+    return int(cfg.export.fallback_tokens), "export.fallback_tokens (no evaluation report found)"
+
+
+@torch.no_grad()
+def max_logit_difference(a, b, vocab_size: int, hidden: int) -> float:
+    torch.manual_seed(0)
+    ids = torch.randint(0, vocab_size, (2, 24), device=a.fc.weight.device)
+    aux = torch.randn(2, 24, 3 * hidden, device=a.fc.weight.device)
+    return max(float((x - y).abs().max()) for x, y in zip(a.ttt_forward(ids, aux, 3), b.ttt_forward(ids, aux, 3)))
 
 
 def run(cfg: DictConfig) -> None:
-    raise StageNotBuilt("the 'export' stage is not built yet in this version of specforge_lite")
+    trained = Path(cfg.run_dir) / "train" / "drafter"
+    if not (trained / "config.json").exists():
+        raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first")
+    kind = json.loads((trained / "config.json").read_text()).get("drafter")
+    if kind != "eagle3":
+        raise SpecforgeError(f"{trained}: export of drafter {kind!r} is not built yet")
+    out = stage_dir(cfg, "export")
+    write_provenance(out, cfg)
+    target, _ = load_target(cfg.target)
+    drafter = eagle3.load(trained, target)
+    k, k_source = chosen_k(cfg)
+    verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
+    architectures = list(target.config.architectures or ["LlamaForCausalLM"])
+
+    speculators_dir = out / "speculators"
+    config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)
+    reloaded = load_speculators_dir(speculators_dir, target)
+    diff = max_logit_difference(drafter, reloaded, drafter.config.vocab_size, drafter.config.hidden_size)
+    if diff != 0.0:
+        raise SpecforgeError(f"{speculators_dir}: reloaded drafter differs from the trained one (max |dlogit| {diff})")
+    log.info("speculators export passed its strict reload (every key and shape; logits identical)")
+    if cfg.export.sglang:
+        write_sglang_dir(drafter, out / "sglang")
+    atomic_write_text(speculators_dir / "README.md", serve_readme(cfg, verifier, k, k_source, config))
+    atomic_write_json(out / "export.json", {"format": "speculators", "path": str(speculators_dir),
+                                            "speculative_tokens": k, "speculative_tokens_source": k_source,
+                                            "verifier": verifier, "strict_reload": "passed",
+                                            "sglang": str(out / "sglang") if cfg.export.sglang else None})
+    log.info("export written to %s (k=%d from %s)", speculators_dir, k, k_source)
+
+
+def serve_readme(cfg: DictConfig, verifier: str, k: int, k_source: str, config: dict) -> str:
+    return f"""# EAGLE-3 drafter for {verifier}
+
+Trained by specforge_lite (recipe `{cfg.recipe_name}`). Format: speculators (EAGLE-3),
+draft vocabulary {config['draft_vocab_size']} of {config['transformer_layer_config']['vocab_size']} tokens,
+aux hidden-state layers {config['eagle_aux_hidden_state_layer_ids']}.
+Speculative tokens k = {k} ({k_source}).
+
+Serve with vLLM (long form, works with any local target path):
+
+```bash
+vllm serve {verifier} \\
+  --speculative-config '{{"method": "eagle3", "model": "<this directory>", "num_speculative_tokens": {k}}}'
+```
+
+Short form (needs `verifier.name_or_path` in config.json to be a hub id vLLM can fetch):
+
+```bash
+vllm serve <this directory>
+```
+
+Check it offline: `python -m specforge_lite export +recipe={cfg.recipe_name}` reloads this directory
+strictly (every field, key and shape) and compares logits with the trained drafter.
+"""

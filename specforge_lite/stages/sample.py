@@ -30,6 +30,7 @@ from specforge_lite.artifacts import atomic_write_json, package_versions, stage_
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
+from specforge_lite.decoding.verify import SamplingParams, warp_probs
 from specforge_lite.targets import load_target, resolve_dtype, resolve_target_path
 
 log = logging.getLogger(__name__)
@@ -38,16 +39,26 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- backends
 
 class HFBackend:
-    """Batched, left-padded `generate` on a transformers model."""
+    """Batched generation on a transformers model: left-padded prefill, then one token
+    per step with a KV cache; rows that reach EOS leave the batch (their cache rows
+    are dropped), so a long answer does not keep finished ones computing."""
 
     def __init__(self, model, tokenizer, sample_cfg):
         self.model, self.tokenizer, self.cfg = model, tokenizer, sample_cfg
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id])
         self.pad_id = tokenizer.pad_token_id
+        self.sampling = SamplingParams(temperature=max(sample_cfg.temperature, 0.0), top_p=sample_cfg.top_p)
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.sampling.greedy:
+            return logits.argmax(dim=-1)
+        return torch.multinomial(warp_probs(logits, self.sampling), 1).squeeze(-1)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+        from transformers import DynamicCache
+
         device = self.model.device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -55,17 +66,36 @@ class HFBackend:
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids):] = torch.tensor(ids)
             attention[row, width - len(ids):] = 1
-        greedy = self.cfg.temperature <= 0
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device),
-            max_new_tokens=self.cfg.max_new_tokens, do_sample=not greedy,
-            temperature=None if greedy else self.cfg.temperature, top_p=None if greedy else self.cfg.top_p,
-            top_k=None, eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id)
-        results = []
-        for row in out[:, width:].tolist():
-            stop = next((i for i, tok in enumerate(row) if tok in self.eos_ids), None)
-            results.append((row[: stop + 1], "stop") if stop is not None else (row, "length"))
-        return results
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        next_position = attention.sum(-1, keepdim=True)
+        rows = list(range(len(prompts)))  # original index of each live batch row
+        generated: list[list[int]] = [[] for _ in prompts]
+        finish = ["length"] * len(prompts)
+        for step in range(self.cfg.max_new_tokens):
+            tokens = self._pick(logits)
+            keep = []
+            for j, (row, token) in enumerate(zip(rows, tokens.tolist())):
+                generated[row].append(token)
+                if token in self.eos_ids:
+                    finish[row] = "stop"
+                else:
+                    keep.append(j)
+            if not keep or step == self.cfg.max_new_tokens - 1:
+                break
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attention, next_position, tokens = attention[index], next_position[index], tokens[index]
+                rows = [rows[j] for j in keep]
+            attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
+            logits = self.model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_position,
+                                past_key_values=cache, use_cache=True).logits[:, -1]
+            next_position = next_position + 1
+        return list(zip(generated, finish))
 
 
 class VllmBackend:

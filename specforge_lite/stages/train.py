@@ -1,9 +1,297 @@
-"""The `train` stage (not built yet)."""
+"""The `train` stage: fit a drafter to the target on the sampled conversations.
 
-from omegaconf import DictConfig
+Reads `run_dir/samples`, builds the drafter from the target, then loops: target
+features for a micro-batch (online: the frozen target runs here; offline: read from
+the feature cache built first), the drafter's loss summed over its positions, one
+optimizer step per `grad_accum` micro-batches with the gradient divided by the
+number of loss positions of the whole step (across micro-batches and ranks).
+Checkpoints land atomically in `run_dir/train/checkpoints/step-N`; a restarted run
+continues from the newest one and ends with the weights an uninterrupted run has.
+The trained drafter is written to `run_dir/train/drafter/`.
+"""
 
-from specforge_lite.stages import StageNotBuilt
+from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import atomic_write_json, stage_dir, write_provenance
+from specforge_lite.data.samples import load_samples
+from specforge_lite.drafters import eagle3
+from specforge_lite.drafters.vocab import count_tokens
+from specforge_lite.features import FeatureCache, collate, draft_vocab_targets, target_hidden
+from specforge_lite.targets import load_target
+
+log = logging.getLogger(__name__)
+
+DRAFTERS = {"eagle3": eagle3}
+
+
+# --------------------------------------------------------------------------- data order
+
+def plan_batches(lengths: list[int], batch_size: int, seed: int, epochs: float) -> list[list[int]]:
+    """Deterministic micro-batches of sequence indices for the whole run.
+
+    Each epoch: a seeded permutation, cut into windows of 16 batches; within a window
+    sequences are sorted by length (less padding), then the batches are shuffled.
+    """
+    rng = random.Random(seed)
+    per_epoch = math.ceil(len(lengths) / batch_size)
+    total = max(1, math.ceil(per_epoch * epochs))
+    batches: list[list[int]] = []
+    while len(batches) < total:
+        order = list(range(len(lengths)))
+        rng.shuffle(order)
+        window = batch_size * 16
+        epoch_batches = []
+        for w in range(0, len(order), window):
+            chunk = sorted(order[w:w + window], key=lambda i: lengths[i])
+            epoch_batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        rng.shuffle(epoch_batches)
+        batches += epoch_batches
+    return batches[:total]
+
+
+def lr_at(step: int, total: int, cfg) -> float:
+    """Linear warm-up to `lr`, then cosine down to `lr * min_lr_ratio`."""
+    warmup = max(1, int(total * cfg.warmup_ratio))
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+def trainable_state(drafter) -> dict[str, torch.Tensor]:
+    """Everything but the frozen target embedding (it is copied from the target on build)."""
+    return {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int) -> Path:
+    final = ckpt_dir / f"step-{step:07d}"
+    tmp = ckpt_dir / f".step-{step:07d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(trainable_state(drafter), str(tmp / "drafter.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
+    for old in sorted(ckpt_dir.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    done = sorted(p for p in ckpt_dir.glob("step-*") if (p / "state.json").exists())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path: Path, drafter, optimizer) -> int:
+    missing, unexpected = drafter.load_state_dict(load_file(str(path / "drafter.safetensors")), strict=False)
+    if unexpected or set(missing) - {"embed_tokens.weight"}:
+        raise SpecforgeError(f"checkpoint {path} does not fit this drafter (missing {missing}, unexpected {unexpected})")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return json.loads((path / "state.json").read_text())["step"]
+
+
+# --------------------------------------------------------------------------- trackers
+
+class Tracker:
+    def __init__(self, cfg: DictConfig, out: Path, enabled: bool):
+        self.kind = cfg.train.tracker if enabled else "none"
+        self.run = None
+        if self.kind == "wandb":
+            import wandb
+
+            os.environ.setdefault("WANDB_MODE", "offline")
+            self.run = wandb.init(project="specforge_lite", name=cfg.recipe_name, dir=str(out), reinit=True,
+                                  config=OmegaConf.to_container(cfg, resolve=True))
+        elif self.kind == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise SpecforgeError("train.tracker=tensorboard needs: pip install tensorboard") from err
+            self.run = SummaryWriter(log_dir=str(out / "tensorboard"))
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self.kind == "wandb":
+            self.run.log(metrics, step=step)
+        elif self.kind == "tensorboard":
+            for k, v in metrics.items():
+                self.run.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.kind == "wandb":
+            self.run.finish()
+        elif self.kind == "tensorboard":
+            self.run.close()
+
+
+# --------------------------------------------------------------------------- the stage
 
 def run(cfg: DictConfig) -> None:
-    raise StageNotBuilt("the 'train' stage is not built yet in this version of specforge_lite")
+    if cfg.drafter.name not in DRAFTERS:
+        raise SpecforgeError(f"drafter.name={cfg.drafter.name!r}; choose one of {sorted(DRAFTERS)}")
+    if cfg.train.dry_run:
+        from specforge_lite.dry_run import dry_run
+
+        dry_run(cfg)
+        return
+    from accelerate import Accelerator
+
+    tcfg = cfg.train
+    out = stage_dir(cfg, "train")
+    mixed = tcfg.mixed_precision
+    if mixed == "auto":
+        mixed = "bf16" if torch.cuda.is_available() else "no"
+    accelerator = Accelerator(mixed_precision=mixed, cpu=cfg.target.device == "cpu")
+    if accelerator.is_main_process:
+        write_provenance(out, cfg)
+
+    samples = load_samples(Path(cfg.run_dir) / "samples")
+    target, tokenizer = load_target(OmegaConf.merge(cfg.target, {"device": str(accelerator.device)}))
+    counts = count_tokens(zip(samples["input_ids"], samples["loss_mask"]), target.config.vocab_size)
+    module = DRAFTERS[cfg.drafter.name]
+    drafter = module.build(cfg, target, counts)
+    aux_ids = drafter.config.aux_layer_ids
+    draft_vocab, t2d = drafter.draft_vocab, drafter.t2d
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    log.info("drafter %s: %.2fM trainable parameters, draft vocab %d of %d, aux layers %s",
+             cfg.drafter.name, sum(p.numel() for p in params) / 1e6, drafter.config.draft_vocab_size,
+             drafter.config.vocab_size, aux_ids)
+
+    lengths = [len(ids) for ids in samples["input_ids"]]
+    batches = plan_batches(lengths, tcfg.batch_size, tcfg.seed, tcfg.epochs)
+    total_steps = tcfg.max_steps or max(1, len(batches) // tcfg.grad_accum)
+    needed = total_steps * tcfg.grad_accum
+    while len(batches) < needed:  # max_steps past the planned epochs: keep cycling the plan
+        batches += plan_batches(lengths, tcfg.batch_size, tcfg.seed + len(batches), 1.0)
+
+    cache = None
+    if tcfg.mode == "offline":
+        cache = FeatureCache(out / "features", tcfg.offline_shard_size)
+        if accelerator.is_main_process:
+            cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size)
+        accelerator.wait_for_everyone()
+
+    optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))
+    drafter, optimizer = accelerator.prepare(drafter, optimizer)
+    raw = accelerator.unwrap_model(drafter)
+
+    ckpt_dir = out / "checkpoints"
+    start = 0
+    if tcfg.resume and (latest := latest_checkpoint(ckpt_dir)) is not None:
+        start = load_checkpoint(latest, raw, optimizer)
+        log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
+
+    tracker = Tracker(cfg, out, accelerator.is_main_process)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+               disable=not accelerator.is_local_main_process)
+    window = {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
+    history = []
+    for step in range(start, total_steps):
+        t0 = time.perf_counter()
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, total_steps, tcfg)
+        micro = [batches[step * tcfg.grad_accum + m] for m in range(tcfg.grad_accum)]
+        # this rank's share of every micro-batch: sequences rank, rank+world, ...
+        micro = [[i for k, i in enumerate(b) if k % world == rank] or b[:1] for b in micro]
+        prepared, target_time = [], 0.0
+        for indices in micro:
+            t_target = time.perf_counter()
+            batch = collate([samples[i] for i in indices], tokenizer.pad_token_id, accelerator.device)
+            if cache is None:
+                aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids)
+            else:
+                aux, last = cache.batch(indices, accelerator.device)
+            batch["aux_hidden"] = aux
+            batch["target_logits"], in_draft = draft_vocab_targets(target, last, draft_vocab, t2d, batch["loss_mask"])
+            # token i is learnable if it is an assistant token and the target's prediction of it
+            # (made at position i-1) is expressible in the draft vocab
+            batch["valid"] = torch.zeros_like(batch["loss_mask"])
+            batch["valid"][:, 1:] = batch["loss_mask"][:, 1:] * in_draft[:, :-1]
+            target_time += time.perf_counter() - t_target
+            prepared.append(batch)
+            window["tokens"] += int(batch["attention_mask"].sum())
+        # the gradient is divided by the loss positions of the whole optimizer step, on all ranks
+        counts = torch.stack([b["valid"][:, 2:].sum().float() for b in prepared])
+        global_positions = accelerator.reduce(counts.sum(), reduction="sum").clamp(min=1.0)
+        for m, batch in enumerate(prepared):
+            sync = accelerator.no_sync(drafter) if m < len(prepared) - 1 else contextlib.nullcontext()
+            with sync, accelerator.autocast():
+                loss, num, metrics = module.loss_and_metrics(drafter, batch, cfg.drafter.ttt_steps,
+                                                             tcfg.step_weight)
+                # DDP averages gradients over ranks; multiplying by world makes it a global sum
+                accelerator.backward(loss * world / global_positions)
+            window["loss"] += float(loss.detach())
+            window["positions"] += num
+            if window["correct"] is None:
+                window["correct"] = {k: [0] * len(v) for k, v in metrics.items()}
+            for k, v in metrics.items():
+                window["correct"][k] = [a + b for a, b in zip(window["correct"][k], v)]
+        grad_norm = accelerator.clip_grad_norm_(params, tcfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        window["time"] += time.perf_counter() - t0
+        window["target_time"] += target_time
+        bar.update(1)
+
+        done = step + 1
+        if done % tcfg.log_every == 0 or done == total_steps:
+            stats = summarise_window(window, optimizer.param_groups[0]["lr"], float(grad_norm))
+            stats["step"] = done
+            history.append(stats)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats['acc'][0]:.2f}",
+                            tau_sim=f"{stats['simulated_tau']:.2f}", tok_s=f"{stats['tokens_per_s']:.0f}")
+            tracker.log({"loss": stats["loss"], "lr": stats["lr"], "tokens_per_s": stats["tokens_per_s"],
+                         "simulated_tau": stats["simulated_tau"], "target_share": stats["target_share"],
+                         "grad_norm": stats["grad_norm"],
+                         **{f"acc/step{j}": a for j, a in enumerate(stats["acc"])}}, step=done)
+            window = {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
+        if accelerator.is_main_process and tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 \
+                and done < total_steps:
+            save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints)
+    bar.close()
+    tracker.close()
+
+    if accelerator.is_main_process:
+        final = out / "drafter"
+        module.save(raw, final, extra={"trained_steps": total_steps, "history": history})
+        if history:
+            atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
+        log.info("drafter written to %s", final)
+    accelerator.wait_for_everyone()
+
+
+def summarise_window(window: dict, lr: float, grad_norm: float) -> dict:
+    """Means over the logging window. simulated_tau = 1 + E[consecutive correct steps from
+    step 0] (teacher-forced, bonus token included, as in Spec-Bench's tau)."""
+    correct = window["correct"] or {"correct": [0], "total": [1], "chain": [0]}
+    totals = correct["total"]
+    acc = [c / t if t else 0.0 for c, t in zip(correct["correct"], totals)]
+    simulated_tau = 1.0 + sum(c / totals[0] for c in correct["chain"]) if totals[0] else 1.0
+    return {"loss": window["loss"] / max(1, window["positions"]), "acc": acc, "simulated_tau": simulated_tau,
+            "tokens_per_s": window["tokens"] / max(window["time"], 1e-9),
+            "target_share": window["target_time"] / max(window["time"], 1e-9), "lr": lr, "grad_norm": grad_norm}

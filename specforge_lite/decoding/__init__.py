@@ -1,0 +1,1 @@
+"""Speculative decoding (batch 1) over Hugging Face causal LMs."""

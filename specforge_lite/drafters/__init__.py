@@ -1,0 +1,1 @@
+"""Drafters: one module each (config, nn.Module, export). `DRAFTERS` maps names to modules."""

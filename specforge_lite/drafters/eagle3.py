@@ -1,0 +1,338 @@
+"""EAGLE-3 drafter: config, module, training-time-test forward.
+
+Shapes: B batch, T sequence, H hidden, V target vocab, V_d draft vocab.
+
+The target's hidden states from three layers (`aux_layer_ids`, Hugging Face
+`output_hidden_states` indices) are concatenated and fused by `fc` (3H -> H). At
+anchor position t the decoder layer reads `cat(input_layernorm(embed(x[t+1])),
+hidden_norm(g[t]))` (2H wide) and predicts x[t+2] over the draft vocabulary. Step
+j > 0 of the training-time test (TTT) feeds the layer's own output at step j-1 back
+in place of g and reads x[t+1+j]; its query sits at position t+j and attends to the
+step-0 keys at positions <= t plus the keys of steps 1..j at anchor t, which is
+exactly what it sees when drafting at inference.
+
+Parameter names equal the speculators checkpoint names (`fc.weight`,
+`layers.0.self_attn.q_proj.weight`, `lm_head.weight`, `d2t`, `t2d`, ...), so export
+is `state_dict()` less the frozen embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    aux_layer_ids: list[int] = field(default_factory=list)
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    hidden_act: str = "silu"
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: list[int] | None = None
+                    ) -> "Eagle3Config":
+        layers = target_config.num_hidden_layers
+        rope = getattr(target_config, "rope_parameters", None) or {}
+        head_dim = getattr(target_config, "head_dim", None) or \
+            target_config.hidden_size // target_config.num_attention_heads
+        return cls(hidden_size=target_config.hidden_size, num_attention_heads=target_config.num_attention_heads,
+                   num_key_value_heads=target_config.num_key_value_heads, head_dim=head_dim,
+                   intermediate_size=target_config.intermediate_size, vocab_size=target_config.vocab_size,
+                   draft_vocab_size=min(draft_vocab_size, target_config.vocab_size),
+                   aux_layer_ids=list(aux_layer_ids) if aux_layer_ids else default_aux_layers(layers),
+                   rms_norm_eps=target_config.rms_norm_eps,
+                   rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
+                   max_position_embeddings=target_config.max_position_embeddings,
+                   hidden_act=target_config.hidden_act)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """Low, middle and high layers: `[2, L//2, L-3]` (the EAGLE-3 default)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (Llama's rotate-half form). x [B, heads, T, D], positions [B, T]."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = positions[:, None, :, None].float() * inv_freq  # [B, 1, T, D/2]
+    cos = torch.cat([angles.cos()] * 2, dim=-1).to(x.dtype)
+    sin = torch.cat([angles.sin()] * 2, dim=-1).to(x.dtype)
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.cfg = cfg
+        width = 2 * cfg.hidden_size
+        self.q_proj = nn.Linear(width, cfg.num_attention_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """q [B, heads, T, D], k and v [B, heads, T, D] (kv heads repeated), rotary applied."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return q, k, v
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = nn.ModuleDict({
+            "gate_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
+            "up_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
+            "down_proj": nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False),
+        })
+
+    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual over the (un-normalised) hidden input, then the MLP block."""
+        hidden = hidden + attn_out
+        x = self.post_attention_layernorm(hidden)
+        return hidden + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        self.fc = nn.Linear(3 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    # ------------------------------------------------------------------ set-up
+
+    @torch.no_grad()
+    def init_from_target(self, target, draft_vocab: torch.Tensor) -> None:
+        """Copy the target's embeddings and its lm_head rows of the draft vocab; set d2t/t2d.
+
+        draft_vocab: [V_d] sorted target ids.
+        """
+        from specforge_lite.drafters.vocab import vocab_maps
+
+        self.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        self.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_vocab])
+        d2t, t2d = vocab_maps(draft_vocab, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        self.init_std = target.config.initializer_range
+
+    @property
+    def draft_vocab(self) -> torch.Tensor:
+        """[V_d] target ids of the draft vocabulary (`i + d2t[i]`)."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """[B, T, 3H] concatenated target hidden states -> [B, T, H]."""
+        return self.fc(aux_hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] layer output -> [..., V_d] draft-vocab logits."""
+        return self.lm_head(self.norm(hidden))
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        return self.ttt_forward(input_ids, aux_hidden, steps)
+
+    def ttt_forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int,
+                    positions: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Training-time test unroll.
+
+        input_ids: [B, T] the sequence x; aux_hidden: [B, T, 3H] target features at each position.
+        Returns `steps` tensors [B, T, V_d]: entry j at anchor t is the drafter's prediction of
+        x[t+2+j] (compare with the target's distribution at position t+1+j). Inputs past the
+        end of the sequence are padded with token 0; mask those positions in the loss.
+        """
+        b, t = input_ids.shape
+        if positions is None:
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        layer = self.layers[0]
+        attn = layer.self_attn
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+
+        hidden = self.fuse(aux_hidden)
+        tokens = input_ids
+        keys, values = [], []
+        outputs = []
+        for step in range(steps):
+            tokens = F.pad(tokens[:, 1:], (0, 1))  # x[t+1+step] at anchor t
+            x = layer.attention_input(self.embed_tokens(tokens), hidden)
+            q, k, v = attn.project(x, positions + step)
+            keys.append(k)
+            values.append(v)
+            # step-0 keys: causal over positions; later steps' keys: only the same anchor
+            scores = (q @ keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
+            scores = scores.masked_fill(~causal, float("-inf"))
+            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in keys[1:]]  # each [B, h, T, 1]
+            probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1)
+            attended = probs[..., :t] @ values[0]
+            for i, vv in enumerate(values[1:]):
+                attended = attended + probs[..., t + i: t + i + 1] * vv
+            hidden = layer.finish(hidden, attn.output(attended))
+            outputs.append(self.logits(hidden))
+        return outputs
+
+
+def ttt_targets(target_logits: torch.Tensor, loss_mask: torch.Tensor, steps: int):
+    """Align the target side of the TTT loss with `ttt_forward`'s outputs.
+
+    target_logits: [B, T, V_d] target logits restricted to the draft vocab (position i
+    predicts x[i+1]); loss_mask: [B, T] token-indexed (1 where x[i] is to be learned).
+    Returns per step j `(target_logits_j [B, T, V_d], mask_j [B, T])`: at anchor t, the
+    target's logits at position t+1+j and loss_mask[t+2+j] (0 past the end).
+    """
+    out = []
+    for step in range(steps):
+        shift = step + 1
+        logits = F.pad(target_logits[:, shift:], (0, 0, 0, shift))
+        mask = F.pad(loss_mask[:, shift + 1:], (0, shift + 1))
+        out.append((logits, mask))
+    return out
+
+
+# ---------------------------------------------------------------------- training objective
+
+def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
+    """A drafter for `target` with the draft vocab taken from loss-masked token counts."""
+    from specforge_lite.drafters.vocab import build_draft_vocab
+
+    draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter.draft_vocab_size,
+                                         list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None)
+    if len(draft_cfg.aux_layer_ids) != 3:
+        raise ValueError(f"EAGLE-3 takes exactly 3 aux layers (vLLM enforces it), got {draft_cfg.aux_layer_ids}")
+    for layer_id in draft_cfg.aux_layer_ids:
+        if not 0 <= layer_id < target.config.num_hidden_layers:
+            raise ValueError(f"aux layer id {layer_id} is outside 0..{target.config.num_hidden_layers - 1}")
+    eos = target.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    draft_vocab = build_draft_vocab(token_counts, draft_cfg.draft_vocab_size, always=eos)
+    torch.manual_seed(cfg.train.seed)
+    drafter = Eagle3Drafter(draft_cfg)
+    std = target.config.initializer_range
+    for module in drafter.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+    drafter.init_from_target(target, draft_vocab)
+    return drafter.to(target.device)
+
+
+def loss_and_metrics(drafter, batch: dict, steps: int, step_weight: float):
+    """Summed (not averaged) weighted loss and counts for one micro-batch.
+
+    drafter: an `Eagle3Drafter` or its DDP wrapper (called, so gradients synchronise).
+    batch: `input_ids` [B, T], `aux_hidden` [B, T, 3H], `target_logits` [B, T, V_d] (the
+    target's logits on the draft vocab) and `valid` [B, T] (token i is an assistant token
+    whose target prediction the draft vocab can express).
+    Loss per step j: soft cross-entropy against the target's draft-vocab distribution at
+    valid positions, weighted step_weight ** j. Returns `(loss_sum, num_positions_step0,
+    metrics)` with per-step correct / total / chain (all steps so far correct) counts.
+    """
+    from specforge_lite.losses import soft_cross_entropy
+
+    outputs = drafter(batch["input_ids"], batch["aux_hidden"], steps)
+    targets = ttt_targets(batch["target_logits"], batch["valid"], steps)
+    loss = batch["aux_hidden"].new_zeros(())
+    metrics = {"correct": [], "total": []}
+    chain = None  # consecutive correct steps per anchor, for the simulated acceptance length
+    for j, (logits, (target_logits, mask)) in enumerate(zip(outputs, targets)):
+        mask = mask.bool()
+        per_position = soft_cross_entropy(logits, target_logits)
+        loss = loss + (step_weight ** j) * per_position[mask].sum()
+        correct = (logits.argmax(-1) == target_logits.argmax(-1)) & mask
+        metrics["correct"].append(int(correct.sum()))
+        metrics["total"].append(int(mask.sum()))
+        chain = correct if chain is None else chain & correct
+        metrics.setdefault("chain", []).append(int(chain.sum()))
+    num = metrics["total"][0]
+    return loss, num, metrics
+
+
+# ---------------------------------------------------------------------- save / load
+
+def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
+    """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
+    (every weight but the frozen embedding, under the speculators names)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
+    save_file(state, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({"drafter": "eagle3", **drafter.config.to_dict(),
+                                                       **(extra or {})}, indent=2))
+
+
+def load(directory: Path, target) -> Eagle3Drafter:
+    """A drafter saved by `save`, with the target's embedding, on the target's device."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    fields = {f for f in Eagle3Config.__dataclass_fields__}
+    drafter = Eagle3Drafter(Eagle3Config(**{k: v for k, v in raw.items() if k in fields}))
+    missing, unexpected = drafter.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
+    if unexpected or set(missing) != {"embed_tokens.weight"}:
+        raise ValueError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    return drafter.to(target.device).eval()

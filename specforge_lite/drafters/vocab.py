@@ -1,0 +1,41 @@
+"""The reduced draft vocabulary of EAGLE-3 and its maps to the target vocabulary."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def count_tokens(sequences: Iterable[tuple[list[int], list[int]]], vocab_size: int) -> torch.Tensor:
+    """[V] counts of target ids at loss-masked positions over `(input_ids, loss_mask)` pairs."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids, mask in sequences:
+        ids_t = torch.as_tensor(ids, dtype=torch.long)
+        mask_t = torch.as_tensor(mask, dtype=torch.bool)
+        counts += torch.bincount(ids_t[mask_t], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def build_draft_vocab(counts: torch.Tensor, size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """[size] sorted target ids: `always` (e.g. EOS) first, then the most frequent.
+
+    Ties (and tokens never seen, when fewer than `size` were) go to the lower id, so
+    the result is deterministic.
+    """
+    vocab_size = counts.numel()
+    if not 0 < size <= vocab_size:
+        raise ValueError(f"draft vocab size {size} must be in (0, {vocab_size}]")
+    score = counts.double() - torch.arange(vocab_size, dtype=torch.double) / (2 * vocab_size)
+    forced = sorted(set(int(i) for i in always))
+    score[forced] = float("inf")
+    return score.topk(size).indices.sort().values
+
+
+def vocab_maps(draft_vocab: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`d2t` [V_d] int64 offsets (target id = i + d2t[i]) and `t2d` [V] bool membership."""
+    draft_vocab = draft_vocab.to(torch.long).cpu()
+    d2t = draft_vocab - torch.arange(draft_vocab.numel(), dtype=torch.long)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[draft_vocab] = True
+    return d2t, t2d

@@ -1,0 +1,133 @@
+"""What the frozen target contributes to a training batch, online or from a disk cache.
+
+For a batch of right-padded sequences the target gives, per position: the hidden
+states of the drafter's aux layers (concatenated, [B, T, 3H]) and the final hidden
+state after the model's norm ([B, T, H]), from which the logits over any subset of
+the vocabulary are one small matmul. Offline mode stores exactly these (bf16 on
+disk) so training never needs the full-vocab logits or the target itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def target_hidden(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layer_ids) -> tuple:
+    """`(aux_hidden [B, T, 3H], last_hidden [B, T, H])` from one frozen target forward."""
+    out = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                       use_cache=False)
+    aux = torch.cat([out.hidden_states[i] for i in aux_layer_ids], dim=-1)
+    return aux, out.last_hidden_state
+
+
+@torch.no_grad()
+def draft_vocab_targets(target, last_hidden: torch.Tensor, draft_vocab: torch.Tensor, t2d: torch.Tensor,
+                        loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target logits on the draft vocab [B, T, V_d] and whether the full-vocab argmax is in it [B, T].
+
+    The full-vocab argmax is only computed where a loss can land (positions i whose
+    next token i+1 is masked in), which saves most of the large lm_head.
+    """
+    weight = target.get_output_embeddings().weight
+    logits = last_hidden @ weight[draft_vocab].T
+    needed = torch.zeros_like(loss_mask, dtype=torch.bool)
+    needed[:, :-1] = loss_mask[:, 1:].bool()
+    in_draft = torch.zeros_like(needed)
+    if needed.any():
+        argmax = (last_hidden[needed] @ weight.T).argmax(-1)
+        in_draft[needed] = t2d[argmax]
+    return logits, in_draft
+
+
+def collate(rows: list[dict], pad_id: int, device) -> dict:
+    """Right-pad a list of samples rows to `input_ids`, `attention_mask`, `loss_mask` [B, T]."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.as_tensor(r["input_ids"])
+        attention[i, :n] = 1
+        mask[i, :n] = torch.as_tensor(r["loss_mask"])
+    return {"input_ids": ids.to(device), "attention_mask": attention.to(device), "loss_mask": mask.to(device)}
+
+
+class FeatureCache:
+    """Offline mode: aux and last hidden states per sequence in safetensors shards.
+
+    `features/shard-NNNNN.safetensors` holds sequences [N*S, (N+1)*S) as tensors
+    `aux.<i>` [T_i, 3H] and `last.<i>` [T_i, H] (bf16); a shard is written to a
+    temporary name and renamed, so a killed caching run resumes at the first missing shard.
+    """
+
+    def __init__(self, directory: Path, shard_size: int):
+        self.dir = Path(directory)
+        self.shard_size = shard_size
+        self._open: dict[int, object] = {}
+
+    def shard_file(self, index: int) -> Path:
+        return self.dir / f"shard-{index:05d}.safetensors"
+
+    @staticmethod
+    def estimate_bytes(num_tokens: int, hidden_size: int) -> int:
+        return num_tokens * 4 * hidden_size * 2  # aux (3H) + last (H), bf16
+
+    def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        num_tokens = sum(len(ids) for ids in samples["input_ids"])
+        size = self.estimate_bytes(num_tokens, target.config.hidden_size)
+        num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
+        todo = [j for j in range(num_shards) if not self.shard_file(j).exists()]
+        log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s (%d of %d shards to write)",
+                 len(samples), num_tokens, size / 1e9, self.dir, len(todo), num_shards)
+        (self.dir / "meta.json").write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
+                                                        "aux_layer_ids": list(aux_layer_ids),
+                                                        "estimated_bytes": size, "shard_size": self.shard_size}))
+        bar = tqdm(total=len(samples), initial=(num_shards - len(todo)) * self.shard_size, desc="cache features",
+                   unit="seq", dynamic_ncols=True)
+        for j in todo:
+            lo, hi = j * self.shard_size, min((j + 1) * self.shard_size, len(samples))
+            tensors = {}
+            for start in range(lo, hi, batch_size):
+                rows = [samples[i] for i in range(start, min(start + batch_size, hi))]
+                batch = collate(rows, pad_id, target.device)
+                aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
+                for k, row in enumerate(rows):
+                    n = len(row["input_ids"])
+                    tensors[f"aux.{start + k}"] = aux[k, :n].to(torch.bfloat16).cpu().contiguous()
+                    tensors[f"last.{start + k}"] = last[k, :n].to(torch.bfloat16).cpu().contiguous()
+                bar.update(len(rows))
+            tmp = self.dir / f".shard-{j:05d}.tmp"
+            save_file(tensors, str(tmp))
+            tmp.replace(self.shard_file(j))
+        bar.close()
+
+    def get(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's features, read through a memory map (random access is cheap)."""
+        shard = index // self.shard_size
+        if shard not in self._open:
+            self._open[shard] = safe_open(str(self.shard_file(shard)), framework="pt")
+        handle = self._open[shard]
+        return handle.get_tensor(f"aux.{index}").float(), handle.get_tensor(f"last.{index}").float()
+
+    def batch(self, indices: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded `(aux [B, T, 3H], last [B, T, H])` for the given sequence indices."""
+        pairs = [self.get(i) for i in indices]
+        width = max(a.shape[0] for a, _ in pairs)
+        aux = torch.zeros(len(pairs), width, pairs[0][0].shape[-1])
+        last = torch.zeros(len(pairs), width, pairs[0][1].shape[-1])
+        for k, (a, l_) in enumerate(pairs):
+            aux[k, : a.shape[0]] = a
+            last[k, : l_.shape[0]] = l_
+        return aux.to(device), last.to(device)

@@ -1,0 +1,88 @@
+"""EAGLE-3 drafter: vocab maps, shapes, TTT alignment, checkpoint round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specforge_lite.drafters import eagle3
+from specforge_lite.drafters.vocab import build_draft_vocab, count_tokens, vocab_maps
+
+
+def test_draft_vocab_takes_most_frequent_masked_tokens():
+    counts = count_tokens([([5, 6, 6, 7, 7, 7], [0, 1, 1, 1, 1, 1]), ([5, 5, 5], [0, 0, 0])], vocab_size=10)
+    assert counts.tolist() == [0, 0, 0, 0, 0, 0, 2, 3, 0, 0]  # unmasked 5s do not count
+    vocab = build_draft_vocab(counts, 3, always=[9])
+    assert vocab.tolist() == [6, 7, 9]
+    d2t, t2d = vocab_maps(vocab, 10)
+    assert (torch.arange(3) + d2t).tolist() == [6, 7, 9] and d2t.dtype == torch.long
+    assert t2d.nonzero().flatten().tolist() == [6, 7, 9]
+
+
+def test_unseen_tokens_fill_by_lowest_id():
+    assert build_draft_vocab(torch.tensor([0, 0, 5, 0]), 3).tolist() == [0, 1, 2]
+
+
+def tiny_drafter(tiny_target, vocab=64):
+    model, _ = tiny_target
+    cfg = OmegaConf.create({"drafter": {"draft_vocab_size": vocab, "aux_layer_ids": [1, 3, 4]}, "train": {"seed": 0}})
+    counts = torch.arange(model.config.vocab_size).flip(0)
+    return eagle3.build(cfg, model, counts)
+
+
+def test_build_shapes_and_initialisation(tiny_target):
+    model, _ = tiny_target
+    drafter = tiny_drafter(tiny_target)
+    h = model.config.hidden_size
+    assert drafter.fc.weight.shape == (h, 3 * h)
+    assert drafter.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 2 * h)
+    assert drafter.lm_head.weight.shape == (64, h)
+    vocab = drafter.draft_vocab
+    assert model.generation_config.eos_token_id in vocab.tolist()
+    assert torch.equal(drafter.lm_head.weight, model.lm_head.weight[vocab])
+    assert torch.equal(drafter.embed_tokens.weight, model.model.embed_tokens.weight)
+    assert not drafter.embed_tokens.weight.requires_grad
+
+
+def test_aux_layers_must_be_three_and_in_range(tiny_target):
+    model, _ = tiny_target
+    for ids in ([1, 2], [1, 2, 99]):
+        cfg = OmegaConf.create({"drafter": {"draft_vocab_size": 32, "aux_layer_ids": ids}, "train": {"seed": 0}})
+        with pytest.raises(ValueError):
+            eagle3.build(cfg, model, torch.ones(model.config.vocab_size))
+
+
+def test_ttt_step_outputs_do_not_see_the_future(tiny_target):
+    """Changing tokens / features after anchor t leaves every step's prediction at anchors
+    < t - steps unchanged (causality of the TTT attention)."""
+    drafter = tiny_drafter(tiny_target)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 256, (1, 20))
+    aux = torch.randn(1, 20, 3 * 64)
+    outs = drafter.ttt_forward(ids, aux, steps=3)
+    ids2, aux2 = ids.clone(), aux.clone()
+    ids2[0, 15:] = 7
+    aux2[0, 15:] = 0.0
+    outs2 = drafter.ttt_forward(ids2, aux2, steps=3)
+    for a, b in zip(outs, outs2):
+        assert torch.allclose(a[0, :11], b[0, :11], atol=1e-5)
+        assert not torch.allclose(a[0, 14:], b[0, 14:])
+
+
+def test_ttt_targets_alignment():
+    logits = torch.arange(6.0).view(1, 6, 1).expand(1, 6, 2)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0]])
+    (l0, m0), (l1, m1) = eagle3.ttt_targets(logits, mask, 2)
+    assert l0[0, :, 0].tolist() == [1, 2, 3, 4, 5, 0] and m0[0].tolist() == [1, 1, 1, 0, 0, 0]
+    assert l1[0, :, 0].tolist() == [2, 3, 4, 5, 0, 0] and m1[0].tolist() == [1, 1, 0, 0, 0, 0]
+
+
+def test_save_load_round_trip(tiny_target, tmp_path):
+    model, _ = tiny_target
+    drafter = tiny_drafter(tiny_target)
+    eagle3.save(drafter, tmp_path, extra={"note": 1})
+    loaded = eagle3.load(tmp_path, model)
+    ids, aux = torch.randint(0, 256, (2, 9)), torch.randn(2, 9, 192)
+    for a, b in zip(drafter.ttt_forward(ids, aux, 2), loaded.ttt_forward(ids, aux, 2)):
+        assert torch.equal(a, b)
