@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
     model, tokenizer = load_target(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32",
@@ -57,15 +57,21 @@ def main() -> None:
                    for gen, _ in backend.generate(ordered[i:i + args.batch_size]))
 
     totals = {"one_at_a_time": [0, 0.0], "batched": [0, 0.0]}
+    round_ratios = []
     for _ in range(args.rounds):
+        rates = {}
         for name, fn in (("one_at_a_time", one_at_a_time), ("batched", batched)):
             start = time.perf_counter()
             tokens = fn()
+            seconds = time.perf_counter() - start
             totals[name][0] += tokens
-            totals[name][1] += time.perf_counter() - start
-            print(f"{name}: {tokens} tokens in {time.perf_counter() - start:.1f} s")
+            totals[name][1] += seconds
+            rates[name] = tokens / seconds
+            print(f"{name}: {tokens} tokens in {seconds:.1f} s")
+        round_ratios.append(rates["batched"] / rates["one_at_a_time"])
     rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
-    ratio = rate["batched"] / rate["one_at_a_time"]
+    # the machine is shared: report every round and judge the goal on the least favourable one
+    ratio = min(round_ratios)
     command = (f"python -m benchmarks.bench_sampling --prompts {args.prompts} --max-new-tokens "
                f"{args.max_new_tokens} --batch-size {args.batch_size} --rounds {args.rounds}")
     path = write_results("sampling", {
@@ -73,7 +79,8 @@ def main() -> None:
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
         "rounds": args.rounds, "torch_threads": torch.get_num_threads(),
         "tokens": {k: v[0] for k, v in totals.items()}, "seconds": {k: round(v[1], 2) for k, v in totals.items()},
-        "tokens_per_s": {k: round(v, 2) for k, v in rate.items()}, "batched_speedup": round(ratio, 2),
+        "tokens_per_s": {k: round(v, 2) for k, v in rate.items()},
+        "batched_speedup_per_round": [round(r, 2) for r in round_ratios], "batched_speedup": round(ratio, 2),
         "goal": "batched >= 3x one-at-a-time", "goal_met": ratio >= 3.0})
     update_doc_section("sampling", f"""## Sampling throughput (`hf` backend)
 
@@ -85,7 +92,8 @@ SmolLM2-135M-Instruct, fp32, CPU; {len(prompts)} ShareGPT first-turn prompts, gr
 | one prompt at a time (HF `generate`, batch 1) | {totals['one_at_a_time'][0]} | {totals['one_at_a_time'][1]:.1f} | {rate['one_at_a_time']:.1f} |
 | batched (batch {args.batch_size}, left-padded, sorted by length) | {totals['batched'][0]} | {totals['batched'][1]:.1f} | {rate['batched']:.1f} |
 
-Batched / one-at-a-time: **{ratio:.2f}x** (goal >= 3x: {'met' if ratio >= 3 else 'NOT met'}). Raw: `{path.relative_to(path.parents[2])}`.
+Batched / one-at-a-time per round: {', '.join(f'{r:.2f}x' for r in round_ratios)}; the least favourable
+round, **{ratio:.2f}x**, is the figure (goal >= 3x: {'met' if ratio >= 3 else 'NOT met'}). Raw: `{path.relative_to(path.parents[2])}`.
 """)
     print(f"batched {rate['batched']:.1f} tok/s vs one-at-a-time {rate['one_at_a_time']:.1f} tok/s: {ratio:.2f}x")
 

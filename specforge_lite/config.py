@@ -150,6 +150,9 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: str = "auto"  # auto (bf16 on GPU, none on CPU) | no | bf16
     offline_shard_size: int = 64  # sequences per cached feature shard
+    # Also train on this many source conversations as written (not regenerated), taken from
+    # the train split after the sampled ones; the KL target is the target model's either way.
+    source_conversations: int = 0
     dry_run: bool = False  # build on the meta device, print sizes and memory, train nothing
 
 

@@ -85,7 +85,7 @@ class FeatureCache:
 
     def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        num_tokens = sum(len(ids) for ids in samples["input_ids"])
+        num_tokens = sum(len(r["input_ids"]) for r in samples)
         size = self.estimate_bytes(num_tokens, target.config.hidden_size)
         num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
         todo = [j for j in range(num_shards) if not self.shard_file(j).exists()]

@@ -1,9 +1,298 @@
-"""The `evaluate` stage (not built yet)."""
+"""The `evaluate` stage: acceptance length and speedup of each decoder, same run.
 
-from omegaconf import DictConfig
+Reads an eval prompt set (MT-Bench, the held-out conversations of the training
+source, or a prompts JSONL), runs every method of `eval.methods` on every prompt
+(methods interleaved per prompt, so a noisy machine hurts them alike), with batch 1,
+after warm-up, and writes `run_dir/eval/`:
 
-from specforge_lite.stages import StageNotBuilt
+- `report.json`: per method tau, tokens/s, speedup against our plain loop,
+  per-position acceptance, time shares, `identical_to_plain` (greedy), per-category
+  numbers, the prompt subset used, and `best_k` (the export stage reads it);
+- `report.md`: the same at a glance; PNG plots; `config.yaml` + `versions.json`.
 
+Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1,
+the same text for every method.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
+from specforge_lite.data.chat import prompt_ids, require_chat_template
+from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
+from specforge_lite.decoding.drafters import DRAFTERS, DraftModelDrafter, load_draft_model
+from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
+from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
+from specforge_lite.decoding.peers import generate_hf, prepare_assistant
+from specforge_lite.decoding.report import render_markdown, write_plots
+from specforge_lite.decoding.verify import SamplingParams
+from specforge_lite.targets import load_target
+
+log = logging.getLogger(__name__)
+
+HF_METHODS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+
+
+# --------------------------------------------------------------------------- prompts
+
+def load_prompts(cfg: DictConfig) -> list[dict]:
+    """Eval prompts as {"id", "category", "system", "turns": [user message, ...]}."""
+    dataset = cfg.eval.dataset
+    if dataset != "heldout":
+        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset)]
+    else:
+        records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
+        split = Path(cfg.run_dir) / "samples" / "split.json"
+        if split.exists():
+            ids = set(json.loads(split.read_text())["heldout_ids"])
+            heldout = [r for r in records if r["id"] in ids]
+            if ids and not heldout:
+                raise SpecforgeError(f"none of the held-out ids in {split} are in {cfg.data.source}: "
+                                     "was the data source changed after the sample stage?")
+        else:
+            log.warning("%s not found (sample stage not run); splitting %s with data.heldout_fraction=%s",
+                        split, cfg.data.source, cfg.data.heldout_fraction)
+            _, heldout = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
+        prompts = []
+        for record in heldout:
+            messages = record["messages"]
+            prompts.append({"id": record["id"], "category": "heldout",
+                            "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
+                            "turns": [m["content"] for m in messages if m["role"] == "user"]})
+    if not prompts:
+        raise SpecforgeError(f"eval.dataset={dataset} gave no prompts")
+    if cfg.eval.max_turns is not None:
+        prompts = [{**p, "turns": p["turns"][:cfg.eval.max_turns]} for p in prompts]
+    return prompts
+
+
+def select_prompts(prompts: list[dict], max_prompts: int | None) -> list[dict]:
+    """The first `max_prompts` in round-robin order over categories, in source order."""
+    if max_prompts is None or max_prompts >= len(prompts):
+        return prompts
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        by_category[prompt["category"]].append(i)
+    picked: list[int] = []
+    queues = list(by_category.values())
+    while len(picked) < max_prompts:
+        for queue in queues:
+            if queue and len(picked) < max_prompts:
+                picked.append(queue.pop(0))
+    return [prompts[i] for i in sorted(picked)]
+
+
+# --------------------------------------------------------------------------- decoders
+
+def check_methods(eval_cfg) -> list[str]:
+    known = ["plain", *DRAFTERS, *HF_METHODS]
+    methods = list(eval_cfg.methods)
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise SpecforgeError(f"eval.methods has unknown {unknown}; known: {', '.join(known)}")
+    if eval_cfg.num_draft_tokens < 1:
+        raise SpecforgeError(f"eval.num_draft_tokens must be >= 1, got {eval_cfg.num_draft_tokens}")
+    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in methods:
+        raise SpecforgeError(f"eval.best_k_method={eval_cfg.best_k_method} is not in eval.methods")
+    return ["plain"] + [m for m in dict.fromkeys(methods) if m != "plain"]
+
+
+def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_ids: list[int],
+                   sampling: SamplingParams) -> tuple[dict, dict]:
+    """name -> decode(prompt_ids, max_new_tokens, seed) -> Generation, and our drafters."""
+    ecfg = cfg.eval
+    k = ecfg.num_draft_tokens
+    device = model.device
+    drafters, assistant = {}, None
+
+    def gen_for(seed):
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def shared_assistant():
+        nonlocal assistant
+        if assistant is None:
+            assistant = load_draft_model(ecfg, model)
+            prepare_assistant(assistant, k)
+        return assistant
+
+    plain_runner = TargetRunner(model)
+    decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
+                                                             plain_runner)}
+    for name in methods:
+        if name in DRAFTERS:
+            drafter = (DraftModelDrafter(shared_assistant()) if name == "draft_model"
+                       else DRAFTERS[name](cfg, model))
+            drafters[name] = drafter
+
+            def decode(ids, n, seed, drafter=drafter, runner=TargetRunner(model, drafter.hidden_state_layers)):
+                return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
+            decoders[name] = decode
+        elif name in HF_METHODS:
+            extra = {}
+            if name == "hf_prompt_lookup":
+                extra = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": ecfg.ngram_max}
+            elif name == "hf_assisted":
+                extra = {"assistant_model": shared_assistant()}
+
+            def decode(ids, n, seed, extra=extra):
+                torch.manual_seed(seed)  # HF samples from the global generator
+                return generate_hf(model, ids, n, sampling, eos_ids, tokenizer.pad_token_id, **extra)
+            decoders[name] = decode
+    return decoders, drafters
+
+
+def _seed(base: int, *parts) -> int:
+    digest = hashlib.sha256(":".join(map(str, (base, *parts))).encode()).digest()
+    return int.from_bytes(digest[:6], "big")
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+# --------------------------------------------------------------------------- stage
 
 def run(cfg: DictConfig) -> None:
-    raise StageNotBuilt("the 'evaluate' stage is not built yet in this version of specforge_lite")
+    ecfg = cfg.eval
+    out = stage_dir(cfg, "evaluate")
+    methods = check_methods(ecfg)
+    sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
+    prompts = select_prompts(load_prompts(cfg), ecfg.max_prompts)
+
+    model, tokenizer = load_target(cfg.target)
+    require_chat_template(tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
+    decoders, drafters = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling)
+    log.info("evaluating %s on %d prompts of %s (k=%d, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
+             ecfg.num_draft_tokens, "greedy" if sampling.greedy else f"T={sampling.temperature}")
+
+    # 1. warm-up: every method, untimed, on the first prompt
+    first = prompt_ids(tokenizer, _messages(prompts[0], [], 0))
+    for _ in range(ecfg.warmup):
+        for name in methods:
+            decoders[name](first, min(ecfg.warmup_tokens, ecfg.max_new_tokens), _seed(cfg.seed, "warmup"))
+
+    # 2. every prompt, every turn, every method (interleaved)
+    answers = []  # {"prompt", "turn", "method", "gen", "identical"}
+    for prompt in tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True):
+        replies: list[str] = []
+        for turn in range(len(prompt["turns"])):
+            ids = prompt_ids(tokenizer, _messages(prompt, replies, turn))
+            gens = {name: decoders[name](ids, ecfg.max_new_tokens, _seed(cfg.seed, prompt["id"], turn, name))
+                    for name in methods}
+            for name, gen in gens.items():
+                identical = gen.tokens == gens["plain"].tokens if sampling.greedy else None
+                answers.append({"prompt": prompt, "turn": turn, "method": name, "gen": gen, "identical": identical})
+            plain = [t for t in gens["plain"].tokens if t not in eos_ids]
+            replies.append(tokenizer.decode(plain, skip_special_tokens=True).strip())
+
+    # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
+    plain_gens = [a["gen"] for a in answers if a["method"] == "plain"]
+    context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
+    costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats)
+
+    report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
+    atomic_write_json(out / "report.json", report)
+    if ecfg.plots:
+        report["plots"] = write_plots(report, out)
+        atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", render_markdown(report))
+    write_provenance(out, cfg)
+    for name, entry in report["methods"].items():
+        log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx%s", name, entry["tau"] or 0, entry["tokens_per_s"],
+                 entry["speedup"], "" if entry["identical_to_plain"] in (None, True) else "  OUTPUT DIFFERS")
+    log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
+
+
+def _messages(prompt: dict, replies: list[str], turn: int) -> list[dict]:
+    messages = [{"role": "system", "content": prompt["system"]}] if prompt.get("system") else []
+    for i in range(turn):
+        messages += [{"role": "user", "content": prompt["turns"][i]}, {"role": "assistant", "content": replies[i]}]
+    return messages + [{"role": "user", "content": prompt["turns"][turn]}]
+
+
+def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model) -> dict:
+    ecfg = cfg.eval
+    k = ecfg.num_draft_tokens
+    greedy = ecfg.temperature == 0
+    by_method = defaultdict(list)
+    by_method_cat = defaultdict(lambda: defaultdict(list))
+    for a in answers:
+        by_method[a["method"]].append(a)
+        by_method_cat[a["method"]][a["prompt"]["category"]].append(a["gen"])
+    plain = summarise([a["gen"] for a in by_method["plain"]])
+    plain_cat = {c: summarise(g) for c, g in by_method_cat["plain"].items()}
+    hf_plain = summarise([a["gen"] for a in by_method["hf_generate"]]) if "hf_generate" in by_method else None
+
+    entries = {}
+    for name in methods:
+        rows = by_method[name]
+        entry = summarise([a["gen"] for a in rows], k if name in drafters else 0)
+        entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
+        entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
+        same = [a["identical"] for a in rows]
+        entry["identical_to_plain"] = all(same) if greedy else None
+        entry["identical_answers"] = f"{sum(same)}/{len(same)}" if greedy else None
+        entry["per_category"] = {}
+        for cat, gens in by_method_cat[name].items():
+            s = summarise(gens)
+            entry["per_category"][cat] = {"tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
+                                          "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
+        if name in drafters:
+            entry["best_k"] = _best_k_for(entry, drafters[name], costs)
+        entries[name] = entry
+
+    ours = [m for m in methods if m in drafters]
+    best_method = ecfg.best_k_method or (ours[0] if ours else None)
+    best = entries[best_method]["best_k"]["best_k"] if best_method in drafters else None
+    categories = list(dict.fromkeys(p["category"] for p in prompts))
+    return {
+        "target": cfg.target.path, "dataset": ecfg.dataset, "dtype": str(model.dtype).removeprefix("torch."),
+        "device": str(model.device), "torch_threads": torch.get_num_threads(),
+        "settings": OmegaConf.to_container(ecfg, resolve=True),
+        "conventions": {
+            "tau": "tokens emitted by decoding forwards / decoding target forwards, bonus token included; "
+                   "the prefill forward and its first token are excluded, so plain decoding = 1.00",
+            "per_position_acceptance": "P(draft position i accepted | positions < i accepted) over steps that "
+                                       "allowed >= i drafts; a position the drafter left empty counts as rejected",
+            "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
+            "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
+        },
+        "num_prompts": len(prompts), "num_answers": len(by_method["plain"]),
+        "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
+        "methods": entries,
+        "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in methods}
+                             for cat in categories},
+        "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()}},
+        "best_k": best, "best_k_method": best_method,
+        "answers": [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
+                     "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
+                     "num_tokens": len(a["gen"].tokens), "finish": a["gen"].finish,
+                     "tau": a["gen"].tau, "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s,
+                     "identical_to_plain": a["identical"]} for a in answers],
+    }
+
+
+def _best_k_for(entry: dict, drafter, costs: dict[int, float]) -> dict:
+    """Best k from this method's measured acceptance and its measured costs."""
+    draft_ms_step, draft_ms_token = entry["draft_ms_per_step"] or 0.0, entry.get("draft_ms_per_token") or 0.0
+    if getattr(drafter, "sequential", False):
+        draft_cost = lambda k: 1e-3 * draft_ms_token * k  # noqa: E731  one drafter forward per token
+    else:
+        draft_cost = lambda k: 1e-3 * draft_ms_step  # noqa: E731  one call whatever k
+    return best_k(entry["per_position_acceptance"], costs, draft_cost, 1e-3 * (entry["overhead_ms_per_step"] or 0))

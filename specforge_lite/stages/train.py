@@ -74,6 +74,32 @@ def lr_at(step: int, total: int, cfg) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
+    """The sampled conversations, plus `train.source_conversations` source ones as written."""
+    dataset = load_samples(Path(cfg.run_dir) / "samples")
+    rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
+    extra = cfg.train.source_conversations
+    if extra:
+        from specforge_lite.data.chat import tokenize_conversation
+        from specforge_lite.data.readers import heldout_split, read_conversations
+
+        records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
+        train, _ = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
+        sampled = set(dataset["id"])
+        added = 0
+        for record in train:
+            if added == extra:
+                break
+            if record["id"] in sampled:
+                continue
+            ids, mask = tokenize_conversation(tokenizer, record["messages"], cfg.data.max_length)
+            if sum(mask):
+                rows.append({"input_ids": ids, "loss_mask": mask})
+                added += 1
+        log.info("training on %d sampled + %d source conversations", len(dataset), added)
+    return rows
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 def trainable_state(drafter) -> dict[str, torch.Tensor]:
@@ -169,9 +195,9 @@ def run(cfg: DictConfig) -> None:
     if accelerator.is_main_process:
         write_provenance(out, cfg)
 
-    samples = load_samples(Path(cfg.run_dir) / "samples")
     target, tokenizer = load_target(OmegaConf.merge(cfg.target, {"device": str(accelerator.device)}))
-    counts = count_tokens(zip(samples["input_ids"], samples["loss_mask"]), target.config.vocab_size)
+    samples = training_rows(cfg, tokenizer)
+    counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
     module = DRAFTERS[cfg.drafter.name]
     drafter = module.build(cfg, target, counts)
     aux_ids = drafter.config.aux_layer_ids
@@ -181,7 +207,7 @@ def run(cfg: DictConfig) -> None:
              cfg.drafter.name, sum(p.numel() for p in params) / 1e6, drafter.config.draft_vocab_size,
              drafter.config.vocab_size, aux_ids)
 
-    lengths = [len(ids) for ids in samples["input_ids"]]
+    lengths = [len(r["input_ids"]) for r in samples]
     batches = plan_batches(lengths, tcfg.batch_size, tcfg.seed, tcfg.epochs)
     total_steps = tcfg.max_steps or max(1, len(batches) // tcfg.grad_accum)
     needed = total_steps * tcfg.grad_accum

@@ -86,3 +86,32 @@ def test_save_load_round_trip(tiny_target, tmp_path):
     ids, aux = torch.randint(0, 256, (2, 9)), torch.randn(2, 9, 192)
     for a, b in zip(drafter.ttt_forward(ids, aux, 2), loaded.ttt_forward(ids, aux, 2)):
         assert torch.equal(a, b)
+
+
+def test_decode_drafter_matches_the_training_unroll(tiny_target):
+    """Drafting at inference computes what the TTT unroll computes: feed anchors 0..t, draft
+    k tokens greedily, then unroll training on a sequence continuing with those drafts;
+    step j's argmax at anchor t must be draft j+1, with the same logits."""
+    from specforge_lite.decoding.drafters import DraftContext
+    from specforge_lite.drafters.eagle3 import Eagle3DecodeDrafter
+
+    drafter = tiny_drafter(tiny_target)
+    torch.manual_seed(1)
+    ids = torch.randint(0, 256, (1, 16)).tolist()[0]
+    aux = torch.randn(1, 16, 3 * 64)
+    layers = (1, 3, 4)
+    decode = Eagle3DecodeDrafter(drafter)
+    t, k = 9, 4
+    # two calls, as in decoding: prompt anchors first, then two more committed positions
+    for lo, hi in ((0, 7), (7, t + 1)):
+        hidden = {layer: aux[:, lo:hi, 64 * i: 64 * (i + 1)] for i, layer in enumerate(layers)}
+        proposal = decode.propose(DraftContext(token_ids=ids[: hi + 1], num_prompt_tokens=7,
+                                               hidden_states=hidden), k)
+    drafts = proposal.tokens
+    assert len(drafts) == k
+    continued = torch.tensor([ids[: t + 2] + drafts[:-1] + [0] * 3])
+    feats = torch.cat([aux[:, : t + 1], torch.zeros(1, continued.shape[1] - t - 1, 192)], dim=1)
+    outs = drafter.ttt_forward(continued, feats, steps=k)
+    for j in range(k):
+        token_id = int(drafter.draft_vocab[outs[j][0, t].argmax()])
+        assert token_id == drafts[j], f"step {j}"

@@ -1,0 +1,213 @@
+"""Decoding loops over a Hugging Face causal LM with a KV cache (batch 1).
+
+`generate_plain` is the baseline: one target forward per token.
+`generate_speculative` is chain speculative decoding with any `Drafter`:
+
+1. the drafter proposes up to k tokens after the committed tokens;
+2. one target forward runs over the pending token and the k drafts, extending the
+   target's KV cache (the committed prefix is never recomputed);
+3. the acceptance rule (`verify.py`) keeps a prefix of the drafts and picks the
+   next token (the correction, or the bonus token when all k were kept);
+4. the target's KV cache is cropped to drop the rejected drafts, and the drafter
+   is told how many it got right so it can roll back its own state;
+5. the kept drafts and the next token are emitted; stop on EOS or max_new_tokens.
+
+Convention for tau: the prefill forward and the first token it yields are not a
+decoding step, so tau = (tokens emitted - 1) / decoding forwards, bonus token
+included; plain decoding scores exactly 1.00 (Spec-Bench's convention).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+from specforge_lite.decoding.drafters import DraftContext, Drafter, crop_cache
+from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, rejection_verify,
+                                            sample_token, warp_probs)
+
+
+@dataclass
+class Generation:
+    """One generated answer and what it cost.
+
+    tokens: the emitted ids (EOS included when it ended the answer).
+    num_forwards: target forwards during decoding (prefill excluded).
+    draft_limits / draft_lengths / accepted_lengths: per decoding step, the drafts the
+    step allowed (k, less near max_new_tokens), proposed and kept.
+    prefill_s: the prefill forward; target_s: decoding forwards of the target;
+    draft_s: drafter calls; total_s: the whole call.
+    """
+
+    tokens: list[int]
+    finish: str  # "eos" | "length"
+    num_prompt_tokens: int
+    num_forwards: int = 0
+    draft_limits: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return (len(self.tokens) - 1) / self.num_forwards if self.num_forwards else 1.0
+
+    @property
+    def overhead_s(self) -> float:
+        """Decoding time spent outside target forwards and drafter calls (the loop itself)."""
+        return max(self.total_s - self.prefill_s - self.target_s - self.draft_s, 0.0)
+
+
+class TargetRunner:
+    """Forward passes of the target over new tokens, extending its own KV cache.
+
+    Asks the model for exactly the hidden-state layers a drafter declared.
+    """
+
+    def __init__(self, model, hidden_state_layers: Iterable[int] = ()):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.device = model.device
+        self.layers = tuple(hidden_state_layers)
+        self._cache_cls = DynamicCache
+        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.cache = None
+
+    def reset(self) -> None:
+        self.cache = self._cache_cls(config=self.model.config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def forward(self, token_ids: list[int], last_only: bool = False
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits [t, V] for the t new tokens (or [1, V] with last_only) and the
+        declared hidden states {layer: [1, t, H]}."""
+        kwargs = {}
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = 1 if last_only else 0
+        if self.layers:
+            kwargs["output_hidden_states"] = list(self.layers)
+        out = self.model(input_ids=torch.tensor([token_ids], device=self.device),
+                         past_key_values=self.cache, use_cache=True, **kwargs)
+        logits = out.logits[0, -1:] if last_only else out.logits[0]
+        hidden = {layer: out.hidden_states[layer] for layer in self.layers}
+        return logits, hidden
+
+    def crop(self, keep: int) -> None:
+        crop_cache(self.cache, keep)
+
+
+def _pick(logits: torch.Tensor, sampling: SamplingParams, generator) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return sample_token(warp_probs(logits, sampling), generator)
+
+
+def _truncate_at_eos(tokens: list[int], eos_ids: frozenset) -> tuple[list[int], bool]:
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[:i + 1], True
+    return tokens, False
+
+
+@torch.inference_mode()
+def generate_plain(model, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
+                   eos_ids: Iterable[int] = (), generator: torch.Generator | None = None,
+                   runner: TargetRunner | None = None) -> Generation:
+    """Autoregressive decoding, one target forward per token."""
+    eos = frozenset(eos_ids)
+    runner = runner or TargetRunner(model)
+    clock = time.perf_counter
+    start = clock()
+    runner.reset()
+    logits, _ = runner.forward(prompt_ids, last_only=True)
+    token = _pick(logits[-1], sampling, generator)
+    runner._sync()
+    gen = Generation(tokens=[token], finish="length", num_prompt_tokens=len(prompt_ids))
+    gen.prefill_s = clock() - start
+    while token not in eos and len(gen.tokens) < max_new_tokens:
+        t0 = clock()
+        logits, _ = runner.forward([token], last_only=True)
+        runner._sync()
+        gen.target_s += clock() - t0
+        token = _pick(logits[-1], sampling, generator)
+        gen.tokens.append(token)
+        gen.num_forwards += 1
+    gen.finish = "eos" if token in eos else "length"
+    gen.total_s = clock() - start
+    return gen
+
+
+@torch.inference_mode()
+def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
+                         num_draft_tokens: int, sampling: SamplingParams = GREEDY,
+                         eos_ids: Iterable[int] = (), generator: torch.Generator | None = None,
+                         runner: TargetRunner | None = None) -> Generation:
+    """Chain speculative decoding; greedy output equals `generate_plain`'s token for
+    token, sampled output has the target's distribution."""
+    eos = frozenset(eos_ids)
+    runner = runner or TargetRunner(model, drafter.hidden_state_layers)
+    clock = time.perf_counter
+    start = clock()
+    runner.reset()
+    drafter.reset()
+    logits, hidden = runner.forward(prompt_ids, last_only=True)
+    token = _pick(logits[-1], sampling, generator)
+    runner._sync()
+    gen = Generation(tokens=[token], finish="length", num_prompt_tokens=len(prompt_ids))
+    ctx = DraftContext(token_ids=list(prompt_ids) + [token], num_prompt_tokens=len(prompt_ids),
+                       hidden_states=hidden, sampling=sampling, generator=generator)
+    gen.prefill_s = clock() - start
+    done = token in eos
+    while not done and len(gen.tokens) < max_new_tokens:
+        # 1. draft: never more than can still be emitted (the target adds one token itself)
+        k = min(num_draft_tokens, max_new_tokens - len(gen.tokens) - 1)
+        t0 = clock()
+        proposal = drafter.propose(ctx, k)  # also at k = 0, so a drafter sees every committed position
+        draft = proposal.tokens[:k]
+        runner._sync()
+        t1 = clock()
+        # 2. one target forward over the pending token and the drafts
+        committed = runner.length
+        logits, hidden = runner.forward([token] + draft)
+        runner._sync()
+        t2 = clock()
+        # 3. accept a prefix of the drafts, pick the next token
+        if sampling.greedy:
+            accepted, token = greedy_verify(draft, logits)
+        else:
+            q = proposal.probs[:len(draft)] if proposal.probs is not None else None
+            accepted, token = rejection_verify(draft, q, warp_probs(logits, sampling), generator)
+        # 4. roll back the target cache and the drafter to the accepted prefix
+        if accepted < len(draft):
+            runner.crop(committed + 1 + accepted)
+        t3 = clock()
+        drafter.accept(accepted)
+        t4 = clock()
+        # 5. emit
+        new, done = _truncate_at_eos(draft[:accepted] + [token], eos)
+        gen.tokens += new
+        ctx.token_ids += new
+        if hidden:
+            ctx.hidden_states = {layer: h[:, :accepted + 1] for layer, h in hidden.items()}
+        gen.num_forwards += 1
+        gen.draft_limits.append(k)
+        gen.draft_lengths.append(len(draft))
+        gen.accepted_lengths.append(accepted)
+        gen.draft_s += (t1 - t0) + (t4 - t3)
+        gen.target_s += t2 - t1
+    gen.tokens = gen.tokens[:max_new_tokens]
+    gen.finish = "eos" if gen.tokens[-1] in eos else "length"
+    gen.total_s = clock() - start
+    return gen

@@ -1,0 +1,133 @@
+"""Numbers of speculative decoding: tau, per-position acceptance, costs, best k.
+
+Conventions (stated in every report):
+- tau = tokens emitted by decoding forwards / decoding forwards of the target, the
+  bonus token included and the prefill forward (with the first token it yields)
+  excluded; plain decoding scores exactly 1.00. Summed over answers, then divided.
+- per-position acceptance alpha_i = P(draft position i accepted | positions < i
+  accepted), over the steps that allowed at least i drafts; a position the drafter
+  left empty (an n-gram miss, a short match) counts as rejected, so that
+  tau ~= 1 + sum_i prod_{j<=i} alpha_j (up to answers cut by EOS).
+- tokens/s = tokens emitted / wall time of the whole call, prefill included.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from specforge_lite.decoding.engine import Generation, TargetRunner
+
+
+def per_position_acceptance(generations: Iterable[Generation], max_k: int) -> list[float | None]:
+    """alpha_i for i = 1..max_k (None where no step reached position i)."""
+    reached = [0] * max_k
+    kept = [0] * max_k
+    for gen in generations:
+        for limit, accepted in zip(gen.draft_limits, gen.accepted_lengths):
+            for i in range(min(limit, accepted + 1, max_k)):
+                reached[i] += 1
+                kept[i] += i < accepted
+    return [k / r if r else None for k, r in zip(kept, reached)]
+
+
+def expected_tokens_per_step(alphas: Sequence[float | None], k: int) -> float:
+    """1 + sum_{i<=k} prod_{j<=i} alpha_j: tokens one step with k drafts yields."""
+    total, survive = 1.0, 1.0
+    for alpha in list(alphas)[:k]:
+        survive *= alpha or 0.0
+        total += survive
+    return total
+
+
+def summarise(generations: Sequence[Generation], max_k: int = 0) -> dict:
+    """Aggregate numbers over answers: ratios of sums, not means of ratios."""
+    tokens = sum(len(g.tokens) for g in generations)
+    forwards = sum(g.num_forwards for g in generations)
+    total_s = sum(g.total_s for g in generations)
+    decode_s = sum(g.total_s - g.prefill_s for g in generations)
+    steps = sum(len(g.draft_limits) for g in generations)
+    proposed = sum(sum(g.draft_lengths) for g in generations)
+    accepted = sum(sum(g.accepted_lengths) for g in generations)
+    timed = any(g.target_s for g in generations)  # our loops time their parts; HF's generate does not
+    out = {
+        "num_answers": len(generations),
+        "num_tokens": tokens,
+        "num_target_forwards": forwards,
+        "tau": (tokens - len(generations)) / forwards if forwards else None,
+        "tokens_per_s": tokens / total_s if total_s else None,
+        "wall_s": total_s,
+        "acceptance_rate": accepted / proposed if proposed else None,
+        "mean_draft_length": proposed / steps if steps else None,
+        "per_position_acceptance": per_position_acceptance(generations, max_k) if max_k else [],
+        "draft_time_share": None, "verify_time_share": None,
+        "target_forward_ms": None, "draft_ms_per_step": None, "draft_ms_per_token": None,
+        "overhead_ms_per_step": None,
+    }
+    if timed and forwards and decode_s > 0:
+        target_s = sum(g.target_s for g in generations)
+        draft_s = sum(g.draft_s for g in generations)
+        overhead_s = sum(g.overhead_s for g in generations)
+        out.update({
+            "draft_time_share": draft_s / decode_s,
+            "verify_time_share": target_s / decode_s,
+            "target_forward_ms": 1e3 * target_s / forwards,
+            "draft_ms_per_step": 1e3 * draft_s / forwards,
+            "overhead_ms_per_step": 1e3 * overhead_s / forwards,
+            "draft_ms_per_token": 1e3 * draft_s / proposed if proposed else None,
+        })
+    return out
+
+
+@torch.inference_mode()
+def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int = 3,
+                          vocab_size: int | None = None, seed: int = 0) -> dict[int, float]:
+    """Median seconds of one target forward over t = 1..max_tokens new tokens after a
+    `context_len`-token cache (random ids: the cost does not depend on the content)."""
+    runner = TargetRunner(model)
+    runner.reset()
+    vocab = vocab_size or model.get_output_embeddings().weight.shape[0]
+    rng = torch.Generator().manual_seed(seed)
+    runner.forward(torch.randint(0, vocab, (context_len,), generator=rng).tolist(), last_only=True)
+    costs = {}
+    for t in range(1, max_tokens + 1):
+        ids = torch.randint(0, vocab, (t,), generator=rng).tolist()
+        times = []
+        for _ in range(repeats + 1):  # the first run of each width is a warm-up
+            start = time.perf_counter()
+            runner.forward(ids)
+            runner._sync()
+            times.append(time.perf_counter() - start)
+            runner.crop(context_len)
+        costs[t] = statistics.median(times[1:])
+    return costs
+
+
+def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
+           draft_cost: Callable[[int], float], overhead_s: float = 0.0) -> dict:
+    """The k in 1..len(alphas) maximising expected tokens/s.
+
+    expected tokens/s(k) = expected_tokens_per_step(alphas, k)
+                           / (draft_cost(k) + forward_costs[k + 1] + overhead_s),
+    against plain decoding at 1 / (forward_costs[1] + overhead_s).
+    A position no step reached (alpha None) counts as never accepted.
+    """
+    plain_rate = 1.0 / (forward_costs[1] + overhead_s)
+    rows = []
+    for k in range(1, len(alphas) + 1):
+        if k + 1 not in forward_costs:
+            break
+        step_s = draft_cost(k) + forward_costs[k + 1] + overhead_s
+        tokens = expected_tokens_per_step(alphas, k)
+        rows.append({"k": k, "expected_tokens_per_step": tokens, "step_ms": 1e3 * step_s,
+                     "expected_tokens_per_s": tokens / step_s,
+                     "expected_speedup": tokens / step_s / plain_rate})
+    if not rows:
+        return {"best_k": None, "table": [], "plain_tokens_per_s": plain_rate}
+    best = max(rows, key=lambda r: r["expected_tokens_per_s"])
+    return {"best_k": best["k"], "expected_speedup": best["expected_speedup"],
+            "expected_tokens_per_s": best["expected_tokens_per_s"], "plain_tokens_per_s": plain_rate,
+            "table": rows}

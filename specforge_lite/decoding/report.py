@@ -1,0 +1,119 @@
+"""The evaluation report read by people: a Markdown page and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def methods_table(report: dict) -> str:
+    """One row per method: the table to paste into docs."""
+    k = report["settings"]["num_draft_tokens"]
+    lines = ["| method | tau | accept rate | " + " | ".join(f"a{i}" for i in range(1, k + 1))
+             + " | tokens/s | speedup | identical to plain | draft / verify time | loop overhead ms/step |",
+             "|---|---:|---:|" + "---:|" * k + "---:|---:|:---:|---:|---:|"]
+    for name, m in report["methods"].items():
+        alphas = m["per_position_acceptance"] or [None] * k
+        share = (f"{100 * m['draft_time_share']:.0f}% / {100 * m['verify_time_share']:.0f}%"
+                 if m["draft_time_share"] is not None else "-")
+        identical = {True: "yes", False: f"NO ({m['identical_answers']})", None: "n/a"}[m["identical_to_plain"]]
+        lines.append(f"| {name} | {_fmt(m['tau'])} | {_fmt(m['acceptance_rate'])} | "
+                     + " | ".join(_fmt(a) for a in alphas)
+                     + f" | {_fmt(m['tokens_per_s'], '.1f')} | {_fmt(m['speedup'])}x | {identical} | {share} | "
+                     f"{_fmt(m['overhead_ms_per_step'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def render_markdown(report: dict) -> str:
+    s = report["settings"]
+    mode = "greedy" if s["temperature"] == 0 else f"sampling T={s['temperature']}, top-p={s['top_p']}"
+    methods = list(report["methods"])
+    out = [
+        "# Speculative decoding evaluation", "",
+        f"Target `{report['target']}` ({report['dtype']}, {report['device']}, {report['torch_threads']} threads); "
+        f"{report['num_prompts']} prompts of `{report['dataset']}` ({report['num_answers']} answers), "
+        f"{s['max_new_tokens']} new tokens max, {mode}, k = {s['num_draft_tokens']}, batch 1, "
+        f"{s['warmup']} warm-up run(s) per method.", "",
+        methods_table(report), "",
+        "tau: " + report["conventions"]["tau"] + ". a_i: " + report["conventions"]["per_position_acceptance"]
+        + ". Speedup: " + report["conventions"]["speedup"] + ".", "",
+        "## tau by category", "",
+        "| category | " + " | ".join(methods) + " |",
+        "|---|" + "---:|" * len(methods),
+    ]
+    for cat, taus in report["per_category_tau"].items():
+        out.append(f"| {cat} | " + " | ".join(_fmt(taus.get(m)) for m in methods) + " |")
+    costs = report["forward_costs"]
+    out += ["", "## Best k", "",
+            f"Target forward over t new tokens at context {costs['context_len']}: "
+            + ", ".join(f"t={t}: {ms:.1f} ms" for t, ms in costs["ms_by_num_tokens"].items()) + ".", ""]
+    for name, m in report["methods"].items():
+        if "best_k" not in m:
+            continue
+        bk = m["best_k"]
+        rows = ", ".join(f"k={r['k']}: {r['expected_tokens_per_s']:.1f} tok/s ({r['expected_speedup']:.2f}x)"
+                         for r in bk["table"])
+        out.append(f"- **{name}**: best k = {bk['best_k']} (expected tokens/s by k: {rows or 'n/a'})")
+    out += ["", f"`best_k` = **{report['best_k']}** (from {report['best_k_method']}); the export stage reads it "
+            "from report.json.", ""]
+    if report["methods"]["plain"]["identical_to_plain"] is not None and report["dtype"] != "float32" and any(
+            m["identical_to_plain"] is False for m in report["methods"].values()):
+        out += ["Outputs differ from plain decoding in " + report["dtype"] + ": multi-token verification "
+                "rounds differently from one-token decoding in low precision; check losslessness in float32.", ""]
+    for plot in report.get("plots", []):
+        out.append(f"![{plot}]({plot})")
+    return "\n".join(out) + "\n"
+
+
+def write_plots(report: dict, out_dir: Path) -> list[str]:
+    """acceptance_by_position.png, tau_by_category.png, tokens_per_s.png; returns the names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, m in report["methods"].items():
+        alphas = m["per_position_acceptance"]
+        if alphas:
+            ax.plot(range(1, len(alphas) + 1), [a if a is not None else float("nan") for a in alphas],
+                    marker="o", label=name)
+    ax.set(xlabel="draft position i", ylabel="P(accepted | earlier accepted)", ylim=(0, 1.02),
+           title="Acceptance by draft position")
+    ax.set_xticks(range(1, report["settings"]["num_draft_tokens"] + 1))
+    ax.legend() if ax.lines else None
+    names.append(_save(fig, out_dir, "acceptance_by_position.png"))
+
+    cats = list(report["per_category_tau"])
+    methods = list(report["methods"])
+    fig, ax = plt.subplots(figsize=(max(6, len(cats) * 1.2), 4))
+    width = 0.8 / len(methods)
+    for j, name in enumerate(methods):
+        taus = [report["per_category_tau"][c].get(name) or 0 for c in cats]
+        ax.bar([i + j * width for i in range(len(cats))], taus, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))], cats, rotation=30, ha="right")
+    ax.set(ylabel="tau (tokens per target forward)", title="tau by category")
+    ax.legend(fontsize=8)
+    names.append(_save(fig, out_dir, "tau_by_category.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rates = [report["methods"][m]["tokens_per_s"] for m in methods]
+    ax.bar(methods, rates)
+    ax.axhline(report["methods"]["plain"]["tokens_per_s"], color="k", linestyle="--", linewidth=1)
+    ax.set(ylabel="tokens/s", title="Decoding speed (dashed: plain)")
+    ax.tick_params(axis="x", rotation=30)
+    names.append(_save(fig, out_dir, "tokens_per_s.png"))
+    return names
+
+
+def _save(fig, out_dir: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(Path(out_dir) / name, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return name
