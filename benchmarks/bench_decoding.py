@@ -107,6 +107,10 @@ def main() -> None:
         f"Command: `nice -n 10 {result['command'].strip()}`",
     ]
     (args.out / "decoding.md").write_text("\n".join(md) + "\n")
+    from benchmarks.common import update_doc_section
+
+    update_doc_section("decoding", "## Decoding: our engine against Hugging Face's (SmolLM2, MT-Bench)\n\n"
+                       + "\n".join(md))
     print("\n".join(md))
 
 

@@ -4,7 +4,9 @@ work and writes its artifact under `run_dir`; `run` chains them in order."""
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -35,3 +37,16 @@ def run_stage(cfg: DictConfig) -> None:
             importlib.import_module(MODULES[name]).run(cfg)
         except StageNotBuilt as err:
             log.warning("skipping %s: %s", name, err)
+    run_dir = Path(cfg.run_dir)
+    lines = [f"run finished: {run_dir}"]
+    for what, path in (("samples", run_dir / "samples" / "meta.json"), ("drafter", run_dir / "train" / "drafter"),
+                       ("report", run_dir / "eval" / "report.md"), ("export", run_dir / "export" / "speculators")):
+        if path.exists():
+            lines.append(f"  {what:<8} {path}")
+    report = run_dir / "eval" / "report.json"
+    if report.exists():
+        methods = json.loads(report.read_text()).get("methods", {})
+        for method, entry in methods.items():
+            lines.append(f"  {method:<17} tau {entry.get('tau', 0):.2f}  {entry.get('tokens_per_s', 0):6.1f} tok/s  "
+                         f"speedup {entry.get('speedup', 0):.2f}x")
+    print("\n".join(lines))

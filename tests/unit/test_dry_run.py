@@ -1,0 +1,37 @@
+"""Dry runs size the big recipes from their configs, with no download and no weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specforge_lite.dry_run import dry_run
+from tests.conftest import compose
+
+
+@pytest.mark.parametrize("recipe,target_b,fits", [("eagle_llama8b", 8.03, True), ("eagle_llama70b", 70.55, True)])
+def test_big_recipes_dry_run(tmp_path, recipe, target_b, fits):
+    cfg = compose([f"+recipe={recipe}", f"run_dir={tmp_path}", "train.dry_run=true"])
+    result = dry_run(cfg)
+    assert result["target_params_b"] == pytest.approx(target_b, abs=0.01)
+    assert result["draft_vocab_size"] == 32000 and len(result["aux_layer_ids"]) == 3
+    memory = result["per_gpu_memory"]
+    assert memory["total_gib"] == pytest.approx(sum(v for k, v in memory.items() if k != "total_gib"))
+    assert result["fits_80gb"] is fits
+    assert json.loads((tmp_path / "train" / "dry_run.json").read_text())["target"] == cfg.target.path
+
+
+def test_online_70b_would_not_fit_one_gpu(tmp_path):
+    cfg = compose(["+recipe=eagle_llama70b", f"run_dir={tmp_path}", "train.mode=online"])
+    result = dry_run(cfg)
+    assert result["per_gpu_memory"]["target_weights_gib"] > 130 and not result["fits_80gb"]
+
+
+def test_drafter_size_matches_the_architecture(tmp_path):
+    cfg = compose(["+recipe=eagle_llama8b", f"run_dir={tmp_path}"])
+    h, inter, v_d = 4096, 14336, 32000
+    expected = (3 * h * h  # fc
+                + 2 * h * 32 * 128 + 2 * 2 * h * 8 * 128 + 32 * 128 * h  # q, k, v, o
+                + 3 * h * inter + v_d * h + 4 * h)  # mlp, lm_head, norms
+    assert dry_run(cfg)["drafter_trainable_params_m"] == pytest.approx(expected / 1e6, rel=1e-6)
