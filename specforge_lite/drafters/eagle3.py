@@ -170,6 +170,9 @@ class Eagle3Drafter(nn.Module):
 
         self.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         self.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_vocab])
+        final_norm = getattr(getattr(target, "model", None), "norm", None)
+        if final_norm is not None and final_norm.weight.shape == self.norm.weight.shape:
+            self.norm.weight.copy_(final_norm.weight)  # lm_head rows expect the target's output scale
         d2t, t2d = vocab_maps(draft_vocab, self.config.vocab_size)
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)

@@ -151,8 +151,8 @@ class Tracker:
             import wandb
 
             os.environ.setdefault("WANDB_MODE", "offline")
-            self.run = wandb.init(project="specforge_lite", name=cfg.recipe_name, dir=str(out), reinit=True,
-                                  config=OmegaConf.to_container(cfg, resolve=True))
+            self.run = wandb.init(project="specforge_lite", name=cfg.recipe_name, dir=str(out),
+                                  reinit="finish_previous", config=OmegaConf.to_container(cfg, resolve=True))
         elif self.kind == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
