@@ -81,7 +81,8 @@ def main() -> None:
     costs = report["forward_costs"]["ms_by_num_tokens"]
     result = {
         "benchmark": "decoding", "command": "python benchmarks/bench_decoding.py " + " ".join(sys.argv[1:]),
-        "args": {k: str(v) for k, v in vars(args).items()}, "wall_s": time.perf_counter() - started,
+        "args": {k: str(v.relative_to(REPO) if isinstance(v, Path) and v.is_relative_to(REPO) else v)
+                 for k, v in vars(args).items()}, "wall_s": time.perf_counter() - started,
         "torch_threads": torch.get_num_threads(), "goals": goals, "report": report,
     }
     args.out.mkdir(parents=True, exist_ok=True)
