@@ -219,19 +219,19 @@ def run(cfg: DictConfig) -> None:
     if not train:
         raise SpecforgeError(f"no training conversations left from {cfg.data.source}")
 
-    print_ = fingerprint(cfg)
+    stamp = fingerprint(cfg)
     meta_path = out / "meta.json"
     if meta_path.exists():
         previous = json.loads(meta_path.read_text()).get("fingerprint")
-        if previous != print_ and completed_shards(data_dir):
+        if previous != stamp and completed_shards(data_dir):
             raise SpecforgeError(
-                f"{out} holds samples made with other settings (fingerprint {previous}, now {print_}); "
+                f"{out} holds samples made with other settings (fingerprint {previous}, now {stamp}); "
                 "use another run_dir or delete that folder to start over")
     if rank == 0:
         write_provenance(out, cfg)
         atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
                                                "num_train": len(train), "read": read_stats.to_dict()})
-        _write_meta(meta_path, cfg, print_, train, heldout, read_stats, data_dir, complete=False)
+        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=False)
 
     shard_size = sample_cfg.shard_size
     num_shards = (len(train) + shard_size - 1) // shard_size
@@ -275,7 +275,7 @@ def run(cfg: DictConfig) -> None:
                  generated / max(elapsed, 1e-9))
 
     if rank == 0 and set(completed_shards(data_dir)) >= set(range(num_shards)):
-        meta = _write_meta(meta_path, cfg, print_, train, heldout, read_stats, data_dir, complete=True)
+        meta = _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=True)
         log.info("samples: %d conversations, %d assistant tokens in %s (skipped: %s)", meta["num_rows"],
                  meta["num_loss_tokens"], data_dir, meta["skipped"] or "none")
     elif rank == 0:
@@ -283,7 +283,7 @@ def run(cfg: DictConfig) -> None:
                  len(completed_shards(data_dir)), num_shards)
 
 
-def _write_meta(path: Path, cfg, print_, train, heldout, read_stats, data_dir: Path, complete: bool) -> dict:
+def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Path, complete: bool) -> dict:
     skipped: Counter = Counter()
     num_rows = num_tokens = num_loss = generated = 0
     if complete:
@@ -299,7 +299,7 @@ def _write_meta(path: Path, cfg, print_, train, heldout, read_stats, data_dir: P
                 num_tokens += len(ids)
                 num_loss += sum(mask)
     meta = {
-        "complete": complete, "fingerprint": print_,
+        "complete": complete, "fingerprint": stamp,
         "target": cfg.target.path,
         "sampling": {k: v for k, v in OmegaConf.to_container(cfg.sample, resolve=True).items()
                      if k not in ("rank", "world_size", "vllm")},

@@ -87,3 +87,11 @@ def test_kill_and_resume_gives_identical_weights(sampled, tmp_path):
     assert set(got) == set(want)
     for name in want:
         assert (got[name] == want[name]).all(), name
+
+
+def test_wandb_offline_run_is_recorded(sampled, tmp_path):
+    run_dir = fresh_run(sampled, tmp_path, "wandb")
+    run_cli("train", "+recipe=smoke", f"run_dir={run_dir}", "train.tracker=wandb", "train.max_steps=4",
+            "train.log_every=2", check=True)
+    runs = list((run_dir / "train" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "an offline wandb run with its data file"
