@@ -191,7 +191,9 @@ def run(cfg: DictConfig) -> None:
     mixed = tcfg.mixed_precision
     if mixed == "auto":
         mixed = "bf16" if torch.cuda.is_available() else "no"
-    accelerator = Accelerator(mixed_precision=mixed, cpu=cfg.target.device == "cpu")
+    # cpu=True is what makes accelerate form a gloo process group on CPU-only machines
+    accelerator = Accelerator(mixed_precision=mixed,
+                              cpu=cfg.target.device == "cpu" or not torch.cuda.is_available())
     if accelerator.is_main_process:
         write_provenance(out, cfg)
 
@@ -286,6 +288,8 @@ def run(cfg: DictConfig) -> None:
 
         done = step + 1
         if done % tcfg.log_every == 0 or done == total_steps:
+            if world > 1:  # logged numbers cover every rank's positions
+                window = global_window(window, accelerator)
             stats = summarise_window(window, optimizer.param_groups[0]["lr"], float(grad_norm))
             stats["step"] = done
             history.append(stats)
@@ -309,6 +313,19 @@ def run(cfg: DictConfig) -> None:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
+
+
+def global_window(window: dict, accelerator) -> dict:
+    """Sum a logging window's counters over ranks (time stays this rank's)."""
+    keys = sorted(window["correct"])
+    flat = [window["loss"], window["positions"], window["tokens"]] + [x for k in keys for x in window["correct"][k]]
+    summed = accelerator.reduce(torch.tensor(flat, dtype=torch.float64, device=accelerator.device), "sum").tolist()
+    out = dict(window, loss=summed[0], positions=int(summed[1]), tokens=int(summed[2]))
+    rest, out["correct"] = summed[3:], {}
+    for k in keys:
+        n = len(window["correct"][k])
+        out["correct"][k], rest = [int(x) for x in rest[:n]], rest[n:]
+    return out
 
 
 def summarise_window(window: dict, lr: float, grad_norm: float) -> dict:
