@@ -10,7 +10,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specforge_lite import SpecforgeError
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +22,13 @@ MODULES = {
 }
 
 
-class StageNotBuilt(SpecforgeError):
-    """Raised by a stage whose implementation has not landed yet."""
-
-
 def run_stage(cfg: DictConfig) -> None:
     if cfg.stage != "run":
         importlib.import_module(MODULES[cfg.stage]).run(cfg)
         return
     for name in ORDER:
         log.info("=== stage %s ===", name)
-        try:
-            importlib.import_module(MODULES[name]).run(cfg)
-        except StageNotBuilt as err:
-            log.warning("skipping %s: %s", name, err)
+        importlib.import_module(MODULES[name]).run(cfg)
     run_dir = Path(cfg.run_dir)
     lines = [f"run finished: {run_dir}"]
     for what, path in (("samples", run_dir / "samples" / "meta.json"), ("drafter", run_dir / "train" / "drafter"),

@@ -117,12 +117,11 @@ def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path):
     assert "sample.backend=vllm needs vLLM" in proc.stderr
 
 
-def test_stages_not_built_exit_non_zero(tmp_path):
-    for stage in ("train", "export"):
-        proc = run_cli(stage, "+recipe=smoke", f"run_dir={tmp_path}")
-        if "not built yet" not in proc.stderr:
-            continue  # the stage exists now; its own tests cover it
-        assert proc.returncode == 2
+def test_later_stage_without_its_input_fails_clearly(tmp_path):
+    proc = run_cli("train", "+recipe=smoke", f"run_dir={tmp_path}")
+    assert proc.returncode == 2 and "run the sample stage first" in proc.stderr
+    proc = run_cli("export", "+recipe=smoke", f"run_dir={tmp_path}")
+    assert proc.returncode == 2 and "run the train stage first" in proc.stderr
 
 
 @pytest.mark.slow
