@@ -238,7 +238,7 @@ def run(cfg: DictConfig) -> None:
     bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
     window = {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
-    history = []
+    history, tokens_seen = [], 0
     for step in range(start, total_steps):
         t0 = time.perf_counter()
         for g in optimizer.param_groups:
@@ -292,6 +292,8 @@ def run(cfg: DictConfig) -> None:
                 window = global_window(window, accelerator)
             stats = summarise_window(window, optimizer.param_groups[0]["lr"], float(grad_norm))
             stats["step"] = done
+            tokens_seen += window["tokens"]
+            stats["tokens_seen"] = tokens_seen  # this run's, from `start`
             history.append(stats)
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc0=f"{stats['acc'][0]:.2f}",
                             tau_sim=f"{stats['simulated_tau']:.2f}", tok_s=f"{stats['tokens_per_s']:.0f}")
@@ -311,8 +313,27 @@ def run(cfg: DictConfig) -> None:
         module.save(raw, final, extra={"trained_steps": total_steps, "history": history})
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
+            plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
+
+
+def plot_learning_curve(history: list[dict], path: Path) -> None:
+    """Simulated acceptance length and loss against training tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = [h["tokens_seen"] for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    left.plot(tokens, [h["simulated_tau"] for h in history], marker="o")
+    left.set(xlabel="training tokens", ylabel="simulated tau (bonus incl.)", title="acceptance length")
+    right.plot(tokens, [h["loss"] for h in history], marker="o", color="tab:red")
+    right.set(xlabel="training tokens", ylabel="loss per position", title="loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def global_window(window: dict, accelerator) -> dict:

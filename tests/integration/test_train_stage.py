@@ -46,6 +46,8 @@ def test_train_writes_drafter_metrics_and_checkpoints(sampled, tmp_path):
     assert len(history) == 6 and history[-1]["loss"] < history[0]["loss"]  # it learns something
     assert {"loss", "acc", "simulated_tau", "tokens_per_s", "lr", "target_share"} <= set(history[0])
     assert latest_checkpoint(out / "checkpoints").name == "step-0000008"
+    assert (out / "learning_curve.png").stat().st_size > 0
+    assert [h["tokens_seen"] for h in history] == sorted({h["tokens_seen"] for h in history})
     assert (out / "config.yaml").exists() and (out / "versions.json").exists()
 
 
