@@ -71,7 +71,7 @@ def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int) -
 def dry_run(cfg: DictConfig) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from specforge_lite.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+    from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter
 
     config = target_config(cfg.target.path)
     with torch.device("meta"):
@@ -80,7 +80,7 @@ def dry_run(cfg: DictConfig) -> dict:
                                              list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None)
         drafter = Eagle3Drafter(draft_cfg)
     target_params = sum(p.numel() for p in target.parameters())
-    drafter_params = sum(p.numel() for n, p in drafter.named_parameters() if n != "embed_tokens.weight")
+    drafter_params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)
     memory = estimate(cfg, config, drafter_params, target_params)
     result = {"target": cfg.target.path, "target_params_b": target_params / 1e9,
               "drafter_trainable_params_m": drafter_params / 1e6, "aux_layer_ids": draft_cfg.aux_layer_ids,

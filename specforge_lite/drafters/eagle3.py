@@ -312,6 +312,14 @@ def loss_and_metrics(drafter, batch: dict, steps: int, step_weight: float):
 
 # ---------------------------------------------------------------------- save / load
 
+FROZEN = "embed_tokens.weight"  # the target's own embedding: never saved, copied back on load
+
+
+def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the state dict but the frozen embedding, on CPU, contiguous."""
+    return {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != FROZEN}
+
+
 def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
     """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
     (every weight but the frozen embedding, under the speculators names)."""
@@ -319,8 +327,7 @@ def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
-    save_file(state, str(directory / "model.safetensors"))
+    save_file(trained_weights(drafter), str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps({"drafter": "eagle3", **drafter.config.to_dict(),
                                                        **(extra or {})}, indent=2))
 
@@ -334,7 +341,7 @@ def load(directory: Path, target) -> Eagle3Drafter:
     fields = {f for f in Eagle3Config.__dataclass_fields__}
     drafter = Eagle3Drafter(Eagle3Config(**{k: v for k, v in raw.items() if k in fields}))
     missing, unexpected = drafter.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    if unexpected or set(missing) != {"embed_tokens.weight"}:
+    if unexpected or set(missing) != {FROZEN}:
         raise ValueError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specforge_lite.drafters.eagle3 import Eagle3Config, Eagle3Drafter
+from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter, trained_weights
 
 # Built-in targets whose weights also live on the hub under this id (for `vllm serve DRAFT_DIR`).
 HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -97,7 +97,7 @@ def write_speculators_dir(drafter: Eagle3Drafter, out: Path, speculative_tokens:
                           verifier_architectures: list[str]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     config = speculators_config(drafter.config, speculative_tokens, verifier, verifier_architectures)
-    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
+    state = trained_weights(drafter)
     if drafter.config.draft_vocab_size == drafter.config.vocab_size:
         state.pop("d2t"), state.pop("t2d")
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -132,7 +132,7 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
     weights = load_file(str(directory / "model.safetensors"))
     expected = expected_shapes(config)
     missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected) - {"embed_tokens.weight"})
+    extra = sorted(set(weights) - set(expected) - {FROZEN})
     if missing or extra:
         raise ValueError(f"{directory}/model.safetensors: missing {missing}, unexpected {extra}")
     for name, shape in expected.items():
@@ -163,7 +163,7 @@ def load_speculators_dir(directory: Path, target) -> Eagle3Drafter:
     if "d2t" not in weights:  # full vocab: identity maps
         weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
         weights["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
-    weights.setdefault("embed_tokens.weight", target.get_input_embeddings().weight.detach().cpu())
+    weights.setdefault(FROZEN, target.get_input_embeddings().weight.detach().cpu())
     drafter.load_state_dict(weights, strict=True)
     return drafter.to(target.device).eval()
 
@@ -175,10 +175,6 @@ def write_sglang_dir(drafter: Eagle3Drafter, out: Path) -> None:
     config = {**transformer_layer_config(cfg), "architectures": ["LlamaForCausalLMEagle3"],
               "draft_vocab_size": cfg.draft_vocab_size,
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}}
-    state = {}
-    for k, v in drafter.state_dict().items():
-        if k == "embed_tokens.weight":
-            continue
-        state[k.replace("layers.0.", "midlayer.", 1)] = v.detach().cpu().contiguous()
+    state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in trained_weights(drafter).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

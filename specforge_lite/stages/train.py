@@ -102,17 +102,12 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
 
 # --------------------------------------------------------------------------- checkpoints
 
-def trainable_state(drafter) -> dict[str, torch.Tensor]:
-    """Everything but the frozen target embedding (it is copied from the target on build)."""
-    return {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
-
-
 def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int) -> Path:
     final = ckpt_dir / f"step-{step:07d}"
     tmp = ckpt_dir / f".step-{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(trainable_state(drafter), str(tmp / "drafter.safetensors"))
+    save_file(eagle3.trained_weights(drafter), str(tmp / "drafter.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
@@ -130,7 +125,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path, drafter, optimizer) -> int:
     missing, unexpected = drafter.load_state_dict(load_file(str(path / "drafter.safetensors")), strict=False)
-    if unexpected or set(missing) - {"embed_tokens.weight"}:
+    if unexpected or set(missing) - {eagle3.FROZEN}:
         raise SpecforgeError(f"checkpoint {path} does not fit this drafter (missing {missing}, unexpected {unexpected})")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
