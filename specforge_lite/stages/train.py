@@ -239,10 +239,11 @@ def run(cfg: DictConfig) -> None:
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total_steps, tcfg)
         micro = [batches[step * tcfg.grad_accum + m] for m in range(tcfg.grad_accum)]
-        # this rank's share of every micro-batch: sequences rank, rank+world, ...
-        micro = [[i for k, i in enumerate(b) if k % world == rank] or b[:1] for b in micro]
+        # this rank's share of every micro-batch: sequences rank, rank+world, ...; a rank left
+        # without one runs the first sequence with no loss positions, so DDP still syncs
+        shares = [[i for k, i in enumerate(b) if k % world == rank] for b in micro]
         prepared, target_time = [], 0.0
-        for indices in micro:
+        for indices, own in ((share or b[:1], bool(share)) for share, b in zip(shares, micro)):
             t_target = time.perf_counter()
             batch = collate([samples[i] for i in indices], tokenizer.pad_token_id, accelerator.device)
             if cache is None:
@@ -254,7 +255,7 @@ def run(cfg: DictConfig) -> None:
             # token i is learnable if it is an assistant token and the target's prediction of it
             # (made at position i-1) is expressible in the draft vocab
             batch["valid"] = torch.zeros_like(batch["loss_mask"])
-            batch["valid"][:, 1:] = batch["loss_mask"][:, 1:] * in_draft[:, :-1]
+            batch["valid"][:, 1:] = batch["loss_mask"][:, 1:] * in_draft[:, :-1] * int(own)
             target_time += time.perf_counter() - t_target
             prepared.append(batch)
             window["tokens"] += int(batch["attention_mask"].sum())
