@@ -31,20 +31,21 @@ def target_hidden(target, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 @torch.no_grad()
-def draft_vocab_targets(target, last_hidden: torch.Tensor, draft_vocab: torch.Tensor, t2d: torch.Tensor,
-                        loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_vocab_targets(head: torch.Tensor, draft_head: torch.Tensor, last_hidden: torch.Tensor,
+                        t2d: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Target logits on the draft vocab [B, T, V_d] and whether the full-vocab argmax is in it [B, T].
 
-    The full-vocab argmax is only computed where a loss can land (positions i whose
-    next token i+1 is masked in), which saves most of the large lm_head.
+    head: the target's lm_head weight [V, H]; draft_head: its draft-vocab rows [V_d, H]
+    (gathered once by the caller). The full-vocab argmax is only computed where a loss
+    can land (positions i whose next token i+1 is masked in), which saves most of the
+    large lm_head.
     """
-    weight = target.get_output_embeddings().weight
-    logits = last_hidden @ weight[draft_vocab].T
+    logits = last_hidden @ draft_head.T
     needed = torch.zeros_like(loss_mask, dtype=torch.bool)
     needed[:, :-1] = loss_mask[:, 1:].bool()
     in_draft = torch.zeros_like(needed)
     if needed.any():
-        argmax = (last_hidden[needed] @ weight.T).argmax(-1)
+        argmax = (last_hidden[needed] @ head.T).argmax(-1)
         in_draft[needed] = t2d[argmax]
     return logits, in_draft
 

@@ -27,8 +27,8 @@ from typing import Iterable
 import torch
 
 from specforge_lite.decoding.drafters import DraftContext, Drafter, crop_cache
-from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, rejection_verify,
-                                            sample_token, warp_probs)
+from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, pick_tokens,
+                                            rejection_verify, warp_probs)
 
 
 @dataclass
@@ -109,9 +109,7 @@ class TargetRunner:
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingParams, generator) -> int:
-    if sampling.greedy:
-        return int(logits.argmax())
-    return sample_token(warp_probs(logits, sampling), generator)
+    return int(pick_tokens(logits, sampling, generator))
 
 
 def _truncate_at_eos(tokens: list[int], eos_ids: frozenset) -> tuple[list[int], bool]:

@@ -59,6 +59,15 @@ def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def pick_tokens(logits: torch.Tensor, sampling: SamplingParams,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token(s) from logits [..., V] (one row [V] or a batch [B, V]): argmax when
+    greedy, else one draw from `warp_probs`. Returns [...] token ids."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(warp_probs(logits, sampling), 1, generator=generator).squeeze(-1)
+
+
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """One draw from probs [V]."""
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -441,7 +441,8 @@ class Eagle3DecodeDrafter:
         for step in range(k):
             logits = d.logits(hidden)[0, -1]  # [V_d]
             if ctx.sampling.greedy:
-                token = int(d.d2t[logits.argmax()] + logits.argmax())
+                best = logits.argmax()
+                token = int(d.d2t[best] + best)
             else:
                 full = logits.new_full((d.config.vocab_size,), float("-inf"))
                 full[d.draft_vocab] = logits

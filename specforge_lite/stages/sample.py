@@ -30,7 +30,7 @@ from specforge_lite.artifacts import atomic_write_json, package_versions, stage_
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
-from specforge_lite.decoding.verify import SamplingParams, warp_probs
+from specforge_lite.decoding.verify import SamplingParams, pick_tokens
 from specforge_lite.targets import load_target, resolve_dtype, resolve_target_path
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,6 @@ class HFBackend:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id])
         self.pad_id = tokenizer.pad_token_id
         self.sampling = SamplingParams(temperature=max(sample_cfg.temperature, 0.0), top_p=sample_cfg.top_p)
-
-    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.sampling.greedy:
-            return logits.argmax(dim=-1)
-        return torch.multinomial(warp_probs(logits, self.sampling), 1).squeeze(-1)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
@@ -76,7 +71,7 @@ class HFBackend:
         generated: list[list[int]] = [[] for _ in prompts]
         finish = ["length"] * len(prompts)
         for step in range(self.cfg.max_new_tokens):
-            tokens = self._pick(logits)
+            tokens = pick_tokens(logits, self.sampling)
             keep = []
             for j, (row, token) in enumerate(zip(rows, tokens.tolist())):
                 generated[row].append(token)

@@ -198,7 +198,8 @@ def run(cfg: DictConfig) -> None:
     module = DRAFTERS[cfg.drafter.name]
     drafter = module.build(cfg, target, counts)
     aux_ids = drafter.config.aux_layer_ids
-    draft_vocab, t2d = drafter.draft_vocab, drafter.t2d
+    head = target.get_output_embeddings().weight
+    draft_head, t2d = head[drafter.draft_vocab], drafter.t2d
     params = [p for p in drafter.parameters() if p.requires_grad]
     log.info("drafter %s: %.2fM trainable parameters, draft vocab %d of %d, aux layers %s",
              cfg.drafter.name, sum(p.numel() for p in params) / 1e6, drafter.config.draft_vocab_size,
@@ -232,7 +233,7 @@ def run(cfg: DictConfig) -> None:
     rank, world = accelerator.process_index, accelerator.num_processes
     bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
-    window = {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
+    window = empty_window()
     history, tokens_seen = [], 0
     for step in range(start, total_steps):
         t0 = time.perf_counter()
@@ -251,7 +252,7 @@ def run(cfg: DictConfig) -> None:
             else:
                 aux, last = cache.batch(indices, accelerator.device)
             batch["aux_hidden"] = aux
-            batch["target_logits"], in_draft = draft_vocab_targets(target, last, draft_vocab, t2d, batch["loss_mask"])
+            batch["target_logits"], in_draft = draft_vocab_targets(head, draft_head, last, t2d, batch["loss_mask"])
             # token i is learnable if it is an assistant token and the target's prediction of it
             # (made at position i-1) is expressible in the draft vocab
             batch["valid"] = torch.zeros_like(batch["loss_mask"])
@@ -297,7 +298,7 @@ def run(cfg: DictConfig) -> None:
                          "simulated_tau": stats["simulated_tau"], "target_share": stats["target_share"],
                          "grad_norm": stats["grad_norm"],
                          **{f"acc/step{j}": a for j, a in enumerate(stats["acc"])}}, step=done)
-            window = {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
+            window = empty_window()
         if accelerator.is_main_process and tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 \
                 and done < total_steps:
             save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints)
@@ -312,6 +313,11 @@ def run(cfg: DictConfig) -> None:
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
+
+
+def empty_window() -> dict:
+    """Counters of one logging window (summed over its steps, and over ranks when logged)."""
+    return {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
 
 
 def plot_learning_curve(history: list[dict], path: Path) -> None:
