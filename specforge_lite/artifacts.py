@@ -21,8 +21,15 @@ _VERSIONED = ("specforge_lite", "torch", "transformers", "accelerate", "datasets
 def stage_dir(cfg: DictConfig, stage: str) -> Path:
     """`run_dir/<stage folder>`, created if missing."""
     path = Path(cfg.run_dir) / STAGE_DIRS[stage]
+    if stage == "sample" and cfg.get("samples_dir"):
+        path = Path(cfg.samples_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def samples_dir(cfg: DictConfig) -> Path:
+    """Where the sampled conversations live: `samples_dir`, or `run_dir/samples`."""
+    return Path(cfg.samples_dir) if cfg.get("samples_dir") else Path(cfg.run_dir) / STAGE_DIRS["sample"]
 
 
 def package_versions() -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -104,6 +104,9 @@ class EvalConfig:
     truncate_layers: Optional[int] = None  # layers of the truncated target copy; null: min(4, L // 4)
     warmup: int = 1  # untimed runs of every method on the first prompt before measuring
     warmup_tokens: int = 32  # new tokens per warm-up run
+    # method -> trained drafter folder, for eagle3 / medusa / distilled; a method not listed
+    # reads run_dir/train/drafter. Lets one evaluate run compare drafters of several recipes.
+    drafter_dirs: Dict[str, str] = field(default_factory=dict)
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
@@ -120,13 +123,38 @@ class Tracker(str, Enum):
     none = "none"
 
 
+class DistillLoss(str, Enum):
+    forward_kl = "forward_kl"  # KL(target || draft), the default
+    reverse_kl = "reverse_kl"
+    tvd = "tvd"  # total variation distance
+    jsd = "jsd"  # Jensen-Shannon (beta 0.5)
+
+
 @dataclass
 class DrafterConfig:
-    name: str = "eagle3"  # eagle3 (more drafters land with their own issues)
-    # eagle3
+    name: str = "eagle3"  # eagle3 | medusa | draft_model
+    # eagle3 and medusa: heads predict over the draft vocab (the most frequent loss-masked
+    # target ids); a value >= the target vocab keeps the full vocabulary
     draft_vocab_size: int = 8192
+    # eagle3
     aux_layer_ids: Optional[List[int]] = None  # null: [2, L//2, L-3]
     ttt_steps: int = 3  # training-time test unroll
+    # medusa (Medusa-1: frozen target, heads on its last hidden state)
+    num_heads: int = 4  # head i predicts the token i + 2 ahead
+    num_layers: int = 1  # residual blocks per head
+    # draft_model (token-level distillation of a small causal LM)
+    student: Optional[str] = None  # an HF dir / hub id with the target's vocab; null: truncated target
+    student_layers: int = 4  # layers of the truncated copy (first n layers, final norm, lm_head)
+    loss: DistillLoss = DistillLoss.forward_kl
+    temperature: float = 1.0  # applied to both distributions; the loss is scaled by T^2
+    lora: bool = False  # train LoRA adapters (merged into the weights at save) instead of all weights
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: List[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # simulated acceptance length in training logs: chains of up to this many positions
+    simulated_k: int = 4
 
 
 @dataclass
@@ -173,6 +201,9 @@ class Config:
     stage: str = "sample"  # set by the CLI: sample | train | evaluate | export | run
     recipe_name: str = "default"
     run_dir: str = "runs/${recipe_name}"
+    # where `sample` writes and `train` reads the conversations; null: run_dir/samples.
+    # Recipes for one target point it at one folder so they share the sampled data.
+    samples_dir: Optional[str] = None
     seed: int = 0
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)

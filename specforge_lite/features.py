@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def target_hidden(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layer_ids) -> tuple:
-    """`(aux_hidden [B, T, 3H], last_hidden [B, T, H])` from one frozen target forward."""
-    out = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+    """`(aux_hidden [B, T, len(aux_layer_ids) * H] or None when no aux layers are asked for,
+    last_hidden [B, T, H])` from one frozen target forward."""
+    out = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=bool(aux_layer_ids),
                        use_cache=False)
-    aux = torch.cat([out.hidden_states[i] for i in aux_layer_ids], dim=-1)
+    aux = torch.cat([out.hidden_states[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
     return aux, out.last_hidden_state
 
 
@@ -68,7 +69,8 @@ class FeatureCache:
     """Offline mode: aux and last hidden states per sequence in safetensors shards.
 
     `features/shard-NNNNN.safetensors` holds sequences [N*S, (N+1)*S) as tensors
-    `aux.<i>` [T_i, 3H] and `last.<i>` [T_i, H] (bf16); a shard is written to a
+    `aux.<i>` [T_i, 3H] (only for drafters that read aux layers) and `last.<i>` [T_i, H]
+    (bf16); a shard is written to a
     temporary name and renamed, so a killed caching run resumes at the first missing shard.
     """
 
@@ -81,18 +83,22 @@ class FeatureCache:
         return self.dir / f"shard-{index:05d}.safetensors"
 
     @staticmethod
-    def estimate_bytes(num_tokens: int, hidden_size: int) -> int:
-        return num_tokens * 4 * hidden_size * 2  # aux (3H) + last (H), bf16
+    def estimate_bytes(num_tokens: int, hidden_size: int, num_aux_layers: int = 3) -> int:
+        return num_tokens * (num_aux_layers + 1) * hidden_size * 2  # aux (3H) + last (H), bf16
 
     def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         num_tokens = sum(len(r["input_ids"]) for r in samples)
-        size = self.estimate_bytes(num_tokens, target.config.hidden_size)
+        size = self.estimate_bytes(num_tokens, target.config.hidden_size, len(aux_layer_ids))
         num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
         todo = [j for j in range(num_shards) if not self.shard_file(j).exists()]
         log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s (%d of %d shards to write)",
                  len(samples), num_tokens, size / 1e9, self.dir, len(todo), num_shards)
-        (self.dir / "meta.json").write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
+        meta = self.dir / "meta.json"
+        if meta.exists() and json.loads(meta.read_text()).get("aux_layer_ids") != list(aux_layer_ids):
+            raise ValueError(f"{self.dir} caches aux layers {json.loads(meta.read_text()).get('aux_layer_ids')}, "
+                             f"this drafter reads {list(aux_layer_ids)}: delete the folder to rebuild it")
+        meta.write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
                                                         "aux_layer_ids": list(aux_layer_ids),
                                                         "estimated_bytes": size, "shard_size": self.shard_size}))
         bar = tqdm(total=len(samples), initial=(num_shards - len(todo)) * self.shard_size, desc="cache features",
@@ -106,7 +112,8 @@ class FeatureCache:
                 aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
                 for k, row in enumerate(rows):
                     n = len(row["input_ids"])
-                    tensors[f"aux.{start + k}"] = aux[k, :n].to(torch.bfloat16).cpu().contiguous()
+                    if aux is not None:
+                        tensors[f"aux.{start + k}"] = aux[k, :n].to(torch.bfloat16).cpu().contiguous()
                     tensors[f"last.{start + k}"] = last[k, :n].to(torch.bfloat16).cpu().contiguous()
                 bar.update(len(rows))
             tmp = self.dir / f".shard-{j:05d}.tmp"
@@ -114,21 +121,23 @@ class FeatureCache:
             tmp.replace(self.shard_file(j))
         bar.close()
 
-    def get(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, index: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One sequence's features, read through a memory map (random access is cheap)."""
         shard = index // self.shard_size
         if shard not in self._open:
             self._open[shard] = safe_open(str(self.shard_file(shard)), framework="pt")
         handle = self._open[shard]
-        return handle.get_tensor(f"aux.{index}").float(), handle.get_tensor(f"last.{index}").float()
+        aux = handle.get_tensor(f"aux.{index}").float() if f"aux.{index}" in handle.keys() else None
+        return aux, handle.get_tensor(f"last.{index}").float()
 
-    def batch(self, indices: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded `(aux [B, T, 3H], last [B, T, H])` for the given sequence indices."""
+    def batch(self, indices: list[int], device) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Right-padded `(aux [B, T, 3H] or None, last [B, T, H])` for the given sequence indices."""
         pairs = [self.get(i) for i in indices]
-        width = max(a.shape[0] for a, _ in pairs)
-        aux = torch.zeros(len(pairs), width, pairs[0][0].shape[-1])
+        width = max(l_.shape[0] for _, l_ in pairs)
         last = torch.zeros(len(pairs), width, pairs[0][1].shape[-1])
+        aux = None if pairs[0][0] is None else torch.zeros(len(pairs), width, pairs[0][0].shape[-1])
         for k, (a, l_) in enumerate(pairs):
-            aux[k, : a.shape[0]] = a
             last[k, : l_.shape[0]] = l_
-        return aux.to(device), last.to(device)
+            if aux is not None:
+                aux[k, : a.shape[0]] = a
+        return (aux.to(device) if aux is not None else None), last.to(device)

@@ -270,22 +270,54 @@ def build_draft_model(cfg, target) -> DraftModelDrafter:
     return DraftModelDrafter(load_draft_model(cfg.eval, target))
 
 
-def build_eagle3(cfg, target):
-    """The EAGLE-3 drafter trained in run_dir/train/drafter."""
+def trained_dir(cfg, method: str, kind: str):
+    """Where method `method` finds its trained drafter: eval.drafter_dirs[method], else
+    run_dir/train/drafter; checks the folder holds a drafter of `kind`."""
     from pathlib import Path
 
+    from specforge_lite.drafters.common import drafter_kind
+
+    dirs = cfg.eval.get("drafter_dirs") or {}
+    path = Path(dirs[method]) if method in dirs else Path(cfg.run_dir) / "train" / "drafter"
+    found = drafter_kind(path)
+    if found is None:
+        raise SpecforgeError(f"eval method {method} needs a trained {kind} drafter in {path}; run the train stage "
+                             f"of a {kind} recipe first, or set eval.drafter_dirs.{method}")
+    if found != kind:
+        raise SpecforgeError(f"eval method {method}: {path} holds a {found} drafter, not {kind}; "
+                             f"set eval.drafter_dirs.{method} to a {kind} drafter")
+    return path
+
+
+def build_eagle3(cfg, target):
+    """The EAGLE-3 drafter trained in run_dir/train/drafter (or eval.drafter_dirs.eagle3)."""
     from specforge_lite.drafters import eagle3
 
-    path = Path(cfg.run_dir) / "train" / "drafter"
-    if not (path / "config.json").exists():
-        raise SpecforgeError(f"eval method eagle3 needs a trained drafter in {path}; run the train stage first")
-    return eagle3.Eagle3DecodeDrafter(eagle3.load(path, target))
+    return eagle3.Eagle3DecodeDrafter(eagle3.load(trained_dir(cfg, "eagle3", "eagle3"), target))
+
+
+def build_medusa(cfg, target):
+    """Medusa heads trained in run_dir/train/drafter (or eval.drafter_dirs.medusa)."""
+    from specforge_lite.drafters import medusa
+
+    return medusa.MedusaDecodeDrafter(medusa.load(trained_dir(cfg, "medusa", "medusa"), target))
+
+
+def build_distilled(cfg, target) -> DraftModelDrafter:
+    """The distilled draft model (run_dir/train/drafter or eval.drafter_dirs.distilled)."""
+    from specforge_lite.drafters import distill
+
+    drafter = DraftModelDrafter(distill.load(trained_dir(cfg, "distilled", "draft_model"), target))
+    drafter.name = "distilled"
+    return drafter
 
 
 # Method name -> builder(cfg, target model) -> Drafter, where cfg is the whole run config
-# (a trained drafter finds its weights under cfg.run_dir). Medusa adds its own here.
+# (a trained drafter finds its weights under cfg.run_dir or eval.drafter_dirs).
 DRAFTERS: dict[str, Callable] = {
     "ngram": build_ngram,
-    "draft_model": build_draft_model,
+    "draft_model": build_draft_model,  # untrained: eval.draft_model or a truncated target copy
+    "distilled": build_distilled,
     "eagle3": build_eagle3,
+    "medusa": build_medusa,
 }

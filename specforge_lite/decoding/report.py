@@ -27,6 +27,56 @@ def methods_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+# what each method is, for the recommendation's wording
+SERVING_NOTES = {
+    "medusa": "vLLM serves Medusa only up to 0.32 (0.33 removed it)",
+    "draft_model": "an untrained draft model: distil it first (make distill)",
+    "hf_prompt_lookup": "Hugging Face prompt lookup is ngram drafting; serve it as vLLM's `ngram` method",
+    "hf_assisted": "Hugging Face assisted generation with a draft model; serve the draft as vLLM `draft_model`",
+}
+
+
+def recommend(report: dict) -> dict:
+    """Which drafter to deploy, from the measured numbers of one evaluate run.
+
+    `deploy`: the lossless method (identical to plain under greedy decoding) with the highest
+    tokens/s. `alternatives`: when another method is worth preferring, each with the numbers
+    behind it: a higher tau (on a GPU, where a draft step costs little next to a big target's
+    forward, tau decides), categories where another method is faster, and serving limits.
+    """
+    methods = report["methods"]
+    lossless = {n: m for n, m in methods.items() if m.get("identical_to_plain") is not False}
+    deploy = max(lossless, key=lambda n: lossless[n]["tokens_per_s"])
+    best = lossless[deploy]
+    reasons = [f"{deploy}: highest measured speed, {best['tokens_per_s']:.1f} tokens/s "
+               f"({best['speedup']:.2f}x plain, tau {best['tau']:.2f})"]
+    if deploy == "plain":
+        reasons.append("no drafter beats plain decoding on this machine and prompt set")
+    alternatives = []
+    speculative = {n: m for n, m in lossless.items() if n not in ("plain", "hf_generate")}
+    if speculative:
+        top_tau = max(speculative, key=lambda n: speculative[n]["tau"])
+        if top_tau != deploy and speculative[top_tau]["tau"] > best["tau"]:
+            alternatives.append(f"{top_tau} has the highest tau ({speculative[top_tau]['tau']:.2f} vs "
+                                f"{best['tau']:.2f}): prefer it where a target forward costs much more than a "
+                                f"draft step (large targets on GPUs)")
+    for category in report.get("per_category_tau", {}):
+        rates = {n: m["per_category"].get(category, {}).get("speedup") for n, m in lossless.items()}
+        rates = {n: r for n, r in rates.items() if r is not None}
+        if rates:
+            winner = max(rates, key=rates.get)
+            if winner != deploy and rates[winner] > rates.get(deploy, 0) * 1.05:
+                alternatives.append(f"for {category} prompts {winner} is faster ({rates[winner]:.2f}x vs "
+                                    f"{rates.get(deploy, 0):.2f}x plain)")
+    if deploy in SERVING_NOTES:
+        ranked = sorted((n for n in lossless if n not in (deploy, "hf_generate")),
+                        key=lambda n: -lossless[n]["tokens_per_s"])
+        nxt = next((n for n in ranked if n not in SERVING_NOTES), None)
+        note = SERVING_NOTES[deploy]
+        alternatives.append(note + (f"; the next fastest is {nxt} ({lossless[nxt]['speedup']:.2f}x)" if nxt else ""))
+    return {"deploy": deploy, "reasons": reasons, "alternatives": alternatives}
+
+
 def render_markdown(report: dict) -> str:
     s = report["settings"]
     mode = "greedy" if s["temperature"] == 0 else f"sampling T={s['temperature']}, top-p={s['top_p']}"
@@ -38,6 +88,12 @@ def render_markdown(report: dict) -> str:
         f"{s['max_new_tokens']} new tokens max, {mode}, k = {s['num_draft_tokens']}, batch 1, "
         f"{s['warmup']} warm-up run(s) per method.", "",
         methods_table(report), "",
+    ]
+    rec = report.get("recommendation")
+    if rec:
+        out += ["## Recommendation", "", f"Deploy **{rec['deploy']}**: " + "; ".join(rec["reasons"]) + "."]
+        out += [f"- {line}" for line in rec["alternatives"]] + [""]
+    out += [
         "tau: " + report["conventions"]["tau"] + ". a_i: " + report["conventions"]["per_position_acceptance"]
         + ". Speedup: " + report["conventions"]["speedup"] + ".", "",
         "## tau by category", "",

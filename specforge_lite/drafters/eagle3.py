@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specforge_lite.drafters.common import draft_vocab_preparer, select_weights, shifted_targets, stepwise_loss
+
 
 @dataclass
 class Eagle3Config:
@@ -236,23 +238,6 @@ class Eagle3Drafter(nn.Module):
         return outputs
 
 
-def ttt_targets(target_logits: torch.Tensor, loss_mask: torch.Tensor, steps: int):
-    """Align the target side of the TTT loss with `ttt_forward`'s outputs.
-
-    target_logits: [B, T, V_d] target logits restricted to the draft vocab (position i
-    predicts x[i+1]); loss_mask: [B, T] token-indexed (1 where x[i] is to be learned).
-    Returns per step j `(target_logits_j [B, T, V_d], mask_j [B, T])`: at anchor t, the
-    target's logits at position t+1+j and loss_mask[t+2+j] (0 past the end).
-    """
-    out = []
-    for step in range(steps):
-        shift = step + 1
-        logits = F.pad(target_logits[:, shift:], (0, 0, 0, shift))
-        mask = F.pad(loss_mask[:, shift + 1:], (0, shift + 1))
-        out.append((logits, mask))
-    return out
-
-
 # ---------------------------------------------------------------------- training objective
 
 def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
@@ -279,45 +264,42 @@ def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
     return drafter.to(target.device)
 
 
-def loss_and_metrics(drafter, batch: dict, steps: int, step_weight: float):
+def target_layers(drafter: Eagle3Drafter) -> list[int]:
+    return list(drafter.config.aux_layer_ids)
+
+
+def describe(drafter: Eagle3Drafter) -> str:
+    c = drafter.config
+    return f"draft vocab {c.draft_vocab_size} of {c.vocab_size}, aux layers {c.aux_layer_ids}"
+
+
+def batch_preparer(drafter: Eagle3Drafter, target):
+    return draft_vocab_preparer(target, drafter.draft_vocab, drafter.t2d)
+
+
+def loss_and_metrics(drafter, batch: dict, cfg):
     """Summed (not averaged) weighted loss and counts for one micro-batch.
 
     drafter: an `Eagle3Drafter` or its DDP wrapper (called, so gradients synchronise).
-    batch: `input_ids` [B, T], `aux_hidden` [B, T, 3H], `target_logits` [B, T, V_d] (the
-    target's logits on the draft vocab) and `valid` [B, T] (token i is an assistant token
-    whose target prediction the draft vocab can express).
-    Loss per step j: soft cross-entropy against the target's draft-vocab distribution at
-    valid positions, weighted step_weight ** j. Returns `(loss_sum, num_positions_step0,
-    metrics)` with per-step correct / total / chain (all steps so far correct) counts.
+    batch: `input_ids` [B, T], `aux_hidden` [B, T, 3H], `target_logits` [B, T, V_d] and
+    `valid` [B, T] (see `common.draft_vocab_preparer`). TTT step j (cfg.drafter.ttt_steps
+    of them) is weighted cfg.train.step_weight ** j; see `common.stepwise_loss`.
     """
-    from specforge_lite.losses import soft_cross_entropy
-
+    steps = cfg.drafter.ttt_steps
     outputs = drafter(batch["input_ids"], batch["aux_hidden"], steps)
-    targets = ttt_targets(batch["target_logits"], batch["valid"], steps)
-    loss = batch["aux_hidden"].new_zeros(())
-    metrics = {"correct": [], "total": []}
-    chain = None  # consecutive correct steps per anchor, for the simulated acceptance length
-    for j, (logits, (target_logits, mask)) in enumerate(zip(outputs, targets)):
-        mask = mask.bool()
-        per_position = soft_cross_entropy(logits, target_logits)
-        loss = loss + (step_weight ** j) * per_position[mask].sum()
-        correct = (logits.argmax(-1) == target_logits.argmax(-1)) & mask
-        metrics["correct"].append(int(correct.sum()))
-        metrics["total"].append(int(mask.sum()))
-        chain = correct if chain is None else chain & correct
-        metrics.setdefault("chain", []).append(int(chain.sum()))
-    num = metrics["total"][0]
-    return loss, num, metrics
+    return stepwise_loss(outputs, shifted_targets(batch["target_logits"], batch["valid"], steps),
+                         cfg.train.step_weight)
 
 
 # ---------------------------------------------------------------------- save / load
 
 FROZEN = "embed_tokens.weight"  # the target's own embedding: never saved, copied back on load
+FROZEN_WEIGHTS = {FROZEN}
 
 
 def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor of the state dict but the frozen embedding, on CPU, contiguous."""
-    return {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if k != FROZEN}
+    return select_weights(drafter, FROZEN_WEIGHTS)
 
 
 def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:

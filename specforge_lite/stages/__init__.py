@@ -10,6 +10,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from specforge_lite.artifacts import samples_dir
+
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,8 @@ def run_stage(cfg: DictConfig) -> None:
         importlib.import_module(MODULES[name]).run(cfg)
     run_dir = Path(cfg.run_dir)
     lines = [f"run finished: {run_dir}"]
-    for what, path in (("samples", run_dir / "samples" / "meta.json"), ("drafter", run_dir / "train" / "drafter"),
-                       ("report", run_dir / "eval" / "report.md"), ("export", run_dir / "export" / "speculators")):
+    for what, path in (("samples", samples_dir(cfg) / "meta.json"), ("drafter", run_dir / "train" / "drafter"),
+                       ("report", run_dir / "eval" / "report.md"), ("export", run_dir / "export" / "export.json")):
         if path.exists():
             lines.append(f"  {what:<8} {path}")
     report = run_dir / "eval" / "report.json"

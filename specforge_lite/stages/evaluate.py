@@ -28,14 +28,14 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
+from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
 from specforge_lite.decoding.drafters import DRAFTERS, DraftModelDrafter, load_draft_model
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
 from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
-from specforge_lite.decoding.report import render_markdown, write_plots
+from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.targets import load_target
 
@@ -53,7 +53,7 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
         prompts = [{**p, "system": None} for p in read_eval_prompts(dataset)]
     else:
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
-        split = Path(cfg.run_dir) / "samples" / "split.json"
+        split = samples_dir(cfg) / "split.json"
         if split.exists():
             ids = set(json.loads(split.read_text())["heldout_ids"])
             heldout = [r for r in records if r["id"] in ids]
@@ -207,6 +207,7 @@ def run(cfg: DictConfig) -> None:
     costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats)
 
     report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
+    report["recommendation"] = recommend(report)
     atomic_write_json(out / "report.json", report)
     if ecfg.plots:
         report["plots"] = write_plots(report, out)
@@ -216,6 +217,9 @@ def run(cfg: DictConfig) -> None:
     for name, entry in report["methods"].items():
         log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx%s", name, entry["tau"] or 0, entry["tokens_per_s"],
                  entry["speedup"], "" if entry["identical_to_plain"] in (None, True) else "  OUTPUT DIFFERS")
+    rec = report["recommendation"]
+    log.info("recommendation: deploy %s (%s)%s", rec["deploy"], "; ".join(rec["reasons"]),
+             "".join(f"\n  - {line}" for line in rec["alternatives"]))
     log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
 
 

@@ -1,8 +1,10 @@
 """The `export` stage: turn the trained drafter into a directory a serving engine loads.
 
-Reads `run_dir/train/drafter`, writes `run_dir/export/` in the speculators format
-vLLM loads (plus SGLang's layout with `export.sglang=true`) and a README with the
-serve commands, then reloads what it wrote strictly and checks that the reloaded
+Reads `run_dir/train/drafter` and writes `run_dir/export/` in the format a serving
+engine loads for that drafter: EAGLE-3 in the speculators format (plus SGLang's layout
+with `export.sglang=true`), Medusa in vLLM's Medusa format (vLLM <= 0.32), a draft
+model as a plain HF directory with the target's tokenizer. Each gets a README with the
+serve command; the stage reloads what it wrote strictly and checks that the reloaded
 drafter computes the trained drafter's logits.
 """
 
@@ -17,7 +19,8 @@ from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
-from specforge_lite.drafters import eagle3
+from specforge_lite.drafters import distill, eagle3, medusa
+from specforge_lite.drafters.common import drafter_kind
 from specforge_lite.drafters.eagle3_export import (HUB_IDS, load_speculators_dir, write_sglang_dir,
                                                    write_speculators_dir)
 from specforge_lite.targets import load_target, resolve_target_path
@@ -46,19 +49,26 @@ def max_logit_difference(a, b, vocab_size: int, hidden: int) -> float:
 
 def run(cfg: DictConfig) -> None:
     trained = Path(cfg.run_dir) / "train" / "drafter"
-    if not (trained / "config.json").exists():
+    kind = drafter_kind(trained)
+    if kind is None:
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first")
-    kind = json.loads((trained / "config.json").read_text()).get("drafter")
-    if kind != "eagle3":
-        raise SpecforgeError(f"{trained}: export of drafter {kind!r} is not built yet")
+    if kind not in EXPORTERS:
+        raise SpecforgeError(f"{trained}: no export for drafter {kind!r}; known: {sorted(EXPORTERS)}")
     out = stage_dir(cfg, "export")
     write_provenance(out, cfg)
-    target, _ = load_target(cfg.target)
-    drafter = eagle3.load(trained, target)
+    target, tokenizer = load_target(cfg.target)
     k, k_source = chosen_k(cfg)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
-    architectures = list(target.config.architectures or ["LlamaForCausalLM"])
+    info = EXPORTERS[kind](cfg, trained, out, target, tokenizer, k, k_source, verifier)
+    atomic_write_json(out / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
+                                            "verifier": verifier, "strict_reload": "passed"})
+    log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
 
+
+def export_eagle3(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
+    """The speculators directory (plus SGLang's layout with export.sglang=true)."""
+    drafter = eagle3.load(trained, target)
+    architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     speculators_dir = out / "speculators"
     config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)
     reloaded = load_speculators_dir(speculators_dir, target)
@@ -69,11 +79,15 @@ def run(cfg: DictConfig) -> None:
     if cfg.export.sglang:
         write_sglang_dir(drafter, out / "sglang")
     atomic_write_text(speculators_dir / "README.md", serve_readme(cfg, verifier, k, k_source, config))
-    atomic_write_json(out / "export.json", {"format": "speculators", "path": str(speculators_dir),
-                                            "speculative_tokens": k, "speculative_tokens_source": k_source,
-                                            "verifier": verifier, "strict_reload": "passed",
-                                            "sglang": str(out / "sglang") if cfg.export.sglang else None})
-    log.info("export written to %s (k=%d from %s)", speculators_dir, k, k_source)
+    return {"format": "speculators", "path": str(speculators_dir), "speculative_tokens": k,
+            "sglang": str(out / "sglang") if cfg.export.sglang else None}
+
+
+def export_medusa(cfg, trained, out, target, tokenizer, k, k_source, verifier) -> dict:
+    return medusa.export(cfg, trained, out, target, k, k_source, verifier)
+
+
+EXPORTERS = {"eagle3": export_eagle3, "medusa": export_medusa, "draft_model": distill.export}
 
 
 def serve_readme(cfg: DictConfig, verifier: str, k: int, k_source: str, config: dict) -> str:

@@ -28,16 +28,17 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, stage_dir, write_provenance
+from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples
-from specforge_lite.drafters import eagle3
+from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
-from specforge_lite.features import FeatureCache, collate, draft_vocab_targets, target_hidden
+from specforge_lite.features import FeatureCache, collate, target_hidden
 from specforge_lite.targets import load_target
 
 log = logging.getLogger(__name__)
 
-DRAFTERS = {"eagle3": eagle3}
+# drafter.name -> its module (the functions listed in specforge_lite/drafters/__init__.py)
+DRAFTERS = {"eagle3": eagle3, "medusa": medusa, "draft_model": distill}
 
 
 # --------------------------------------------------------------------------- data order
@@ -76,7 +77,7 @@ def lr_at(step: int, total: int, cfg) -> float:
 
 def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
     """The sampled conversations, plus `train.source_conversations` source ones as written."""
-    dataset = load_samples(Path(cfg.run_dir) / "samples")
+    dataset = load_samples(samples_dir(cfg))
     rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
     extra = cfg.train.source_conversations
     if extra:
@@ -100,14 +101,29 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
     return rows
 
 
+def ensure_samples(cfg: DictConfig) -> None:
+    """Train needs the sampled conversations: when they are missing or incomplete, a
+    single-process run samples them first (the sample stage resumes what exists)."""
+    meta = samples_dir(cfg) / "meta.json"
+    if meta.exists() and json.loads(meta.read_text()).get("complete"):
+        return
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SpecforgeError(f"no complete samples in {samples_dir(cfg)}; run the sample stage before a "
+                             "multi-process train (python -m specforge_lite sample ... on the same ranks)")
+    log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
+    from specforge_lite.stages import sample
+
+    sample.run(cfg)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
-def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int) -> Path:
+def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, module=eagle3) -> Path:
     final = ckpt_dir / f"step-{step:07d}"
     tmp = ckpt_dir / f".step-{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(eagle3.trained_weights(drafter), str(tmp / "drafter.safetensors"))
+    save_file(module.trained_weights(drafter), str(tmp / "drafter.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
@@ -123,10 +139,13 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: Path, drafter, optimizer) -> int:
-    missing, unexpected = drafter.load_state_dict(load_file(str(path / "drafter.safetensors")), strict=False)
-    if unexpected or set(missing) - {eagle3.FROZEN}:
-        raise SpecforgeError(f"checkpoint {path} does not fit this drafter (missing {missing}, unexpected {unexpected})")
+def load_checkpoint(path: Path, drafter, optimizer, module=eagle3) -> int:
+    weights = load_file(str(path / "drafter.safetensors"))
+    expected = set(module.trained_weights(drafter))
+    if set(weights) != expected:
+        raise SpecforgeError(f"checkpoint {path} does not fit this drafter (missing "
+                             f"{sorted(expected - set(weights))[:5]}, unexpected {sorted(set(weights) - expected)[:5]})")
+    drafter.load_state_dict(weights, strict=False)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
@@ -179,6 +198,7 @@ def run(cfg: DictConfig) -> None:
 
         dry_run(cfg)
         return
+    ensure_samples(cfg)
     from accelerate import Accelerator
 
     tcfg = cfg.train
@@ -197,13 +217,11 @@ def run(cfg: DictConfig) -> None:
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
     module = DRAFTERS[cfg.drafter.name]
     drafter = module.build(cfg, target, counts)
-    aux_ids = drafter.config.aux_layer_ids
-    head = target.get_output_embeddings().weight
-    draft_head, t2d = head[drafter.draft_vocab], drafter.t2d
+    aux_ids = module.target_layers(drafter)
+    prepare = module.batch_preparer(drafter, target)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    log.info("drafter %s: %.2fM trainable parameters, draft vocab %d of %d, aux layers %s",
-             cfg.drafter.name, sum(p.numel() for p in params) / 1e6, drafter.config.draft_vocab_size,
-             drafter.config.vocab_size, aux_ids)
+    log.info("drafter %s: %.2fM trainable parameters; %s", cfg.drafter.name,
+             sum(p.numel() for p in params) / 1e6, module.describe(drafter))
 
     lengths = [len(r["input_ids"]) for r in samples]
     batches = plan_batches(lengths, tcfg.batch_size, tcfg.seed, tcfg.epochs)
@@ -226,7 +244,7 @@ def run(cfg: DictConfig) -> None:
     ckpt_dir = out / "checkpoints"
     start = 0
     if tcfg.resume and (latest := latest_checkpoint(ckpt_dir)) is not None:
-        start = load_checkpoint(latest, raw, optimizer)
+        start = load_checkpoint(latest, raw, optimizer, module)
         log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
 
     tracker = Tracker(cfg, out, accelerator.is_main_process)
@@ -251,23 +269,17 @@ def run(cfg: DictConfig) -> None:
                 aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids)
             else:
                 aux, last = cache.batch(indices, accelerator.device)
-            batch["aux_hidden"] = aux
-            batch["target_logits"], in_draft = draft_vocab_targets(head, draft_head, last, t2d, batch["loss_mask"])
-            # token i is learnable if it is an assistant token and the target's prediction of it
-            # (made at position i-1) is expressible in the draft vocab
-            batch["valid"] = torch.zeros_like(batch["loss_mask"])
-            batch["valid"][:, 1:] = batch["loss_mask"][:, 1:] * in_draft[:, :-1] * int(own)
+            prepare(batch, aux, last, own)  # soft labels, loss positions (none if not `own`)
             target_time += time.perf_counter() - t_target
             prepared.append(batch)
             window["tokens"] += int(batch["attention_mask"].sum())
         # the gradient is divided by the loss positions of the whole optimizer step, on all ranks
-        counts = torch.stack([b["valid"][:, 2:].sum().float() for b in prepared])
+        counts = torch.stack([b["num_positions"] for b in prepared])
         global_positions = accelerator.reduce(counts.sum(), reduction="sum").clamp(min=1.0)
         for m, batch in enumerate(prepared):
             sync = accelerator.no_sync(drafter) if m < len(prepared) - 1 else contextlib.nullcontext()
             with sync, accelerator.autocast():
-                loss, num, metrics = module.loss_and_metrics(drafter, batch, cfg.drafter.ttt_steps,
-                                                             tcfg.step_weight)
+                loss, num, metrics = module.loss_and_metrics(drafter, batch, cfg)
                 # DDP averages gradients over ranks; multiplying by world makes it a global sum
                 accelerator.backward(loss * world / global_positions)
             window["loss"] += float(loss.detach())
@@ -301,7 +313,7 @@ def run(cfg: DictConfig) -> None:
             window = empty_window()
         if accelerator.is_main_process and tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 \
                 and done < total_steps:
-            save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints)
+            save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints, module)
     bar.close()
     tracker.close()
 

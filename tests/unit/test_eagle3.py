@@ -70,10 +70,12 @@ def test_ttt_step_outputs_do_not_see_the_future(tiny_target):
         assert not torch.allclose(a[0, 14:], b[0, 14:])
 
 
-def test_ttt_targets_alignment():
+def test_shifted_targets_alignment():
+    from specforge_lite.drafters.common import shifted_targets
+
     logits = torch.arange(6.0).view(1, 6, 1).expand(1, 6, 2)
     mask = torch.tensor([[0, 0, 1, 1, 1, 0]])
-    (l0, m0), (l1, m1) = eagle3.ttt_targets(logits, mask, 2)
+    (l0, m0), (l1, m1) = shifted_targets(logits, mask, 2)
     assert l0[0, :, 0].tolist() == [1, 2, 3, 4, 5, 0] and m0[0].tolist() == [1, 1, 1, 0, 0, 0]
     assert l1[0, :, 0].tolist() == [2, 3, 4, 5, 0, 0] and m1[0].tolist() == [1, 1, 0, 0, 0, 0]
 

@@ -1,0 +1,98 @@
+"""Pieces two or more drafters share: draft-vocab soft labels, the stepwise chained loss,
+the saved-weights selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specforge_lite.features import draft_vocab_targets
+
+
+def draft_vocab_preparer(target, draft_vocab: torch.Tensor, t2d: torch.Tensor):
+    """`prepare(batch, aux, last, own)` for drafters that predict over a draft vocab.
+
+    Adds `target_logits` [B, T, V_d] (the target's logits restricted to the draft vocab,
+    position i predicting x[i+1]), `valid` [B, T] (token i is an assistant token whose
+    target prediction, made at i-1, the draft vocab can express) and `num_positions`
+    (valid tokens two ahead of an anchor: the step-0 / head-0 loss positions).
+    The target head's draft-vocab rows are gathered once, here.
+    """
+    head = target.get_output_embeddings().weight
+    draft_head = head[draft_vocab]
+
+    def prepare(batch: dict, aux, last: torch.Tensor, own: bool) -> None:
+        batch["aux_hidden"] = aux
+        batch["last_hidden"] = last
+        batch["target_logits"], in_draft = draft_vocab_targets(head, draft_head, last, t2d, batch["loss_mask"])
+        batch["valid"] = torch.zeros_like(batch["loss_mask"])
+        batch["valid"][:, 1:] = batch["loss_mask"][:, 1:] * in_draft[:, :-1] * int(own)
+        batch["num_positions"] = batch["valid"][:, 2:].sum().float()
+
+    return prepare
+
+
+def shifted_targets(target_logits: torch.Tensor, valid: torch.Tensor, steps: int):
+    """Align target soft labels with drafts that look `step + 2` tokens ahead of an anchor.
+
+    target_logits: [B, T, V_d] (position i predicts x[i+1]); valid: [B, T] token-indexed.
+    Returns per step j `(target_logits_j [B, T, V_d], mask_j [B, T])`: at anchor t, the
+    target's logits at position t+1+j and valid[t+2+j] (0 past the end). EAGLE-3's TTT
+    step j and Medusa's head j both predict x[t+2+j] from anchor t.
+    """
+    out = []
+    for step in range(steps):
+        shift = step + 1
+        logits = torch.nn.functional.pad(target_logits[:, shift:], (0, 0, 0, shift))
+        mask = torch.nn.functional.pad(valid[:, shift + 1:], (0, shift + 1))
+        out.append((logits, mask))
+    return out
+
+
+def stepwise_loss(outputs, targets, step_weight: float):
+    """Summed loss and counts over draft steps (or heads).
+
+    outputs: per step j, draft logits [N_j, V_d] at that step's masked positions, or
+    [B, T, V_d] for all positions; targets: per step `(target_logits [B, T, V_d],
+    mask [B, T])` from `shifted_targets`. Loss of step j: soft cross-entropy (forward
+    KL up to a constant) at the masked positions, weighted step_weight ** j.
+    Returns `(loss_sum, positions of step 0, metrics)`; metrics hold per step the
+    `correct` / `total` counts and `chain`, the anchors whose steps 0..j are all correct.
+    """
+    from specforge_lite.losses import soft_cross_entropy
+
+    loss = targets[0][0].new_zeros(())
+    metrics = {"correct": [], "total": [], "chain": []}
+    chain = None
+    for j, (logits, (target_logits, mask)) in enumerate(zip(outputs, targets)):
+        mask = mask.bool()
+        teacher = target_logits[mask]
+        student = logits if logits.dim() == 2 else logits[mask]
+        loss = loss + (step_weight ** j) * soft_cross_entropy(student, teacher).sum()
+        correct = torch.zeros_like(mask)
+        correct[mask] = student.argmax(-1) == teacher.argmax(-1)
+        metrics["correct"].append(int(correct.sum()))
+        metrics["total"].append(int(mask.sum()))
+        chain = correct if chain is None else chain & correct
+        metrics["chain"].append(int(chain.sum()))
+    return loss, metrics["total"][0], metrics
+
+
+def select_weights(module: nn.Module, frozen: set[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the state dict but the `frozen` names, on CPU, contiguous."""
+    return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items() if k not in frozen}
+
+
+def drafter_kind(directory: Path) -> str | None:
+    """Which drafter a train/drafter folder holds (`drafter.json`, else config.json's `drafter`)."""
+    directory = Path(directory)
+    for name in ("drafter.json", "config.json"):
+        path = directory / name
+        if path.exists():
+            kind = json.loads(path.read_text()).get("drafter")
+            if kind:
+                return kind
+    return None
