@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -84,6 +84,13 @@ class SampleConfig:
 
 
 @dataclass
+class DrafterDirs:
+    eagle3: Optional[str] = None
+    medusa: Optional[str] = None
+    distilled: Optional[str] = None
+
+
+@dataclass
 class EvalConfig:
     dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
     max_prompts: Optional[int] = None  # a subset spread over the categories (round robin)
@@ -104,9 +111,9 @@ class EvalConfig:
     truncate_layers: Optional[int] = None  # layers of the truncated target copy; null: min(4, L // 4)
     warmup: int = 1  # untimed runs of every method on the first prompt before measuring
     warmup_tokens: int = 32  # new tokens per warm-up run
-    # method -> trained drafter folder, for eagle3 / medusa / distilled; a method not listed
-    # reads run_dir/train/drafter. Lets one evaluate run compare drafters of several recipes.
-    drafter_dirs: Dict[str, str] = field(default_factory=dict)
+    # trained drafter folders per method; null reads run_dir/train/drafter. Lets one
+    # evaluate run compare the drafters of several recipes.
+    drafter_dirs: DrafterDirs = field(default_factory=lambda: DrafterDirs())
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True

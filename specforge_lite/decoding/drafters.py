@@ -277,8 +277,8 @@ def trained_dir(cfg, method: str, kind: str):
 
     from specforge_lite.drafters.common import drafter_kind
 
-    dirs = cfg.eval.get("drafter_dirs") or {}
-    path = Path(dirs[method]) if method in dirs else Path(cfg.run_dir) / "train" / "drafter"
+    chosen = (cfg.eval.get("drafter_dirs") or {}).get(method)
+    path = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
     found = drafter_kind(path)
     if found is None:
         raise SpecforgeError(f"eval method {method} needs a trained {kind} drafter in {path}; run the train stage "

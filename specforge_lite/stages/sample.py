@@ -221,7 +221,7 @@ def run(cfg: DictConfig) -> None:
         if previous != stamp and completed_shards(data_dir):
             raise SpecforgeError(
                 f"{out} holds samples made with other settings (fingerprint {previous}, now {stamp}); "
-                "use another run_dir or delete that folder to start over")
+                "use another samples_dir (or run_dir) or delete that folder to start over")
     if rank == 0:
         write_provenance(out, cfg)
         atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],

@@ -110,3 +110,37 @@ def test_unknown_method_is_a_user_error(tmp_path):
         evaluate.run(eval_cfg(tmp_path, "eval.methods=[plain,medusa_typo]"))
     with pytest.raises(SpecforgeError, match="best_k_method"):
         evaluate.run(eval_cfg(tmp_path, "eval.methods=[ngram]", "eval.best_k_method=draft_model"))
+
+
+def _entry(tau, rate, plain_rate, identical=True, per_category=None):
+    return {"tau": tau, "tokens_per_s": rate, "speedup": rate / plain_rate, "identical_to_plain": identical,
+            "per_category": per_category or {}}
+
+
+def test_recommendation_follows_the_numbers():
+    from specforge_lite.decoding.report import recommend
+
+    cat = lambda s: {"writing": {"speedup": s}, "extraction": {"speedup": s}}  # noqa: E731
+    methods = {"plain": _entry(1.0, 10.0, 10.0, per_category=cat(1.0)),
+               "ngram": _entry(1.3, 11.0, 10.0, per_category={"writing": {"speedup": 0.9},
+                                                             "extraction": {"speedup": 2.0}}),
+               "eagle3": _entry(2.6, 14.0, 10.0, per_category=cat(1.4)),
+               "distilled": _entry(3.1, 12.0, 10.0, per_category=cat(1.2)),
+               "broken": _entry(4.0, 40.0, 10.0, identical=False)}
+    rec = recommend({"methods": methods, "per_category_tau": {"writing": {}, "extraction": {}}})
+    assert rec["deploy"] == "eagle3"  # fastest lossless one; `broken` changed the output
+    assert "14.0 tokens/s" in rec["reasons"][0] and "1.40x" in rec["reasons"][0]
+    assert any(a.startswith("distilled has the highest tau (3.10 vs 2.60)") for a in rec["alternatives"])
+    assert any(a.startswith("for extraction prompts ngram is faster (2.00x vs 1.40x") for a in rec["alternatives"])
+    assert not any("writing" in a for a in rec["alternatives"])
+
+
+def test_recommendation_when_medusa_or_nothing_wins():
+    from specforge_lite.decoding.report import recommend
+
+    rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "medusa": _entry(2.0, 13.0, 10.0),
+                                 "eagle3": _entry(1.8, 12.0, 10.0)}})
+    assert rec["deploy"] == "medusa"
+    assert any("0.33 removed it" in a and "next fastest is eagle3 (1.20x)" in a for a in rec["alternatives"])
+    rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3": _entry(1.2, 7.0, 10.0)}})
+    assert rec["deploy"] == "plain" and "no drafter beats plain" in rec["reasons"][1]
