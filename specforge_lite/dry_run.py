@@ -3,8 +3,10 @@
 Builds the target's config (a local directory's config.json, or for the known hub ids
 the copy kept in `assets/configs/`), builds the drafter on the meta device, and prints
 parameter counts and per-GPU memory estimates for training at the recipe's sequence
-length: the frozen target's bf16 weights (whole on every GPU), the drafter's fp32 weights, gradients and AdamW moments, and the
-largest activations of one micro-batch.
+length: the frozen target's bf16 weights (whole on every GPU online; only its lm_head
+offline), the drafter's fp32 weights, gradients and AdamW moments, and the largest
+activations of one micro-batch. Works for every drafter kind (EAGLE-3, Medusa, a
+distilled draft model, whose student config comes from its own id or directory).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ ASSET_CONFIGS = Path(__file__).resolve().parent / "assets" / "configs"
 KNOWN_CONFIGS = {
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b-instruct.json",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b-instruct.json",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b-instruct.json",
 }
 GiB = 1024 ** 3
 
@@ -45,58 +48,126 @@ def target_config(path: str):
                              f"{', '.join(KNOWN_CONFIGS)} offline, or point target.path at a local directory") from err
 
 
-def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int) -> dict:
-    """Per-GPU bytes of one data-parallel training rank in online mode (the whole target on
-    every GPU, as DDP / ZeRO-2 of the drafter keep it)."""
+def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, student=None) -> dict:
+    """Per-GPU bytes of one data-parallel training rank (the whole target on every GPU in
+    online mode, as DDP / ZeRO-2 of the drafter keep it; offline mode reads features from
+    disk and keeps only the target's lm_head, which turns them into soft labels)."""
     t, b = cfg.data.max_length, cfg.train.batch_size
-    h, vd = config.hidden_size, min(cfg.drafter.draft_vocab_size, config.vocab_size)
-    steps = cfg.drafter.ttt_steps
-    heads = config.num_attention_heads
+    h, vocab = config.hidden_size, config.vocab_size
+    vd = min(cfg.drafter.draft_vocab_size, vocab)
+    kind = cfg.drafter.name
     offline = cfg.train.mode == "offline"
-    target_weights = 0 if offline else target_params * 2  # offline: features come from disk
-    drafter_state = drafter_params * (4 + 4 + 8)  # fp32 weights, grads, two AdamW moments
+    head_params = vocab * h
+    target_weights = (head_params if offline else target_params) * 2  # bf16
+    frozen_student = 0
+    if kind == "draft_model" and cfg.drafter.lora:  # the student's base weights stay bf16 and frozen
+        frozen_student = (sum(p.numel() for p in student.parameters()) * 2) if student is not None else 0
+    drafter_state = drafter_params * (4 + 4 + 8) + frozen_student  # fp32 weights, grads, two AdamW moments
     # target forward (no grad): the largest layer transient ~ MLP [B, T, I] x3 plus the kept
-    # aux hidden states [B, T, 3H] and final hidden [B, T, H], bf16
-    target_act = 0 if offline else b * t * (3 * config.intermediate_size + 4 * h) * 2
-    # drafter TTT (grad): per step logits + softmax + grad [B, T, V_d] fp32 x3, attention
-    # scores [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32
-    drafter_act = steps * (b * t * vd * 4 * 3 + b * heads * t * (t + steps) * 4 * 2 + b * t * 12 * h * 4)
-    target_logits = b * t * vd * 4
+    # hidden states [B, T, (aux + 1) H], bf16
+    aux = 3 if kind == "eagle3" else 0
+    target_act = 0 if offline else b * t * (3 * config.intermediate_size + (aux + 1) * h) * 2
+    if kind == "eagle3":
+        steps, heads = cfg.drafter.ttt_steps, config.num_attention_heads
+        # per TTT step: logits + softmax + grad [B, T, V_d] fp32 x3, attention scores
+        # [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32
+        drafter_act = steps * (b * t * vd * 4 * 3 + b * heads * t * (t + steps) * 4 * 2 + b * t * 12 * h * 4)
+        target_logits = b * t * vd * 4
+    elif kind == "medusa":
+        # per head: block activations [B, T, H] x2 per layer and logits + softmax + grad [B, T, V_d] fp32
+        drafter_act = cfg.drafter.num_heads * b * t * (vd * 4 * 3 + cfg.drafter.num_layers * 2 * h * 4)
+        target_logits = b * t * vd * 4
+    else:  # draft_model: student layers (bf16 autocast, flash/SDPA attention) and full-vocab logits
+        sc = student.config
+        drafter_act = (sc.num_hidden_layers * b * t * (16 * sc.hidden_size + 3 * sc.intermediate_size) * 2
+                       + b * t * vocab * 4 * 3)
+        target_logits = b * t * vocab * 4 * 2  # the teacher's logits and log-probabilities, fp32
     total = target_weights + drafter_state + target_act + drafter_act + target_logits
     return {"target_weights_gib": target_weights / GiB, "drafter_weights_grads_adam_gib": drafter_state / GiB,
             "target_activations_gib": target_act / GiB, "drafter_activations_gib": drafter_act / GiB,
             "target_logits_gib": target_logits / GiB, "total_gib": total / GiB}
 
 
-def dry_run(cfg: DictConfig) -> dict:
+def drafter_on_meta(cfg: DictConfig, config) -> tuple[int, dict, list[str], object]:
+    """(trainable parameters, facts for dry_run.json, lines to print, the student LM or None),
+    with the drafter built on the meta device."""
     from transformers import AutoModelForCausalLM
 
-    from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter
+    kind = cfg.drafter.name
+    if kind == "eagle3":
+        from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter
+
+        draft_cfg = Eagle3Config.from_target(config, cfg.drafter.draft_vocab_size,
+                                             list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None)
+        with torch.device("meta"):
+            drafter = Eagle3Drafter(draft_cfg)
+        params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)
+        facts = {"aux_layer_ids": draft_cfg.aux_layer_ids, "draft_vocab_size": draft_cfg.draft_vocab_size,
+                 "ttt_steps": cfg.drafter.ttt_steps}
+        line = (f"  EAGLE-3 drafter: {params / 1e6:.1f}M trainable, draft vocab {draft_cfg.draft_vocab_size}, "
+                f"aux layers {draft_cfg.aux_layer_ids}, {cfg.drafter.ttt_steps} TTT steps")
+        return params, facts, [line], None
+    if kind == "medusa":
+        from specforge_lite.drafters.medusa import MedusaConfig, MedusaHeads
+
+        medusa_cfg = MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
+                                  draft_vocab_size=min(cfg.drafter.draft_vocab_size, config.vocab_size),
+                                  num_heads=cfg.drafter.num_heads, num_layers=cfg.drafter.num_layers)
+        with torch.device("meta"):
+            heads = MedusaHeads(medusa_cfg)
+        params = sum(p.numel() for p in heads.parameters())
+        facts = {"num_heads": medusa_cfg.num_heads, "num_layers": medusa_cfg.num_layers,
+                 "draft_vocab_size": medusa_cfg.draft_vocab_size}
+        line = (f"  Medusa: {medusa_cfg.num_heads} heads x {medusa_cfg.num_layers} blocks, {params / 1e6:.1f}M "
+                f"trainable, draft vocab {medusa_cfg.draft_vocab_size}")
+        return params, facts, [line], None
+    # draft_model: the student's own config (a known id or local dir), or a truncated target
+    if cfg.drafter.student:
+        student_config = target_config(cfg.drafter.student)
+        if student_config.vocab_size != config.vocab_size:
+            raise SpecforgeError(f"drafter.student={cfg.drafter.student} has vocab {student_config.vocab_size}, "
+                                 f"the target {config.vocab_size}: a draft model must share the target's vocabulary")
+    else:
+        import copy
+
+        student_config = copy.deepcopy(config)
+        student_config.num_hidden_layers = cfg.drafter.student_layers
+    with torch.device("meta"):
+        student = AutoModelForCausalLM.from_config(student_config)
+    total = sum(p.numel() for p in student.parameters())
+    params = total
+    if cfg.drafter.lora:
+        targets = set(cfg.drafter.lora_target_modules)
+        params = sum(cfg.drafter.lora_rank * (m.in_features + m.out_features) for name, m in student.named_modules()
+                     if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets)
+    facts = {"student": cfg.drafter.student or f"first {cfg.drafter.student_layers} target layers",
+             "student_params_b": total / 1e9, "lora": bool(cfg.drafter.lora)}
+    line = (f"  draft model {facts['student']}: {total / 1e9:.2f}B parameters, {params / 1e6:.1f}M trainable"
+            + (f" (LoRA rank {cfg.drafter.lora_rank})" if cfg.drafter.lora else " (full fine-tuning)"))
+    return params, facts, [line], student
+
+
+def dry_run(cfg: DictConfig) -> dict:
+    from transformers import AutoModelForCausalLM
 
     config = target_config(cfg.target.path)
     with torch.device("meta"):
         target = AutoModelForCausalLM.from_config(config)
-        draft_cfg = Eagle3Config.from_target(config, cfg.drafter.draft_vocab_size,
-                                             list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None)
-        drafter = Eagle3Drafter(draft_cfg)
     target_params = sum(p.numel() for p in target.parameters())
-    drafter_params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)
-    memory = estimate(cfg, config, drafter_params, target_params)
-    result = {"target": cfg.target.path, "target_params_b": target_params / 1e9,
-              "drafter_trainable_params_m": drafter_params / 1e6, "aux_layer_ids": draft_cfg.aux_layer_ids,
-              "draft_vocab_size": draft_cfg.draft_vocab_size, "seq_len": cfg.data.max_length,
-              "batch_size_per_gpu": cfg.train.batch_size, "ttt_steps": cfg.drafter.ttt_steps,
+    drafter_params, facts, drafter_lines, student = drafter_on_meta(cfg, config)
+    memory = estimate(cfg, config, drafter_params, target_params, student)
+    mode = str(cfg.train.mode.value if hasattr(cfg.train.mode, "value") else cfg.train.mode)
+    aux = 3 if cfg.drafter.name == "eagle3" else 0
+    result = {"target": cfg.target.path, "drafter": cfg.drafter.name, "target_params_b": target_params / 1e9,
+              "drafter_trainable_params_m": drafter_params / 1e6, **facts, "seq_len": cfg.data.max_length,
+              "batch_size_per_gpu": cfg.train.batch_size,
               "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
-              "mode": str(cfg.train.mode.value if hasattr(cfg.train.mode, "value") else cfg.train.mode),
-              "offline_feature_bytes_per_token": 4 * config.hidden_size * 2}
+              "mode": mode, "offline_feature_bytes_per_token": (aux + 1) * config.hidden_size * 2}
     lines = [f"dry run: {cfg.recipe_name} (nothing downloaded, nothing trained)",
-             f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters",
-             f"  EAGLE-3 drafter: {drafter_params / 1e6:.1f}M trainable, draft vocab {draft_cfg.draft_vocab_size}, "
-             f"aux layers {draft_cfg.aux_layer_ids}",
-             f"  per-GPU memory at seq {cfg.data.max_length}, batch {cfg.train.batch_size}, "
-             f"{cfg.drafter.ttt_steps} TTT steps:"]
+             f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters", *drafter_lines,
+             f"  per-GPU memory at seq {cfg.data.max_length}, batch {cfg.train.batch_size}:"]
     lines += [f"    {k:<32} {v:8.2f}" for k, v in memory.items() if k.endswith("gib")]
-    lines.append(f"  fits a 80 GB GPU with 10% headroom: {result['fits_80gb']} ({result['mode']} mode)")
+    lines.append(f"  fits a 80 GB GPU with 10% headroom: {result['fits_80gb']} ({mode} mode)")
     lines.append(f"  offline feature cache: {result['offline_feature_bytes_per_token'] / 1e3:.0f} KB per token "
                  f"({result['offline_feature_bytes_per_token'] * 1e6 / 1e9:.0f} GB per million tokens)")
     print("\n".join(lines))

@@ -35,3 +35,33 @@ def test_drafter_size_matches_the_architecture(tmp_path):
                 + 2 * h * 32 * 128 + 2 * 2 * h * 8 * 128 + 32 * 128 * h  # q, k, v, o
                 + 3 * h * inter + v_d * h + 4 * h)  # mlp, lm_head, norms
     assert dry_run(cfg)["drafter_trainable_params_m"] == pytest.approx(expected / 1e6, rel=1e-6)
+
+
+def test_distill_llama70b_sizes_the_1b_student(tmp_path):
+    cfg = compose(["+recipe=distill_llama70b", f"run_dir={tmp_path}"])
+    result = dry_run(cfg)
+    assert result["drafter"] == "draft_model" and result["student_params_b"] == pytest.approx(1.24, abs=0.01)
+    assert result["drafter_trainable_params_m"] == pytest.approx(1e3 * result["student_params_b"], rel=1e-6)
+    # offline: only the 70B target's lm_head (128256 x 8192, bf16) stays in memory
+    assert result["per_gpu_memory"]["target_weights_gib"] == pytest.approx(128256 * 8192 * 2 / 1024 ** 3)
+    assert result["fits_80gb"]
+    lora = dry_run(compose(["+recipe=distill_llama70b", f"run_dir={tmp_path}", "drafter.lora=true"]))
+    assert lora["drafter_trainable_params_m"] < 20  # rank-16 adapters on 16 layers x 7 projections
+    assert lora["per_gpu_memory"]["drafter_weights_grads_adam_gib"] < \
+        result["per_gpu_memory"]["drafter_weights_grads_adam_gib"] / 4
+
+
+def test_medusa_llama8b_head_count_and_size(tmp_path):
+    result = dry_run(compose(["+recipe=medusa_llama8b", f"run_dir={tmp_path}"]))
+    h, v = 4096, 32000
+    assert result["num_heads"] == 4 and result["draft_vocab_size"] == v
+    assert result["drafter_trainable_params_m"] == pytest.approx(4 * (h * h + v * h) / 1e6)
+    assert result["fits_80gb"]
+
+
+def test_student_with_another_vocabulary_fails_the_dry_run(tmp_path):
+    from specforge_lite import SpecforgeError
+
+    cfg = compose(["+recipe=distill_llama70b", f"run_dir={tmp_path}", "drafter.student=builtin:tiny-llama"])
+    with pytest.raises(SpecforgeError, match="must share the target's vocabulary"):
+        dry_run(cfg)
