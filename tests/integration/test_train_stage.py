@@ -97,3 +97,16 @@ def test_wandb_offline_run_is_recorded(sampled, tmp_path):
             "train.log_every=2", check=True)
     runs = list((run_dir / "train" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "an offline wandb run with its data file"
+
+
+def test_a_finished_run_is_not_trained_again_unless_settings_change(sampled, tmp_path):
+    run_dir = fresh_run(sampled, tmp_path, "again")
+    args = ["+recipe=smoke", f"run_dir={run_dir}", "train.max_steps=4", "train.checkpoint_every=0"]
+    run_cli("train", *args, check=True)
+    before = weights(run_dir)
+    proc = run_cli("train", *args, "train.log_every=1", check=True)  # logging does not change the weights
+    assert "already holds a eagle3 drafter trained with these settings" in proc.stdout + proc.stderr
+    proc = run_cli("train", *args, "train.lr=5e-3", check=True)
+    assert "already holds" not in proc.stdout + proc.stderr
+    after = weights(run_dir)
+    assert any(not (before[k] == after[k]).all() for k in before)
