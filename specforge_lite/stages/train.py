@@ -148,7 +148,8 @@ def already_trained(cfg: DictConfig) -> bool:
 
 # --------------------------------------------------------------------------- checkpoints
 
-def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, module=eagle3) -> Path:
+def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, module=eagle3,
+                    stamp: str | None = None) -> Path:
     final = ckpt_dir / f"step-{step:07d}"
     tmp = ckpt_dir / f".step-{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -157,7 +158,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, mo
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "fingerprint": stamp}))
     os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
     for old in sorted(ckpt_dir.glob("step-*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -169,7 +170,11 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: Path, drafter, optimizer, module=eagle3) -> int:
+def load_checkpoint(path: Path, drafter, optimizer, module=eagle3, stamp: str | None = None) -> int:
+    state = json.loads((path / "state.json").read_text())
+    if stamp is not None and state.get("fingerprint") not in (None, stamp):
+        raise SpecforgeError(f"checkpoint {path} was written with other training settings; resuming it would "
+                             "mix two runs. Use another run_dir, delete that folder, or set train.resume=false")
     weights = load_file(str(path / "drafter.safetensors"))
     expected = set(module.trained_weights(drafter))
     if set(weights) != expected:
@@ -182,7 +187,7 @@ def load_checkpoint(path: Path, drafter, optimizer, module=eagle3) -> int:
     random.setstate(rng["python"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return json.loads((path / "state.json").read_text())["step"]
+    return state["step"]
 
 
 # --------------------------------------------------------------------------- trackers
@@ -276,7 +281,7 @@ def run(cfg: DictConfig) -> None:
     ckpt_dir = out / "checkpoints"
     start = 0
     if tcfg.resume and (latest := latest_checkpoint(ckpt_dir)) is not None:
-        start = load_checkpoint(latest, raw, optimizer, module)
+        start = load_checkpoint(latest, raw, optimizer, module, fingerprint(cfg))
         log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
 
     tracker = Tracker(cfg, out, accelerator.is_main_process)
@@ -345,7 +350,7 @@ def run(cfg: DictConfig) -> None:
             window = empty_window()
         if accelerator.is_main_process and tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 \
                 and done < total_steps:
-            save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints, module)
+            save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints, module, fingerprint(cfg))
     bar.close()
     tracker.close()
 
