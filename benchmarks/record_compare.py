@@ -24,7 +24,7 @@ def training_summary(drafter_dir: Path) -> dict | None:
         return None
     history = json.loads(metrics.read_text())["history"]
     last = history[-1]
-    return {"dir": str(drafter_dir), "steps": last["step"], "tokens": last["tokens_seen"],
+    return {"dir": str(drafter_dir), "steps": last["step"], "tokens": last.get("tokens_seen"),
             "final_loss": last["loss"], "final_simulated_tau": last["simulated_tau"], "acc": last["acc"],
             "tokens_per_s": last["tokens_per_s"], "target_share": last["target_share"]}
 

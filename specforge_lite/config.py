@@ -188,6 +188,7 @@ class TrainConfig:
     # Also train on this many source conversations as written (not regenerated), taken from
     # the train split after the sampled ones; the KL target is the target model's either way.
     source_conversations: int = 0
+    use_samples: bool = True  # false: train on the source conversations only (to compare the two)
     dry_run: bool = False  # build on the meta device, print sizes and memory, train nothing
 
 

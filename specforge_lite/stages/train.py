@@ -76,10 +76,13 @@ def lr_at(step: int, total: int, cfg) -> float:
 
 
 def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
-    """The sampled conversations, plus `train.source_conversations` source ones as written."""
+    """The sampled conversations (unless train.use_samples=false), plus
+    `train.source_conversations` source ones as written (never the sampled ids)."""
     dataset = load_samples(samples_dir(cfg))
     rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
-    extra = cfg.train.source_conversations
+    if not cfg.train.use_samples:
+        rows = []
+    extra, added = cfg.train.source_conversations, 0
     if extra:
         from specforge_lite.data.chat import tokenize_conversation
         from specforge_lite.data.readers import heldout_split, read_conversations
@@ -87,7 +90,6 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
         train, _ = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
         sampled = set(dataset["id"])
-        added = 0
         for record in train:
             if added == extra:
                 break
@@ -97,7 +99,9 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
             if sum(mask):
                 rows.append({"input_ids": ids, "loss_mask": mask})
                 added += 1
-        log.info("training on %d sampled + %d source conversations", len(dataset), added)
+    log.info("training on %d sampled + %d source conversations", len(rows) - added, added)
+    if not rows:
+        raise SpecforgeError("no training conversations: train.use_samples=false needs train.source_conversations > 0")
     return rows
 
 
