@@ -86,6 +86,17 @@ def select_weights(module: nn.Module, frozen: set[str]) -> dict[str, torch.Tenso
     return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items() if k not in frozen}
 
 
+def save_drafter(directory: Path, kind: str, weights: dict[str, torch.Tensor], config: dict,
+                 extra: dict | None = None) -> None:
+    """A train/drafter folder: `model.safetensors` and `config.json` = {"drafter": kind, **config, **extra}."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({"drafter": kind, **config, **(extra or {})}, indent=2))
+
+
 def drafter_info(directory: Path) -> dict:
     """What a train/drafter folder says about itself (`drafter.json`, else config.json), or {}."""
     directory = Path(directory)

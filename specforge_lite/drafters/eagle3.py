@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specforge_lite.drafters.common import draft_vocab_preparer, select_weights, shifted_targets, stepwise_loss
+from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
+                                            stepwise_loss)
 
 
 @dataclass
@@ -305,13 +306,7 @@ def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
 def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
     """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
     (every weight but the frozen embedding, under the speculators names)."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(trained_weights(drafter), str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps({"drafter": "eagle3", **drafter.config.to_dict(),
-                                                       **(extra or {})}, indent=2))
+    save_drafter(directory, "eagle3", trained_weights(drafter), drafter.config.to_dict(), extra)
 
 
 def load(directory: Path, target) -> Eagle3Drafter:

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.common import draft_vocab_preparer, select_weights, shifted_targets, stepwise_loss
+from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
+                                            stepwise_loss)
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +157,7 @@ def trained_weights(heads: nn.Module) -> dict[str, torch.Tensor]:
 
 def save(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> None:
     """Training output: `config.json` (MedusaConfig + `extra`) and `model.safetensors`."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(trained_weights(heads), str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps({"drafter": "medusa", **heads.config.to_dict(),
-                                                       **(extra or {})}, indent=2))
+    save_drafter(directory, "medusa", trained_weights(heads), heads.config.to_dict(), extra)
 
 
 def load(directory: Path, target) -> MedusaHeads:
