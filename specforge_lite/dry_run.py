@@ -3,14 +3,17 @@
 Builds the target's config (a local directory's config.json, or for the known hub ids
 the copy kept in `assets/configs/`), builds the drafter on the meta device, and prints
 parameter counts and per-GPU memory estimates for training at the recipe's sequence
-length: the frozen target's bf16 weights (whole on every GPU), the drafter's fp32 weights, gradients and AdamW moments, and the
-largest activations of one micro-batch.
+length under the chosen `trainer` strategy on `trainer.dry_run_gpus` GPUs: the frozen
+target's bf16 weights (whole on every GPU, or its decoder layers split N ways with
+`trainer.shard_target`), the drafter's fp32 weights, gradients and AdamW moments (split
+as the strategy splits them), and the largest activations of one micro-batch.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -45,16 +48,45 @@ def target_config(path: str):
                              f"{', '.join(KNOWN_CONFIGS)} offline, or point target.path at a local directory") from err
 
 
-def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int) -> dict:
-    """Per-GPU bytes of one data-parallel training rank in online mode (the whole target on
-    every GPU, as DDP / ZeRO-2 of the drafter keep it)."""
-    t, b = cfg.data.max_length, cfg.train.batch_size
+def strategy_name(cfg: DictConfig) -> str:
+    return getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
+
+
+def per_gpu_batch(cfg: DictConfig) -> int:
+    return math.ceil(cfg.train.batch_size / cfg.trainer.dry_run_gpus)
+
+
+def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, layer_params: int = 0) -> dict:
+    """Per-GPU bytes of one training rank under `trainer` on `trainer.dry_run_gpus` GPUs.
+
+    layer_params: the target's decoder-layer parameters (what `trainer.shard_target` splits;
+    embeddings, final norm and lm_head stay whole on every GPU).
+    """
+    strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
+    if gpus < 1:
+        raise SpecforgeError(f"trainer.dry_run_gpus={gpus}; it must be at least 1")
+    # train.batch_size sequences per micro-batch are dealt out over all ranks
+    t, b = cfg.data.max_length, per_gpu_batch(cfg)
     h, vd = config.hidden_size, min(cfg.drafter.draft_vocab_size, config.vocab_size)
     steps = cfg.drafter.ttt_steps
     heads = config.num_attention_heads
     offline = cfg.train.mode == "offline"
-    target_weights = 0 if offline else target_params * 2  # offline: features come from disk
-    drafter_state = drafter_params * (4 + 4 + 8)  # fp32 weights, grads, two AdamW moments
+    sharded_target = cfg.trainer.shard_target and not offline
+    if offline:  # features come from disk
+        target_weights = target_gathered = 0
+    elif sharded_target:  # 1/N of the layers, the rest whole; one layer gathered, the next prefetched
+        target_weights = (layer_params / gpus + target_params - layer_params) * 2
+        target_gathered = 2 * layer_params / config.num_hidden_layers * 2
+    else:
+        target_weights, target_gathered = target_params * 2, 0
+    # fp32 weights (4), gradients (4) and two AdamW moments (8) per trainable parameter
+    if strategy == "ddp":
+        drafter_state, drafter_gathered = drafter_params * 16, 0
+    elif strategy == "deepspeed_zero2":  # gradients and optimizer state split, weights whole
+        drafter_state, drafter_gathered = drafter_params * (4 + 12 / gpus), 0
+    else:  # ZeRO-3 / FSDP: everything split; the whole drafter gathered for its forward and backward
+        drafter_state = drafter_params * 16 / gpus
+        drafter_gathered = drafter_params * (2 if cfg.train.mixed_precision in ("bf16", "auto") else 4)
     # target forward (no grad): the largest layer transient ~ MLP [B, T, I] x3 plus the kept
     # aux hidden states [B, T, 3H] and final hidden [B, T, H], bf16
     target_act = 0 if offline else b * t * (3 * config.intermediate_size + 4 * h) * 2
@@ -62,8 +94,10 @@ def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int) -
     # scores [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32
     drafter_act = steps * (b * t * vd * 4 * 3 + b * heads * t * (t + steps) * 4 * 2 + b * t * 12 * h * 4)
     target_logits = b * t * vd * 4
-    total = target_weights + drafter_state + target_act + drafter_act + target_logits
-    return {"target_weights_gib": target_weights / GiB, "drafter_weights_grads_adam_gib": drafter_state / GiB,
+    total = target_weights + target_gathered + drafter_state + drafter_gathered + target_act + drafter_act \
+        + target_logits
+    return {"target_weights_gib": target_weights / GiB, "target_gathered_layers_gib": target_gathered / GiB,
+            "drafter_weights_grads_adam_gib": drafter_state / GiB, "drafter_gathered_gib": drafter_gathered / GiB,
             "target_activations_gib": target_act / GiB, "drafter_activations_gib": drafter_act / GiB,
             "target_logits_gib": target_logits / GiB, "total_gib": total / GiB}
 
@@ -80,12 +114,15 @@ def dry_run(cfg: DictConfig) -> dict:
                                              list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None)
         drafter = Eagle3Drafter(draft_cfg)
     target_params = sum(p.numel() for p in target.parameters())
+    layer_params = sum(p.numel() for p in target.model.layers.parameters())
     drafter_params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)
-    memory = estimate(cfg, config, drafter_params, target_params)
+    memory = estimate(cfg, config, drafter_params, target_params, layer_params)
+    strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
     result = {"target": cfg.target.path, "target_params_b": target_params / 1e9,
               "drafter_trainable_params_m": drafter_params / 1e6, "aux_layer_ids": draft_cfg.aux_layer_ids,
               "draft_vocab_size": draft_cfg.draft_vocab_size, "seq_len": cfg.data.max_length,
-              "batch_size_per_gpu": cfg.train.batch_size, "ttt_steps": cfg.drafter.ttt_steps,
+              "batch_size_per_gpu": per_gpu_batch(cfg), "ttt_steps": cfg.drafter.ttt_steps,
+              "strategy": strategy, "num_gpus": gpus, "shard_target": bool(cfg.trainer.shard_target),
               "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
               "mode": str(cfg.train.mode.value if hasattr(cfg.train.mode, "value") else cfg.train.mode),
               "offline_feature_bytes_per_token": 4 * config.hidden_size * 2}
@@ -93,8 +130,9 @@ def dry_run(cfg: DictConfig) -> dict:
              f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters",
              f"  EAGLE-3 drafter: {drafter_params / 1e6:.1f}M trainable, draft vocab {draft_cfg.draft_vocab_size}, "
              f"aux layers {draft_cfg.aux_layer_ids}",
-             f"  per-GPU memory at seq {cfg.data.max_length}, batch {cfg.train.batch_size}, "
-             f"{cfg.drafter.ttt_steps} TTT steps:"]
+             f"  per-GPU memory (GiB) with trainer={strategy} on {gpus} GPUs"
+             f"{' (target layers sharded)' if cfg.trainer.shard_target else ''}, seq {cfg.data.max_length}, "
+             f"batch {per_gpu_batch(cfg)} per GPU, {cfg.drafter.ttt_steps} TTT steps:"]
     lines += [f"    {k:<32} {v:8.2f}" for k, v in memory.items() if k.endswith("gib")]
     lines.append(f"  fits a 80 GB GPU with 10% headroom: {result['fits_80gb']} ({result['mode']} mode)")
     lines.append(f"  offline feature cache: {result['offline_feature_bytes_per_token'] / 1e3:.0f} KB per token "

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import random
@@ -40,6 +41,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
+
+log = logging.getLogger(__name__)
 
 
 def mixed_precision(cfg: DictConfig) -> str:
@@ -184,10 +187,10 @@ class DDPStrategy:
     def load_target(self, target_cfg):
         from specforge_lite.targets import load_target
 
-        if self.cfg.trainer.shard_target:
-            if self.cfg.train.mode != "online":
-                raise SpecforgeError("trainer.shard_target=true shards the target of online training; "
-                                     "train.mode=offline caches features with the whole target on rank 0")
+        if self.cfg.trainer.shard_target and self.cfg.train.mode != "online":
+            log.info("train.mode=offline: the target only builds the feature cache (on rank 0), so it is "
+                     "loaded whole; trainer.shard_target applies to online training")
+        elif self.cfg.trainer.shard_target:
             if self.name == "ddp":
                 raise SpecforgeError("trainer.shard_target=true needs every rank in every target forward: use "
                                      "trainer=fsdp or trainer=deepspeed_zero3 (trainer=ddp keeps the target whole)")
