@@ -92,7 +92,10 @@ def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, l
     target_act = 0 if offline else b * t * (3 * config.intermediate_size + 4 * h) * 2
     # drafter TTT (grad): per step logits + softmax + grad [B, T, V_d] fp32 x3, attention
     # scores [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32
-    drafter_act = steps * (b * t * vd * 4 * 3 + b * heads * t * (t + steps) * 4 * 2 + b * t * 12 * h * 4)
+    # trainer.gradient_checkpointing recomputes each step's attention: one step's scores at a time
+    scores = b * heads * t * (t + steps) * 4 * 2
+    drafter_act = steps * (b * t * vd * 4 * 3 + b * t * 12 * h * 4) \
+        + (scores if cfg.trainer.gradient_checkpointing else steps * scores)
     target_logits = b * t * vd * 4
     total = target_weights + target_gathered + drafter_state + drafter_gathered + target_act + drafter_act \
         + target_logits

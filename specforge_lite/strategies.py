@@ -413,15 +413,18 @@ def build_strategy(cfg: DictConfig):
 # --------------------------------------------------------------------------- helpers
 
 def gradient_checkpointing(drafter, cfg: DictConfig) -> None:
-    """`trainer.gradient_checkpointing`: recompute activations in backward, for drafters that
-    are (or hold) a Hugging Face model with many layers; a one-layer EAGLE-3 head keeps too
-    little to gain from it."""
+    """`trainer.gradient_checkpointing`: recompute activations in backward. A drafter with a
+    `gradient_checkpointing` flag (EAGLE-3: each TTT step's [B, h, T, T] attention) sets it;
+    one that is (or holds) a Hugging Face model turns on its own checkpointing."""
     if not cfg.trainer.gradient_checkpointing:
+        return
+    if isinstance(getattr(drafter, "gradient_checkpointing", None), bool):
+        drafter.gradient_checkpointing = True
         return
     model = drafter if hasattr(drafter, "gradient_checkpointing_enable") else getattr(drafter, "model", None)
     if model is None or not hasattr(model, "gradient_checkpointing_enable"):
         raise SpecforgeError(f"trainer.gradient_checkpointing=true: drafter {cfg.drafter.name!r} does not support "
-                             "it (it applies to drafters built on a Hugging Face model)")
+                             "it (no gradient_checkpointing flag, not a Hugging Face model)")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 

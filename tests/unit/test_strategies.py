@@ -70,3 +70,43 @@ def test_recipe_deepspeed_files_match_their_stage(compose_cfg):
         cfg = compose_cfg(["+recipe=smoke", f"trainer=deepspeed_zero{stage}", f"trainer.deepspeed_config={path}"])
         config = deepspeed_config(cfg, stage, world=8, mixed="bf16")
         assert config["zero_optimization"]["stage"] == stage and config["bf16"]["enabled"] is True
+
+
+def saved_bytes_and_grads(drafter, ids, aux, checkpointing: bool):
+    """Bytes autograd keeps for backward in one TTT forward, and the gradients after it."""
+    import torch
+
+    drafter.gradient_checkpointing = checkpointing
+    drafter.zero_grad(set_to_none=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outputs = drafter(ids, aux, 3)
+    sum((o.float() ** 2).mean() for o in outputs).backward()
+    return sum(saved), {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None}
+
+
+def test_eagle3_gradient_checkpointing_keeps_gradients_and_saves_memory(tiny_target, compose_cfg):
+    import torch
+
+    from specforge_lite.strategies import gradient_checkpointing
+    from tests.unit.test_eagle3 import tiny_drafter
+
+    drafter = tiny_drafter(tiny_target)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 300, (2, 96))
+    aux = torch.randn(2, 96, 3 * drafter.config.hidden_size)
+    plain_bytes, plain_grads = saved_bytes_and_grads(drafter, ids, aux, False)
+    gradient_checkpointing(drafter, compose_cfg(["+recipe=smoke", "trainer.gradient_checkpointing=true"]))
+    assert drafter.gradient_checkpointing is True
+    ckpt_bytes, ckpt_grads = saved_bytes_and_grads(drafter, ids, aux, True)
+    assert set(ckpt_grads) == set(plain_grads)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(ckpt_grads[name], grad, atol=1e-6, rtol=1e-5), name
+    # the per-step [B, h, T, T] scores and probabilities are no longer kept
+    heads, t = drafter.config.num_attention_heads, 96
+    assert plain_bytes - ckpt_bytes >= 3 * 2 * 2 * heads * t * t * 4 * 0.9
