@@ -11,11 +11,8 @@ the optimizer step, checkpoints, and the finished drafter as a plain module on r
   shards gradients and AdamW state, ZeRO-3 the weights too.
 - `fsdp`: torch FSDP2 (`fully_shard`) around the drafter.
 
-With `trainer.shard_target=true` (online mode) the frozen target is built on the meta
-device, each decoder layer is `fully_shard`-ed and only this rank's slice of every layer
-weight is read from the safetensors files: per-rank target memory is 1/N of the layers
-plus the (replicated) embeddings, norm and lm_head. A layer is gathered for its forward
-and freed after it. Every strategy divides the gradient by the world size (mean over
+With `trainer.shard_target=true` (online mode) the frozen target's decoder layers are
+split over the ranks (`specforge_lite.sharded_target`). Every strategy divides the gradient by the world size (mean over
 ranks), which the train stage undoes with its global loss-position normalisation.
 
 Checkpoints: `ddp` writes plain full files (resume on any number of ranks); `fsdp`
@@ -46,10 +43,12 @@ log = logging.getLogger(__name__)
 
 
 def mixed_precision(cfg: DictConfig) -> str:
-    """`train.mixed_precision` resolved: auto is bf16 on CUDA, none on CPU (no native bf16)."""
+    """`train.mixed_precision` resolved: auto is bf16 on a GPU that supports it, none on CPU
+    (CPUs without native bf16 train 6-30x slower in it)."""
     mixed = cfg.train.mixed_precision
     if mixed == "auto":
-        mixed = "bf16" if torch.cuda.is_available() and cfg.target.device != "cpu" else "no"
+        gpu = torch.cuda.is_available() and cfg.target.device != "cpu"
+        mixed = "bf16" if gpu and torch.cuda.is_bf16_supported() else "no"
     if mixed not in ("no", "bf16"):
         raise SpecforgeError(f"train.mixed_precision={mixed!r}; choose auto, no or bf16")
     return mixed
@@ -81,74 +80,6 @@ def barrier() -> None:
 
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-# --------------------------------------------------------------------------- sharded target
-
-def load_sharded_target(target_cfg, device: torch.device):
-    """`(model, tokenizer)` with every decoder layer `fully_shard`-ed over all ranks.
-
-    Built on the meta device, then each rank reads only its own rows of each layer weight
-    from the safetensors files (memory-mapped), so no rank ever holds the whole target.
-    """
-    from safetensors import safe_open
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from specforge_lite.targets import load_tokenizer, resolve_dtype, resolve_target_path
-
-    path = Path(resolve_target_path(target_cfg.path))
-    if not path.is_dir():
-        raise SpecforgeError(f"trainer.shard_target=true reads the target's safetensors files: target.path "
-                             f"{target_cfg.path!r} must be a local directory (download it first)")
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise SpecforgeError(f"trainer.shard_target=true: no *.safetensors files in {path}")
-    dtype = resolve_dtype(target_cfg.dtype, device)
-    tokenizer = load_tokenizer(target_cfg)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=target_cfg.trust_remote_code)
-    mesh = init_device_mesh(device.type, (world_size(),))
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise SpecforgeError(f"trainer.shard_target=true: {type(model).__name__} has no model.layers to shard")
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    model.to_empty(device=device)
-    # non-persistent buffers (rotary frequencies) are not in the files: build them again
-    for name, module in list(model.named_modules()):
-        if name.endswith("rotary_emb"):
-            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            setattr(parent, name.rsplit(".", 1)[-1], type(module)(config=model.config).to(device))
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    if tied:
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
-    params = dict(model.named_parameters())
-    loaded = set()
-    with torch.no_grad():
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                for key in handle.keys():
-                    if key not in params:
-                        continue
-                    param, full = params[key], handle.get_tensor(key).to(dtype)
-                    if isinstance(param, DTensor):  # this rank's rows only, no communication
-                        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-                    param.copy_(full)
-                    loaded.add(key)
-    missing = set(params) - loaded
-    if tied:
-        missing.discard(next(n for n, p in params.items() if p is model.get_output_embeddings().weight))
-    if missing:
-        raise SpecforgeError(f"target files in {path} lack {sorted(missing)[:5]} (and {max(0, len(missing) - 5)} more)")
-    with contextlib.suppress(OSError):
-        model.generation_config = GenerationConfig.from_pretrained(path)
-    model.eval()
-    model.requires_grad_(False)
-    return model, tokenizer
 
 
 def local_bytes(tensors) -> int:
@@ -194,6 +125,8 @@ class DDPStrategy:
             if self.name == "ddp":
                 raise SpecforgeError("trainer.shard_target=true needs every rank in every target forward: use "
                                      "trainer=fsdp or trainer=deepspeed_zero3 (trainer=ddp keeps the target whole)")
+            from specforge_lite.sharded_target import load_sharded_target
+
             ensure_process_group(self.device)
             return load_sharded_target(target_cfg, self.device)
         return load_target(OmegaConf.merge(target_cfg, {"device": str(self.device)}))
