@@ -12,6 +12,7 @@ target forward.
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 import torch
@@ -25,10 +26,11 @@ def load_sharded_target(target_cfg, device: torch.device):
     Built on the meta device, then each rank reads only its own rows of each layer weight
     from the safetensors files (memory-mapped), so no rank ever holds the whole target.
     """
+    import torch.distributed as dist
     from safetensors import safe_open
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from specforge_lite.targets import load_tokenizer, resolve_dtype, resolve_target_path
@@ -45,9 +47,8 @@ def load_sharded_target(target_cfg, device: torch.device):
     config = AutoConfig.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=target_cfg.trust_remote_code)
-    import torch.distributed as dist
-
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise SpecforgeError(f"trainer.shard_target=true: {type(model).__name__} has no model.layers to shard")
@@ -70,10 +71,14 @@ def load_sharded_target(target_cfg, device: torch.device):
                 for key in handle.keys():
                     if key not in params:
                         continue
-                    param, full = params[key], handle.get_tensor(key).to(dtype)
-                    if isinstance(param, DTensor):  # this rank's rows only, no communication
-                        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-                    param.copy_(full)
+                    param = params[key]
+                    if isinstance(param, DTensor):  # read this rank's rows only
+                        local = param.to_local()
+                        start, stop = shard_rows(param.shape[0], local.shape[0], rank, world)
+                        if stop > start:
+                            local.copy_(handle.get_slice(key)[start:stop].to(dtype))
+                    else:
+                        param.copy_(handle.get_tensor(key).to(dtype))
                     loaded.add(key)
     missing = set(params) - loaded
     if tied:
@@ -85,3 +90,15 @@ def load_sharded_target(target_cfg, device: torch.device):
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer
+
+
+def shard_rows(rows: int, local_rows: int, rank: int, world: int) -> tuple[int, int]:
+    """`[start, stop)` of dim 0 that FSDP2 gives `rank` (its `torch.chunk` split: chunks of
+    ceil(rows / world), the last ones shorter or empty)."""
+    chunk = math.ceil(rows / world)
+    start = min(rows, rank * chunk)
+    stop = min(rows, start + chunk)
+    if stop - start != local_rows:
+        raise RuntimeError(f"FSDP2 shard of {rows} rows on rank {rank}/{world} holds {local_rows}, "
+                           f"expected rows [{start}, {stop})")
+    return start, stop
