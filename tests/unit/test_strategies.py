@@ -110,3 +110,19 @@ def test_eagle3_gradient_checkpointing_keeps_gradients_and_saves_memory(tiny_tar
     # the per-step [B, h, T, T] scores and probabilities are no longer kept
     heads, t = drafter.config.num_attention_heads, 96
     assert plain_bytes - ckpt_bytes >= 3 * 2 * 2 * heads * t * t * 4 * 0.9
+
+
+@pytest.mark.parametrize("rows,world", [(64, 2), (5, 2), (1, 2), (6, 4), (7, 3), (2, 8)])
+def test_shard_rows_match_fsdp2_chunks(rows, world):
+    """Each rank reads exactly the rows `torch.chunk` (FSDP2's split) gives it, possibly none."""
+    import torch
+
+    from specforge_lite.sharded_target import shard_rows
+
+    chunks = torch.arange(rows).chunk(world)
+    for rank in range(world):
+        local = chunks[rank] if rank < len(chunks) else torch.arange(0)
+        start, stop = shard_rows(rows, len(local), rank, world)
+        assert torch.arange(rows)[start:stop].tolist() == local.tolist()
+    with pytest.raises(RuntimeError, match="holds"):
+        shard_rows(rows, rows + 1, 0, world)
