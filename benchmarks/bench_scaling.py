@@ -133,7 +133,7 @@ def render(results: dict) -> None:
     rows = "\n".join(
         f"| {s} | {t[1]['tokens_per_s']:.0f} | {t[2]['tokens_per_s']:.0f} | {t[2]['tokens_per_s'] / t[1]['tokens_per_s']:.2f}x "
         f"| {', '.join(f'{x:.0f}' for x in t[1]['rounds_tokens_per_s'])} | {', '.join(f'{x:.0f}' for x in t[2]['rounds_tokens_per_s'])} "
-        f"| {t[1]['final_loss']:.6f} / {t[2]['final_loss']:.6f} |" for s, t in throughput.items())
+        f"| {t[1]['final_loss']:.6f} / {t[2]['final_loss']:.6f} |" for s, t in throughput.items() if {1, 2} <= set(t))
     ddp_target = memory["ddp"][0]["target_weight_bytes"]
     mem_rows = "\n".join(
         f"| {s} | {r['rank']} | {r['target_weight_bytes'] / GiB:.3f} | {r['target_weight_bytes'] / ddp_target:.2f} "
@@ -150,7 +150,7 @@ pessimistic and noisy. Raw: `benchmarks/results/scaling.json`.
 **Training throughput**, smoke recipe (tiny random Llama target, EAGLE-3 drafter, 4
 sequences per micro-batch dealt out over the ranks, fp32), torchrun with 1 and 2 gloo
 processes, tokens/s over all ranks in the last {steps // 2} of {steps} steps; the best of
-{len(next(iter(throughput.values()))[1]['rounds_tokens_per_s'])} interleaved rounds counts (each round listed):
+{max(len(t[1]['rounds_tokens_per_s']) for t in throughput.values())} interleaved rounds counts (each round listed):
 
 | trainer | 1 rank tokens/s | 2 ranks tokens/s | 2 / 1 | 1 rank, rounds | 2 ranks, rounds | final loss 1 / 2 ranks |
 |---|---:|---:|---:|---:|---:|---:|
