@@ -157,8 +157,9 @@ processes, tokens/s over all ranks in the last {steps // 2} of {steps} steps; th
 {rows}
 
 On this tiny model a step is a few milliseconds of arithmetic, so a second rank on a
-2-core machine mostly adds communication: the rows show each strategy's overhead, not the
-speedup it gives where steps are compute-bound. The final losses agree to ~1e-7 relative
+2-core machine adds communication rather than speed; and with rounds of the same
+configuration differing by up to 15x under the contention above, the differences between
+strategies in this table are not reliable: re-run it on a quiet machine. The final losses agree to ~1e-7 relative
 (the equivalence tests in `tests/integration/test_strategies.py` check this for every strategy).
 
 **Memory per rank**, a randomly initialised Llama target of {target_params / 1e6:.0f}M parameters
