@@ -64,6 +64,7 @@ export: setup  ## the export stage of RECIPE
 bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BENCHMARKS.md
 	$(PY) -m benchmarks.bench_sampling
 	test ! -f benchmarks/bench_decoding.py || $(PY) -m benchmarks.bench_decoding
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_scaling
 
 clean:  ## remove run outputs (keeps .venv and the model cache)
 	rm -rf runs outputs

@@ -4,7 +4,8 @@ Every stage reads one `Config`. The dataclasses are registered in Hydra's
 ConfigStore as `base_config`, which `conf/config.yaml` lists first, so the YAML
 groups (`target/`, `data/`, `eval/`, `recipe/`) merge into a structured config:
 an unknown key or a value of the wrong type fails with Hydra's own message
-before any stage runs.
+before any stage runs. `trainer/` is the distributed-training axis (`trainer=ddp`,
+`deepspeed_zero2`, `deepspeed_zero3`, `fsdp`).
 """
 
 from __future__ import annotations
@@ -192,6 +193,29 @@ class TrainConfig:
     dry_run: bool = False  # build on the meta device, print sizes and memory, train nothing
 
 
+class Strategy(str, Enum):
+    ddp = "ddp"  # every rank holds the whole drafter and target; gradients all-reduced
+    deepspeed_zero2 = "deepspeed_zero2"  # drafter gradients and AdamW state sharded over ranks
+    deepspeed_zero3 = "deepspeed_zero3"  # drafter weights too; the frozen target sharded per layer
+    fsdp = "fsdp"  # torch FSDP2 (fully_shard): drafter and the frozen target's layers sharded
+
+
+@dataclass
+class TrainerConfig:
+    """How the train stage spreads over processes (launch them with torchrun, accelerate or srun)."""
+    strategy: Strategy = Strategy.ddp
+    # Online mode: shard the frozen target's decoder layers over ranks (FSDP2 per layer; each
+    # layer is gathered for its forward and freed after). For targets that do not fit one GPU.
+    shard_target: bool = False
+    # A DeepSpeed JSON (deepspeed_* strategies): its "auto" values are filled from train.*;
+    # null: the built-in config of the strategy's ZeRO stage.
+    deepspeed_config: Optional[str] = None
+    # Recompute activations in backward instead of keeping them (drafters that support it).
+    gradient_checkpointing: bool = False
+    # Dry runs only: the number of GPUs sharded state is spread over in the per-GPU estimate.
+    dry_run_gpus: int = 8
+
+
 @dataclass
 class ExportConfig:
     # k written into the speculators config; null: `best_k` from run_dir/eval/report.json
@@ -219,6 +243,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     # Free-form notes a recipe carries into its artifacts (hardware, expected time).
     notes: List[Any] = field(default_factory=list)

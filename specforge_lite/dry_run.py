@@ -3,16 +3,19 @@
 Builds the target's config (a local directory's config.json, or for the known hub ids
 the copy kept in `assets/configs/`), builds the drafter on the meta device, and prints
 parameter counts and per-GPU memory estimates for training at the recipe's sequence
-length: the frozen target's bf16 weights (whole on every GPU online; only its lm_head
-offline), the drafter's fp32 weights, gradients and AdamW moments, and the largest
-activations of one micro-batch. Works for every drafter kind (EAGLE-3, Medusa, a
-distilled draft model, whose student config comes from its own id or directory).
+length under the chosen `trainer` strategy on `trainer.dry_run_gpus` GPUs: the frozen
+target's bf16 weights (whole on every GPU online, its decoder layers split N ways with
+`trainer.shard_target`, only its lm_head offline), the drafter's fp32 weights, gradients
+and AdamW moments (split as the strategy splits them), and the largest activations of one
+micro-batch. Works for every drafter kind (EAGLE-3, Medusa, a distilled draft model, whose
+student config comes from its own id or directory).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import torch
@@ -48,42 +51,76 @@ def target_config(path: str):
                              f"{', '.join(KNOWN_CONFIGS)} offline, or point target.path at a local directory") from err
 
 
-def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, student=None) -> dict:
-    """Per-GPU bytes of one data-parallel training rank (the whole target on every GPU in
-    online mode, as DDP / ZeRO-2 of the drafter keep it; offline mode reads features from
-    disk and keeps only the target's lm_head, which turns them into soft labels)."""
-    t, b = cfg.data.max_length, cfg.train.batch_size
+def strategy_name(cfg: DictConfig) -> str:
+    return getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
+
+
+def per_gpu_batch(cfg: DictConfig) -> int:
+    return math.ceil(cfg.train.batch_size / cfg.trainer.dry_run_gpus)
+
+
+def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, layer_params: int = 0,
+             student=None) -> dict:
+    """Per-GPU bytes of one training rank under `trainer` on `trainer.dry_run_gpus` GPUs.
+
+    layer_params: the target's decoder-layer parameters (what `trainer.shard_target` splits;
+    embeddings, final norm and lm_head stay whole on every GPU). Offline mode reads features
+    from disk and keeps only the target's lm_head, which turns them into soft labels.
+    student: the distilled draft model's LM on the meta device (drafter.name=draft_model).
+    """
+    strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
+    if gpus < 1:
+        raise SpecforgeError(f"trainer.dry_run_gpus={gpus}; it must be at least 1")
+    # train.batch_size sequences per micro-batch are dealt out over all ranks
+    t, b = cfg.data.max_length, per_gpu_batch(cfg)
     h, vocab = config.hidden_size, config.vocab_size
     vd = min(cfg.drafter.draft_vocab_size, vocab)
     kind = cfg.drafter.name
     offline = cfg.train.mode == "offline"
-    head_params = vocab * h
-    target_weights = (head_params if offline else target_params) * 2  # bf16
-    frozen_student = 0
-    if kind == "draft_model" and cfg.drafter.lora:  # the student's base weights stay bf16 and frozen
-        frozen_student = (sum(p.numel() for p in student.parameters()) * 2) if student is not None else 0
-    drafter_state = drafter_params * (4 + 4 + 8) + frozen_student  # fp32 weights, grads, two AdamW moments
+    sharded_target = cfg.trainer.shard_target and not offline
+    if offline:
+        target_weights, target_gathered = vocab * h * 2, 0
+    elif sharded_target:  # 1/N of the layers, the rest whole; one layer gathered, the next prefetched
+        target_weights = (layer_params / gpus + target_params - layer_params) * 2
+        target_gathered = 2 * layer_params / config.num_hidden_layers * 2
+    else:
+        target_weights, target_gathered = target_params * 2, 0
+    # fp32 weights (4), gradients (4) and two AdamW moments (8) per trainable parameter
+    if strategy == "ddp":
+        drafter_state, drafter_gathered = drafter_params * 16, 0
+    elif strategy == "deepspeed_zero2":  # gradients and optimizer state split, weights whole
+        drafter_state, drafter_gathered = drafter_params * (4 + 12 / gpus), 0
+    else:  # ZeRO-3 / FSDP: everything split; the whole drafter gathered for its forward and backward
+        drafter_state = drafter_params * 16 / gpus
+        drafter_gathered = drafter_params * (2 if cfg.train.mixed_precision in ("bf16", "auto") else 4)
+    if kind == "draft_model" and cfg.drafter.lora and student is not None:  # frozen bf16 base weights
+        drafter_state += sum(p.numel() for p in student.parameters()) * 2
     # target forward (no grad): the largest layer transient ~ MLP [B, T, I] x3 plus the kept
     # hidden states [B, T, (aux + 1) H], bf16
     aux = 3 if kind == "eagle3" else 0
     target_act = 0 if offline else b * t * (3 * config.intermediate_size + (aux + 1) * h) * 2
     if kind == "eagle3":
-        steps, heads = cfg.drafter.ttt_steps, config.num_attention_heads
         # per TTT step: logits + softmax + grad [B, T, V_d] fp32 x3, attention scores
-        # [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32
-        drafter_act = steps * (b * t * vd * 4 * 3 + b * heads * t * (t + steps) * 4 * 2 + b * t * 12 * h * 4)
+        # [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32;
+        # trainer.gradient_checkpointing recomputes each step's attention: one step's scores at a time
+        steps, heads = cfg.drafter.ttt_steps, config.num_attention_heads
+        scores = b * heads * t * (t + steps) * 4 * 2
+        drafter_act = steps * (b * t * vd * 4 * 3 + b * t * 12 * h * 4) \
+            + (scores if cfg.trainer.gradient_checkpointing else steps * scores)
         target_logits = b * t * vd * 4
     elif kind == "medusa":
         # per head: block activations [B, T, H] x2 per layer and logits + softmax + grad [B, T, V_d] fp32
         drafter_act = cfg.drafter.num_heads * b * t * (vd * 4 * 3 + cfg.drafter.num_layers * 2 * h * 4)
         target_logits = b * t * vd * 4
-    else:  # draft_model: student layers (bf16 autocast, flash/SDPA attention) and full-vocab logits
+    else:  # draft_model: student layers (bf16 autocast, SDPA attention) and full-vocab logits
         sc = student.config
         drafter_act = (sc.num_hidden_layers * b * t * (16 * sc.hidden_size + 3 * sc.intermediate_size) * 2
                        + b * t * vocab * 4 * 3)
         target_logits = b * t * vocab * 4 * 2  # the teacher's logits and log-probabilities, fp32
-    total = target_weights + drafter_state + target_act + drafter_act + target_logits
-    return {"target_weights_gib": target_weights / GiB, "drafter_weights_grads_adam_gib": drafter_state / GiB,
+    total = target_weights + target_gathered + drafter_state + drafter_gathered + target_act + drafter_act \
+        + target_logits
+    return {"target_weights_gib": target_weights / GiB, "target_gathered_layers_gib": target_gathered / GiB,
+            "drafter_weights_grads_adam_gib": drafter_state / GiB, "drafter_gathered_gib": drafter_gathered / GiB,
             "target_activations_gib": target_act / GiB, "drafter_activations_gib": drafter_act / GiB,
             "target_logits_gib": target_logits / GiB, "total_gib": total / GiB}
 
@@ -154,18 +191,23 @@ def dry_run(cfg: DictConfig) -> dict:
     with torch.device("meta"):
         target = AutoModelForCausalLM.from_config(config)
     target_params = sum(p.numel() for p in target.parameters())
+    layer_params = sum(p.numel() for p in target.model.layers.parameters())
     drafter_params, facts, drafter_lines, student = drafter_on_meta(cfg, config)
-    memory = estimate(cfg, config, drafter_params, target_params, student)
+    memory = estimate(cfg, config, drafter_params, target_params, layer_params, student)
     mode = str(cfg.train.mode.value if hasattr(cfg.train.mode, "value") else cfg.train.mode)
+    strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
     aux = 3 if cfg.drafter.name == "eagle3" else 0
     result = {"target": cfg.target.path, "drafter": cfg.drafter.name, "target_params_b": target_params / 1e9,
               "drafter_trainable_params_m": drafter_params / 1e6, **facts, "seq_len": cfg.data.max_length,
-              "batch_size_per_gpu": cfg.train.batch_size,
+              "batch_size_per_gpu": per_gpu_batch(cfg),
+              "strategy": strategy, "num_gpus": gpus, "shard_target": bool(cfg.trainer.shard_target),
               "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
               "mode": mode, "offline_feature_bytes_per_token": (aux + 1) * config.hidden_size * 2}
     lines = [f"dry run: {cfg.recipe_name} (nothing downloaded, nothing trained)",
              f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters", *drafter_lines,
-             f"  per-GPU memory at seq {cfg.data.max_length}, batch {cfg.train.batch_size}:"]
+             f"  per-GPU memory (GiB) with trainer={strategy} on {gpus} GPUs"
+             f"{' (target layers sharded)' if cfg.trainer.shard_target else ''}, seq {cfg.data.max_length}, "
+             f"batch {per_gpu_batch(cfg)} per GPU:"]
     lines += [f"    {k:<32} {v:8.2f}" for k, v in memory.items() if k.endswith("gib")]
     lines.append(f"  fits a 80 GB GPU with 10% headroom: {result['fits_80gb']} ({mode} mode)")
     lines.append(f"  offline feature cache: {result['offline_feature_bytes_per_token'] / 1e3:.0f} KB per token "

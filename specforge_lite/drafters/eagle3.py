@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
                                             stepwise_loss)
@@ -149,6 +150,8 @@ class Eagle3DecoderLayer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
+    gradient_checkpointing = False  # trainer.gradient_checkpointing: recompute TTT attention in backward
+
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         self.config = cfg
@@ -226,17 +229,29 @@ class Eagle3Drafter(nn.Module):
             q, k, v = attn.project(x, positions + step)
             keys.append(k)
             values.append(v)
-            # step-0 keys: causal over positions; later steps' keys: only the same anchor
-            scores = (q @ keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
-            scores = scores.masked_fill(~causal, float("-inf"))
-            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in keys[1:]]  # each [B, h, T, 1]
-            probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1)
-            attended = probs[..., :t] @ values[0]
-            for i, vv in enumerate(values[1:]):
-                attended = attended + probs[..., t + i: t + i + 1] * vv
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                # the [B, h, T, T] scores of every step are the largest activations: recompute them
+                attended = checkpoint(ttt_attention, q, tuple(keys), tuple(values), causal, scale,
+                                      use_reentrant=False)
+            else:
+                attended = ttt_attention(q, tuple(keys), tuple(values), causal, scale)
             hidden = layer.finish(hidden, attn.output(attended))
             outputs.append(self.logits(hidden))
         return outputs
+
+
+def ttt_attention(q: torch.Tensor, keys: tuple, values: tuple, causal: torch.Tensor, scale: float) -> torch.Tensor:
+    """One TTT step's attention. q: [B, h, T, d]; keys / values: one [B, h, T, d] per step so far.
+    Step-0 keys are attended causally over positions; later steps' keys only at the same anchor."""
+    t = q.shape[-2]
+    scores = (q @ keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
+    scores = scores.masked_fill(~causal, float("-inf"))
+    diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in keys[1:]]  # each [B, h, T, 1]
+    probs = torch.softmax(torch.cat([scores, *diag], dim=-1), dim=-1)
+    attended = probs[..., :t] @ values[0]
+    for i, vv in enumerate(values[1:]):
+        attended = attended + probs[..., t + i: t + i + 1] * vv
+    return attended
 
 
 # ---------------------------------------------------------------------- training objective

@@ -7,12 +7,13 @@ optimizer step per `grad_accum` micro-batches with the gradient divided by the
 number of loss positions of the whole step (across micro-batches and ranks).
 Checkpoints land atomically in `run_dir/train/checkpoints/step-N`; a restarted run
 continues from the newest one and ends with the weights an uninterrupted run has.
+How the work spreads over ranks (DDP, DeepSpeed ZeRO-2/3, FSDP) is `trainer.strategy`,
+handled in `specforge_lite.strategies`.
 The trained drafter is written to `run_dir/train/drafter/`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ from specforge_lite.data.samples import load_samples
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
-from specforge_lite.targets import load_target
+from specforge_lite.strategies import build_strategy
 
 log = logging.getLogger(__name__)
 
@@ -240,20 +241,14 @@ def run(cfg: DictConfig) -> None:
     ensure_samples(cfg)
     if already_trained(cfg):
         return
-    from accelerate import Accelerator
-
     tcfg = cfg.train
     out = stage_dir(cfg, "train")
-    mixed = tcfg.mixed_precision
-    if mixed == "auto":
-        mixed = "bf16" if torch.cuda.is_available() else "no"
-    # cpu=True is what makes accelerate form a gloo process group on CPU-only machines
-    accelerator = Accelerator(mixed_precision=mixed,
-                              cpu=cfg.target.device == "cpu" or not torch.cuda.is_available())
+    strategy = build_strategy(cfg)  # trainer.strategy: the process group, wrapping, checkpoints
+    accelerator = strategy.accelerator
     if accelerator.is_main_process:
         write_provenance(out, cfg)
 
-    target, tokenizer = load_target(OmegaConf.merge(cfg.target, {"device": str(accelerator.device)}))
+    target, tokenizer = strategy.load_target(cfg.target)
     samples = training_rows(cfg, tokenizer)
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
     module = DRAFTERS[cfg.drafter.name]
@@ -279,17 +274,18 @@ def run(cfg: DictConfig) -> None:
         accelerator.wait_for_everyone()
 
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))
-    drafter, optimizer = accelerator.prepare(drafter, optimizer)
-    raw = accelerator.unwrap_model(drafter)
+    strategy.module, strategy.stamp = module, fingerprint(cfg)  # what checkpoints save and check
+    drafter, optimizer = strategy.prepare(drafter, optimizer)
 
     ckpt_dir = out / "checkpoints"
     start = 0
     if tcfg.resume and (latest := latest_checkpoint(ckpt_dir)) is not None:
-        start = load_checkpoint(latest, raw, optimizer, module, fingerprint(cfg))
+        start = strategy.load_checkpoint(latest)
         log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
 
     tracker = Tracker(cfg, out, accelerator.is_main_process)
     rank, world = accelerator.process_index, accelerator.num_processes
+    log.info("trainer %s on %d rank(s)", strategy.name, world)
     bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
     window = empty_window()
@@ -318,20 +314,17 @@ def run(cfg: DictConfig) -> None:
         counts = torch.stack([b["num_positions"] for b in prepared])
         global_positions = accelerator.reduce(counts.sum(), reduction="sum").clamp(min=1.0)
         for m, batch in enumerate(prepared):
-            sync = accelerator.no_sync(drafter) if m < len(prepared) - 1 else contextlib.nullcontext()
-            with sync, accelerator.autocast():
+            with strategy.accumulate(last=m == len(prepared) - 1), strategy.autocast():
                 loss, num, metrics = module.loss_and_metrics(drafter, batch, cfg)
-                # DDP averages gradients over ranks; multiplying by world makes it a global sum
-                accelerator.backward(loss * world / global_positions)
+                # every strategy averages gradients over ranks; multiplying by world makes it a global sum
+                strategy.backward(loss * world / global_positions)
             window["loss"] += float(loss.detach())
             window["positions"] += num
             if window["correct"] is None:
                 window["correct"] = {k: [0] * len(v) for k, v in metrics.items()}
             for k, v in metrics.items():
                 window["correct"][k] = [a + b for a, b in zip(window["correct"][k], v)]
-        grad_norm = accelerator.clip_grad_norm_(params, tcfg.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = strategy.step(tcfg.max_grad_norm)  # clip, step, zero the gradients
         window["time"] += time.perf_counter() - t0
         window["target_time"] += target_time
         bar.update(1)
@@ -352,12 +345,14 @@ def run(cfg: DictConfig) -> None:
                          "grad_norm": stats["grad_norm"],
                          **{f"acc/step{j}": a for j, a in enumerate(stats["acc"])}}, step=done)
             window = empty_window()
-        if accelerator.is_main_process and tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 \
-                and done < total_steps:
-            save_checkpoint(ckpt_dir, done, raw, optimizer, tcfg.keep_checkpoints, module, fingerprint(cfg))
+        if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done < total_steps:
+            strategy.save_checkpoint(ckpt_dir, done, tcfg.keep_checkpoints)  # every rank: its part
     bar.close()
     tracker.close()
 
+    (out / "memory").mkdir(exist_ok=True)
+    atomic_write_json(out / "memory" / f"rank-{rank}.json", strategy.memory_report(target))
+    raw = strategy.full_drafter()  # every rank takes part in gathering; rank 0 gets the module
     if accelerator.is_main_process:
         final = out / "drafter"
         module.save(raw, final, extra={"trained_steps": total_steps, "history": history,

@@ -65,3 +65,31 @@ def test_student_with_another_vocabulary_fails_the_dry_run(tmp_path):
     cfg = compose(["+recipe=distill_llama70b", f"run_dir={tmp_path}", "drafter.student=builtin:tiny-llama"])
     with pytest.raises(SpecforgeError, match="must share the target's vocabulary"):
         dry_run(cfg)
+
+
+def test_sharded_strategies_fit_online_70b_on_eight_gpus(tmp_path):
+    """Online EAGLE-3 for the 70B target fits 80 GB GPUs once its layers are split 8 ways."""
+    per_gpu = {}
+    for trainer in ("ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp"):
+        cfg = compose(["+recipe=eagle_llama70b", f"run_dir={tmp_path}", "train.mode=online", f"trainer={trainer}",
+                       "trainer.dry_run_gpus=8"])
+        result = dry_run(cfg)
+        assert result["strategy"] == trainer and result["num_gpus"] == 8
+        per_gpu[trainer] = result["per_gpu_memory"]
+        assert result["fits_80gb"] is (trainer in ("deepspeed_zero3", "fsdp"))
+    ddp, zero2, fsdp = per_gpu["ddp"], per_gpu["deepspeed_zero2"], per_gpu["fsdp"]
+    # ZeRO-2 splits gradients and AdamW moments (12 of the 16 bytes per parameter)
+    assert zero2["drafter_weights_grads_adam_gib"] == pytest.approx(ddp["drafter_weights_grads_adam_gib"] * (4 + 12 / 8) / 16)
+    # the layers (all but ~2.1B embedding + lm_head parameters) split 8 ways
+    embed_head_gib = 2 * 128256 * 8192 * 2 / 1024 ** 3
+    assert fsdp["target_weights_gib"] == pytest.approx((ddp["target_weights_gib"] - embed_head_gib) / 8 + embed_head_gib,
+                                                       rel=1e-3)
+    assert fsdp["total_gib"] == pytest.approx(sum(v for k, v in fsdp.items() if k != "total_gib"))
+
+
+def test_one_gpu_sharding_changes_nothing_but_transients(tmp_path):
+    cfgs = [compose(["+recipe=eagle_llama8b", f"run_dir={tmp_path}", "train.mode=online", f"trainer={t}",
+                     "trainer.dry_run_gpus=1"]) for t in ("ddp", "fsdp")]
+    ddp, fsdp = (dry_run(c)["per_gpu_memory"] for c in cfgs)
+    assert fsdp["target_weights_gib"] == pytest.approx(ddp["target_weights_gib"])
+    assert fsdp["drafter_weights_grads_adam_gib"] == pytest.approx(ddp["drafter_weights_grads_adam_gib"])
