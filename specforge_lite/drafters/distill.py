@@ -63,7 +63,9 @@ def truncated_student(target, num_layers: int) -> nn.Module:
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:num_layers]
     student = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
-    kept = {k: v for k, v in target.state_dict().items()
+    # a target sharded over ranks (trainer.shard_target) holds DTensors: gather the kept ones
+    # (collective: every rank builds the student)
+    kept = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in target.state_dict().items()
             if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
     missing, unexpected = student.load_state_dict(kept, strict=False)
     if unexpected or [m for m in missing if m != "lm_head.weight"]:

@@ -148,3 +148,24 @@ def test_checkpoint_of_another_strategy_is_refused(reference):
     proc = run_cli("train", *ARGS, f"run_dir={run_dir}", "trainer=ddp")
     assert proc.returncode == 2
     assert "written with trainer=fsdp" in proc.stderr and "train.resume=false" in proc.stderr
+
+
+@pytest.mark.parametrize("drafter,extra", [
+    ("medusa", ["drafter.num_heads=2", "drafter.draft_vocab_size=128"]),
+    ("draft_model", ["drafter.student_layers=2", "train.lr=3e-3"]),
+])
+@pytest.mark.parametrize("strategy", ["deepspeed_zero2", "fsdp"])
+def test_other_drafters_shard_and_match_one_rank(reference, drafter, extra, strategy):
+    """Medusa heads and a distilled student go through the same strategies: 2 sharded ranks
+    follow one plain rank's loss curve and write one plain drafter folder."""
+    overrides = [f"drafter.name={drafter}", *extra, "train.max_steps=6", "train.checkpoint_every=0"]
+    one = copy_samples(reference, f"one_{drafter}_{strategy}")
+    two = copy_samples(reference, f"two_{drafter}_{strategy}")
+    train(one, 1, *overrides)
+    train(two, 2, f"trainer={strategy}", *overrides)
+    for a, b in zip(curve(two), curve(one)):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a["step"], a["loss"], b["loss"])
+    w_one, w_two = weights(one), weights(two)
+    assert set(w_one) == set(w_two)
+    for name in w_one:
+        assert (w_two[name].float() - w_one[name].float()).abs().max() < 1e-4, name
