@@ -27,10 +27,9 @@ def main() -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for run in args.runs:
         history = json.loads((run / "train" / "metrics.json").read_text())["history"]
-        drafter = run.name
         steps = [h["step"] for h in history]
-        left.plot(steps, [h["simulated_tau"] for h in history], marker="o", label=drafter)
-        right.plot(steps, [h["acc"][0] for h in history], marker="o", label=drafter)
+        left.plot(steps, [h["simulated_tau"] for h in history], marker="o", label=run.name)
+        right.plot(steps, [h["acc"][0] for h in history], marker="o", label=run.name)
     left.set(xlabel="optimizer step (4 sequences each)", ylabel="simulated tau (bonus incl.)",
              title="teacher-forced acceptance length")
     right.set(xlabel="optimizer step (4 sequences each)", ylabel="accuracy", title="step / head 0 agreement with target")

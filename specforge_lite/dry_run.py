@@ -194,7 +194,7 @@ def dry_run(cfg: DictConfig) -> dict:
     layer_params = sum(p.numel() for p in target.model.layers.parameters())
     drafter_params, facts, drafter_lines, student = drafter_on_meta(cfg, config)
     memory = estimate(cfg, config, drafter_params, target_params, layer_params, student)
-    mode = str(cfg.train.mode.value if hasattr(cfg.train.mode, "value") else cfg.train.mode)
+    mode = str(getattr(cfg.train.mode, "value", cfg.train.mode))
     strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
     aux = 3 if cfg.drafter.name == "eagle3" else 0
     result = {"target": cfg.target.path, "drafter": cfg.drafter.name, "target_params_b": target_params / 1e9,

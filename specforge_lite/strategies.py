@@ -170,9 +170,8 @@ class DDPStrategy:
     def load_checkpoint(self, path: Path) -> int:
         from specforge_lite.stages.train import load_checkpoint
 
-        check_written_by(path, self.name, world_size())
-        return load_checkpoint(path, self.accelerator.unwrap_model(self.model), self.optimizer, self.module,
-                               self.stamp)
+        check_written_by(path, self.name, world_size(), self.stamp)
+        return load_checkpoint(path, self.accelerator.unwrap_model(self.model), self.optimizer, self.module)
 
     def full_drafter(self):
         """The trained drafter as a plain module with full weights (rank 0; collective)."""
@@ -411,13 +410,13 @@ def deepspeed_config(cfg: DictConfig, stage: int, world: int, mixed: str) -> dic
 
 def check_written_by(path: Path, strategy: str, world: int, stamp: str | None = None) -> dict:
     state = json.loads((path / "state.json").read_text())
-    if stamp is not None and state.get("fingerprint") not in (None, stamp):
-        raise SpecforgeError(f"checkpoint {path} was written with other training settings; resuming it would "
-                             "mix two runs. Use another run_dir, delete that folder, or set train.resume=false")
     written_by = state.get("strategy", "ddp")  # checkpoints from before strategies are DDP's
     if written_by != strategy:
         raise SpecforgeError(f"checkpoint {path} was written with trainer={written_by}; resume it with that trainer "
                              f"(now trainer={strategy}) or set train.resume=false to start over")
+    if stamp is not None and state.get("fingerprint") not in (None, stamp):
+        raise SpecforgeError(f"checkpoint {path} was written with other training settings; resuming it would "
+                             "mix two runs. Use another run_dir, delete that folder, or set train.resume=false")
     return state
 
 
@@ -437,8 +436,7 @@ def save_sharded_checkpoint(ckpt_dir: Path, step: int, keep: int, strategy: str,
     write(tmp)
     barrier()
     if rank == 0:
-        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
+        save_rng(tmp)
         (tmp / "state.json").write_text(json.dumps({"step": step, "strategy": strategy, "world_size": world_size(),
                                                          "fingerprint": stamp}))
         os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
@@ -448,7 +446,14 @@ def save_sharded_checkpoint(ckpt_dir: Path, step: int, keep: int, strategy: str,
     return final
 
 
+def save_rng(directory: Path) -> None:
+    """torch, Python and CUDA random states of this process, to `directory/rng.pt`."""
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, directory / "rng.pt")
+
+
 def restore_rng(path: Path) -> int:
+    """Restore what `save_rng` wrote in checkpoint `path`; returns the checkpoint's step."""
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

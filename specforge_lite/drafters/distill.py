@@ -172,7 +172,7 @@ def loss_and_metrics(student, batch: dict, cfg):
 
     dcfg = cfg.drafter
     temperature = float(dcfg.temperature)
-    loss_fn = LOSSES[str(dcfg.loss.value if hasattr(dcfg.loss, "value") else dcfg.loss)]
+    loss_fn = LOSSES[getattr(dcfg.loss, "value", dcfg.loss)]
     logits = student(batch["input_ids"], batch["attention_mask"], batch["select"])
     teacher = batch["target_logits"]
     loss = loss_fn(logits, teacher, temperature).sum() * temperature ** 2
@@ -255,7 +255,7 @@ def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: s
     atomic_write_text(directory / "README.md", f"""# Draft model for {verifier}
 
 Distilled by specforge_lite (recipe `{cfg.recipe_name}`): a {layers}-layer causal LM with the
-target's tokenizer, trained on the target's own answers with {cfg.drafter.loss.value if hasattr(cfg.drafter.loss, 'value') else cfg.drafter.loss}
+target's tokenizer, trained on the target's own answers with {getattr(cfg.drafter.loss, 'value', cfg.drafter.loss)}
 at temperature {cfg.drafter.temperature}{' (LoRA, merged)' if cfg.drafter.lora else ''}. Speculative tokens k = {k} ({k_source}).
 
 ```bash

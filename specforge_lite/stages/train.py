@@ -34,7 +34,7 @@ from specforge_lite.data.samples import load_samples
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
-from specforge_lite.strategies import build_strategy
+from specforge_lite.strategies import build_strategy, restore_rng, save_rng
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +138,13 @@ def fingerprint(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def already_trained(cfg: DictConfig) -> bool:
-    """True (and says so) when run_dir/train/drafter was trained to the end with these settings."""
+def already_trained(cfg: DictConfig, stamp: str) -> bool:
+    """True (and says so) when run_dir/train/drafter was trained to the end with these
+    settings (`stamp`, from `fingerprint`)."""
     from specforge_lite.drafters.common import drafter_info
 
     info = drafter_info(Path(cfg.run_dir) / "train" / "drafter")
-    if info.get("fingerprint") == fingerprint(cfg) and info.get("drafter") == cfg.drafter.name:
+    if info.get("fingerprint") == stamp and info.get("drafter") == cfg.drafter.name:
         log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
                  "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
                  cfg.drafter.name, info.get("trained_steps"))
@@ -161,8 +162,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, mo
     tmp.mkdir(parents=True)
     save_file(module.trained_weights(drafter), str(tmp / "drafter.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
+    save_rng(tmp)
     (tmp / "state.json").write_text(json.dumps({"step": step, "fingerprint": stamp}))
     os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
     for old in sorted(ckpt_dir.glob("step-*"))[:-keep]:
@@ -175,11 +175,9 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: Path, drafter, optimizer, module=eagle3, stamp: str | None = None) -> int:
-    state = json.loads((path / "state.json").read_text())
-    if stamp is not None and state.get("fingerprint") not in (None, stamp):
-        raise SpecforgeError(f"checkpoint {path} was written with other training settings; resuming it would "
-                             "mix two runs. Use another run_dir, delete that folder, or set train.resume=false")
+def load_checkpoint(path: Path, drafter, optimizer, module=eagle3) -> int:
+    """Weights, optimizer and RNG of a plain checkpoint; returns its step. The caller has
+    checked who wrote it (`strategies.check_written_by`)."""
     weights = load_file(str(path / "drafter.safetensors"))
     expected = set(module.trained_weights(drafter))
     if set(weights) != expected:
@@ -187,12 +185,7 @@ def load_checkpoint(path: Path, drafter, optimizer, module=eagle3, stamp: str | 
                              f"{sorted(expected - set(weights))[:5]}, unexpected {sorted(set(weights) - expected)[:5]})")
     drafter.load_state_dict(weights, strict=False)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return state["step"]
+    return restore_rng(path)
 
 
 # --------------------------------------------------------------------------- trackers
@@ -239,7 +232,8 @@ def run(cfg: DictConfig) -> None:
         dry_run(cfg)
         return
     ensure_samples(cfg)
-    if already_trained(cfg):
+    stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint
+    if already_trained(cfg, stamp):
         return
     tcfg = cfg.train
     out = stage_dir(cfg, "train")
@@ -274,7 +268,7 @@ def run(cfg: DictConfig) -> None:
         accelerator.wait_for_everyone()
 
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))
-    strategy.module, strategy.stamp = module, fingerprint(cfg)  # what checkpoints save and check
+    strategy.module, strategy.stamp = module, stamp  # what checkpoints save and check
     drafter, optimizer = strategy.prepare(drafter, optimizer)
 
     ckpt_dir = out / "checkpoints"
@@ -356,7 +350,7 @@ def run(cfg: DictConfig) -> None:
     if accelerator.is_main_process:
         final = out / "drafter"
         module.save(raw, final, extra={"trained_steps": total_steps, "history": history,
-                                       "fingerprint": fingerprint(cfg)})
+                                       "fingerprint": stamp})
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
             plot_learning_curve(history, out / "learning_curve.png")
