@@ -135,7 +135,8 @@ def drafter_on_meta(cfg: DictConfig, config) -> tuple[int, dict, list[str], obje
         from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter
 
         draft_cfg = Eagle3Config.from_target(config, cfg.drafter.draft_vocab_size,
-                                             list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None)
+                                             list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None,
+                                             cfg.drafter.norm_before_residual, cfg.drafter.norm_before_fc)
         with torch.device("meta"):
             drafter = Eagle3Drafter(draft_cfg)
         params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)

@@ -46,8 +46,8 @@ def speculators_config(cfg: Eagle3Config, speculative_tokens: int, verifier: str
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "norm_before_residual": False,
-        "norm_before_fc": False,
+        "norm_before_residual": bool(cfg.norm_before_residual),
+        "norm_before_fc": bool(cfg.norm_before_fc),
         "fc_norm": False,
         "norm_output": False,
         "transformer_layer_config": transformer_layer_config(cfg),
@@ -121,6 +121,9 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
         raise ValueError(f"{directory}/config.json: not an eagle3 speculators config")
     if len(config["eagle_aux_hidden_state_layer_ids"]) != 3:
         raise ValueError(f"{directory}/config.json: Llama drafts need exactly 3 aux layers")
+    for key in ("fc_norm", "norm_output"):
+        if config[key]:
+            raise ValueError(f"{directory}/config.json: {key}=true is a variant this project does not build")
     layer = config["transformer_layer_config"]
     if layer.get("model_type") != "llama" or layer.get("num_hidden_layers") != 1:
         raise ValueError(f"{directory}/config.json: transformer_layer_config must be a 1-layer llama config")
@@ -158,7 +161,8 @@ def load_speculators_dir(directory: Path, target) -> Eagle3Drafter:
                        draft_vocab_size=config["draft_vocab_size"],
                        aux_layer_ids=list(config["eagle_aux_hidden_state_layer_ids"]),
                        rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"],
-                       max_position_embeddings=layer["max_position_embeddings"], hidden_act=layer["hidden_act"])
+                       max_position_embeddings=layer["max_position_embeddings"], hidden_act=layer["hidden_act"],
+                       norm_before_residual=config["norm_before_residual"], norm_before_fc=config["norm_before_fc"])
     drafter = Eagle3Drafter(cfg)
     if "d2t" not in weights:  # full vocab: identity maps
         weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
@@ -170,8 +174,11 @@ def load_speculators_dir(directory: Path, target) -> Eagle3Drafter:
 
 def write_sglang_dir(drafter: Eagle3Drafter, out: Path) -> None:
     """SGLang's EAGLE-3 layout: a Llama config naming LlamaForCausalLMEagle3, `midlayer.*` weights."""
-    out.mkdir(parents=True, exist_ok=True)
     cfg = drafter.config
+    if cfg.norm_before_residual or cfg.norm_before_fc:
+        raise ValueError("the SGLang layout has no norm_before_residual / norm_before_fc switch; this drafter "
+                         "was trained with one, so export it for vLLM only (export.sglang=false)")
+    out.mkdir(parents=True, exist_ok=True)
     config = {**transformer_layer_config(cfg), "architectures": ["LlamaForCausalLMEagle3"],
               "draft_vocab_size": cfg.draft_vocab_size,
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}}

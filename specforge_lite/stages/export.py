@@ -68,6 +68,9 @@ def run(cfg: DictConfig) -> None:
 def export_eagle3(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
     """The speculators directory (plus SGLang's layout with export.sglang=true)."""
     drafter = eagle3.load(trained, target)
+    if cfg.export.sglang and (drafter.config.norm_before_residual or drafter.config.norm_before_fc):
+        raise SpecforgeError(f"{trained} was trained with norm_before_residual / norm_before_fc, which SGLang's "
+                             "EAGLE-3 layout cannot express: export it for vLLM only (export.sglang=false)")
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     speculators_dir = out / "speculators"
     config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)

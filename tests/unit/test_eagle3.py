@@ -24,11 +24,17 @@ def test_unseen_tokens_fill_by_lowest_id():
     assert build_draft_vocab(torch.tensor([0, 0, 5, 0]), 3).tolist() == [0, 1, 2]
 
 
-def tiny_drafter(tiny_target, vocab=64):
+def tiny_drafter(tiny_target, vocab=64, norm_before_residual=False, norm_before_fc=False):
     model, _ = tiny_target
-    cfg = OmegaConf.create({"drafter": {"draft_vocab_size": vocab, "aux_layer_ids": [1, 3, 4]}, "train": {"seed": 0}})
+    cfg = OmegaConf.create({"drafter": {"draft_vocab_size": vocab, "aux_layer_ids": [1, 3, 4],
+                                        "norm_before_residual": norm_before_residual,
+                                        "norm_before_fc": norm_before_fc}, "train": {"seed": 0}})
     counts = torch.arange(model.config.vocab_size).flip(0)
     return eagle3.build(cfg, model, counts)
+
+
+# (norm_before_residual, norm_before_fc): the plain layer and speculators' two switches
+VARIANTS = [(False, False), (True, False), (True, True)]
 
 
 def test_build_shapes_and_initialisation(tiny_target):
@@ -43,12 +49,19 @@ def test_build_shapes_and_initialisation(tiny_target):
     assert torch.equal(drafter.lm_head.weight, model.lm_head.weight[vocab])
     assert torch.equal(drafter.embed_tokens.weight, model.model.embed_tokens.weight)
     assert not drafter.embed_tokens.weight.requires_grad
+    # untrained, step 0 is the target's read-out (final norm, lm_head rows) of the top aux layer
+    torch.manual_seed(3)
+    ids, aux = torch.randint(0, 256, (1, 6)), torch.randn(1, 6, 3 * h)
+    top = aux[..., 2 * h:]
+    expected = model.lm_head(model.model.norm(top))[..., vocab]
+    assert torch.allclose(drafter.ttt_forward(ids, aux, 1)[0], expected, atol=1e-5)
 
 
 def test_aux_layers_must_be_three_and_in_range(tiny_target):
     model, _ = tiny_target
     for ids in ([1, 2], [1, 2, 99]):
-        cfg = OmegaConf.create({"drafter": {"draft_vocab_size": 32, "aux_layer_ids": ids}, "train": {"seed": 0}})
+        cfg = OmegaConf.create({"drafter": {"draft_vocab_size": 32, "aux_layer_ids": ids, "norm_before_residual": False,
+                                            "norm_before_fc": False}, "train": {"seed": 0}})
         with pytest.raises(ValueError):
             eagle3.build(cfg, model, torch.ones(model.config.vocab_size))
 
@@ -80,9 +93,10 @@ def test_shifted_targets_alignment():
     assert l1[0, :, 0].tolist() == [2, 3, 4, 5, 0, 0] and m1[0].tolist() == [1, 1, 0, 0, 0, 0]
 
 
-def test_save_load_round_trip(tiny_target, tmp_path):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_save_load_round_trip(tiny_target, tmp_path, variant):
     model, _ = tiny_target
-    drafter = tiny_drafter(tiny_target)
+    drafter = tiny_drafter(tiny_target, 64, *variant)
     eagle3.save(drafter, tmp_path, extra={"note": 1})
     loaded = eagle3.load(tmp_path, model)
     ids, aux = torch.randint(0, 256, (2, 9)), torch.randn(2, 9, 192)
@@ -90,14 +104,15 @@ def test_save_load_round_trip(tiny_target, tmp_path):
         assert torch.equal(a, b)
 
 
-def test_decode_drafter_matches_the_training_unroll(tiny_target):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_drafter_matches_the_training_unroll(tiny_target, variant):
     """Drafting at inference computes what the TTT unroll computes: feed anchors 0..t, draft
     k tokens greedily, then unroll training on a sequence continuing with those drafts;
     step j's argmax at anchor t must be draft j+1, with the same logits."""
     from specforge_lite.decoding.drafters import DraftContext
     from specforge_lite.drafters.eagle3 import Eagle3DecodeDrafter
 
-    drafter = tiny_drafter(tiny_target)
+    drafter = tiny_drafter(tiny_target, 64, *variant)
     torch.manual_seed(1)
     ids = torch.randint(0, 256, (1, 16)).tolist()[0]
     aux = torch.randn(1, 16, 3 * 64)
@@ -117,3 +132,44 @@ def test_decode_drafter_matches_the_training_unroll(tiny_target):
     for j in range(k):
         token_id = int(drafter.draft_vocab[outs[j][0, t].argmax()])
         assert token_id == drafts[j], f"step {j}"
+
+
+def test_norm_switches_change_the_function_and_add_input_norm(tiny_target):
+    """norm_before_residual feeds hidden_norm(g) to the residual; norm_before_fc adds a 3H
+    RMSNorm before fc. Same seed, same weights otherwise: different outputs."""
+    torch.manual_seed(2)
+    ids, aux = torch.randint(0, 256, (1, 8)), 50 * torch.randn(1, 8, 192)
+    outs = {}
+    for variant in VARIANTS:
+        drafter = tiny_drafter(tiny_target, 64, *variant)
+        assert hasattr(drafter, "input_norm") == variant[1]
+        if variant[1]:
+            assert drafter.input_norm.weight.shape == (192,) and "input_norm.weight" in eagle3.trained_weights(drafter)
+            with torch.no_grad():  # a non-trivial norm weight, so the variant is visible
+                drafter.input_norm.weight.uniform_(0.5, 1.5)
+        outs[variant] = drafter.ttt_forward(ids, aux, 2)[0]
+    assert not torch.allclose(outs[VARIANTS[0]], outs[VARIANTS[1]])
+    assert not torch.allclose(outs[VARIANTS[1]], outs[VARIANTS[2]])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
+    """The speculators directory states the switches, holds input_norm iff norm_before_fc,
+    passes the strict reload and reproduces the drafter's logits; SGLang's layout is refused
+    for a drafter trained with a switch it cannot express."""
+    from specforge_lite.drafters.eagle3_export import (load_speculators_dir, write_speculators_dir,
+                                                       write_sglang_dir)
+
+    model, _ = tiny_target
+    drafter = tiny_drafter(tiny_target, 64, *variant)
+    config = write_speculators_dir(drafter, tmp_path / "spec", 3, "tiny", ["LlamaForCausalLM"])
+    assert (config["norm_before_residual"], config["norm_before_fc"]) == variant
+    reloaded = load_speculators_dir(tmp_path / "spec", model)
+    ids, aux = torch.randint(0, 256, (1, 9)), torch.randn(1, 9, 192)
+    for a, b in zip(drafter.ttt_forward(ids, aux, 2), reloaded.ttt_forward(ids, aux, 2)):
+        assert torch.equal(a, b)
+    if any(variant):
+        with pytest.raises(ValueError, match="SGLang"):
+            write_sglang_dir(drafter, tmp_path / "sglang")
+    else:
+        write_sglang_dir(drafter, tmp_path / "sglang")
