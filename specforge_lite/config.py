@@ -147,7 +147,10 @@ class DrafterConfig:
     # eagle3
     aux_layer_ids: Optional[List[int]] = None  # null: [2, L//2, L-3]
     ttt_steps: int = 3  # training-time test unroll
-    norm_before_residual: bool = False  # residual from hidden_norm(fused features) (speculators' option)
+    # the residual stream starts from hidden_norm(fused features), as speculators trains and vLLM
+    # assumes by default; measured better on SmolLM2 (docs/BENCHMARKS.md "EAGLE-3 training options").
+    # SGLang's layout cannot express it: train with false to export for SGLang
+    norm_before_residual: bool = True
     norm_before_fc: bool = False  # RMSNorm over the concatenated aux states before fc (speculators' option)
     # medusa (Medusa-1: frozen target, heads on its last hidden state)
     num_heads: int = 4  # head i predicts the token i + 2 ahead

@@ -1,0 +1,193 @@
+"""EAGLE-3 training options compared on cached SmolLM2 features, by held-out acceptance.
+
+    python -m benchmarks.bench_eagle3_options features          # target features, once (~4 min)
+    python -m benchmarks.bench_eagle3_options run NAME [key=value ...]   # one variant (~5 min)
+    python -m benchmarks.bench_eagle3_options record            # table + JSON from every variant run
+
+The eagle_smollm2 data (its sampled conversations plus 400 source ones), the target's aux
+and final hidden states computed once and kept (bf16) under runs/bench_eagle3_options/;
+every variant trains the same one-epoch plan on the same rows and is scored every eighth
+of the run on 40 held-out conversations (16 sampled, 24 source): teacher-forced per-step
+accuracy and simulated tau (1 + mean run of correct steps, k = ttt steps, bonus included).
+Only the variant's options change; the training step is the train stage's own
+(`eagle3.loss_and_metrics`, AdamW, warm-up + cosine, clipping).
+
+Variant keys: lr, bs (sequences per step), ttt (steps), init (`random`: the fully random
+layer the drafter used before; default: the drafter's own init), tt (teacher temperature
+applied to the training soft labels only), allpos=1 (loss at every token, prompts too),
+cfg (comma-separated extra config overrides, e.g. cfg=drafter.norm_before_residual=true).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from benchmarks.common import update_doc_section, write_results
+
+OUT = Path("runs/bench_eagle3_options")
+HELD_SAMPLED, HELD_SOURCE = 16, 24
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from specforge_lite.config import register_configs
+
+    register_configs()
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf)):
+        return hydra_compose(config_name="config", overrides=["+recipe=eagle_smollm2", "stage=train",
+                                                               "train.source_conversations=400", *overrides])
+
+
+def features() -> None:
+    from specforge_lite.features import collate, target_hidden
+    from specforge_lite.stages.train import ensure_samples, training_rows
+    from specforge_lite.targets import load_target
+
+    cfg = compose([])
+    ensure_samples(cfg)
+    target, tokenizer = load_target(cfg.target)
+    rows = training_rows(cfg, tokenizer)  # sampled rows first, then source rows
+    held = list(range(HELD_SAMPLED)) + list(range(len(rows) - HELD_SOURCE, len(rows)))
+    aux_ids = [2, target.config.num_hidden_layers // 2, target.config.num_hidden_layers - 3]
+    feats, started = [], time.perf_counter()
+    for i, row in enumerate(rows):
+        batch = collate([row], tokenizer.pad_token_id, "cpu")
+        aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids)
+        feats.append((aux[0].bfloat16(), last[0].bfloat16()))
+        if i % 50 == 0:
+            print(f"features {i}/{len(rows)} {time.perf_counter() - started:.0f} s", flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    torch.save({"rows": rows, "feats": feats, "held": held,
+                "train": [i for i in range(len(rows)) if i not in set(held)]}, OUT / "features.pt")
+
+
+def reinit_random(drafter, seed: int) -> None:
+    """The drafter's earlier initialisation: every Linear N(0, 0.02) (lm_head then the target's rows)."""
+    lm_head = drafter.lm_head.weight.detach().clone()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for module in drafter.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=drafter.init_std)
+        drafter.lm_head.weight.copy_(lm_head)
+
+
+def run(name: str, opts: dict) -> None:
+    from specforge_lite.drafters import eagle3
+    from specforge_lite.drafters.vocab import count_tokens
+    from specforge_lite.features import collate
+    from specforge_lite.stages.train import lr_at, plan_batches
+    from specforge_lite.targets import load_target
+
+    lr, bs = float(opts.get("lr", 1e-3)), int(opts.get("bs", 4))
+    cfg = compose([f"train.lr={lr}", f"drafter.ttt_steps={int(opts.get('ttt', 3))}",
+                   *[c for c in opts.get("cfg", "").split(",") if c]])
+    data = torch.load(OUT / "features.pt", weights_only=False)
+    rows, feats = data["rows"], data["feats"]
+    target, tokenizer = load_target(cfg.target)
+    train_ids = data["train"]
+    counts = count_tokens(((rows[i]["input_ids"], rows[i]["loss_mask"]) for i in train_ids),
+                          target.config.vocab_size)
+    drafter = eagle3.build(cfg, target, counts)
+    if opts.get("init") == "random":
+        reinit_random(drafter, cfg.train.seed)
+    prepare = eagle3.batch_preparer(drafter, target)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    batches = plan_batches([len(rows[i]["input_ids"]) for i in train_ids], bs, 0, 1.0)
+    hidden = drafter.config.hidden_size
+    temperature = float(opts.get("tt", 1.0))
+
+    def make(indices, held_out=False):
+        batch = collate([rows[i] for i in indices], tokenizer.pad_token_id, "cpu")
+        width = batch["input_ids"].shape[1]
+        aux, last = torch.zeros(len(indices), width, 3 * hidden), torch.zeros(len(indices), width, hidden)
+        for k, i in enumerate(indices):
+            n = feats[i][0].shape[0]
+            aux[k, :n], last[k, :n] = feats[i][0].float(), feats[i][1].float()
+        if opts.get("allpos") == "1" and not held_out:
+            batch["loss_mask"] = batch["attention_mask"].clone()
+        prepare(batch, aux, last, True)
+        if not held_out:
+            batch["target_logits"] = batch["target_logits"] / temperature
+        return batch
+
+    held = [make(data["held"][i:i + 4], held_out=True) for i in range(0, len(data["held"]), 4)]
+
+    def score() -> dict:
+        drafter.eval()
+        totals = {"correct": None, "total": None, "chain": None}
+        with torch.no_grad():
+            for batch in held:
+                _, _, metrics = eagle3.loss_and_metrics(drafter, batch, cfg)
+                for key in totals:
+                    totals[key] = metrics[key] if totals[key] is None else \
+                        [a + b for a, b in zip(totals[key], metrics[key])]
+        drafter.train()
+        return {"acc": [c / t for c, t in zip(totals["correct"], totals["total"])],
+                "tau": 1 + sum(c / totals["total"][0] for c in totals["chain"])}
+
+    curve, train_s, tokens = [], 0.0, 0
+    every = max(1, len(batches) // 8)
+    for step, indices in enumerate(batches):
+        started = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, len(batches), cfg.train)
+        batch = make(indices)
+        loss, num, _ = eagle3.loss_and_metrics(drafter, batch, cfg)
+        (loss / max(num, 1)).backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        train_s += time.perf_counter() - started
+        tokens += int(batch["attention_mask"].sum())
+        if (step + 1) % every == 0 or step + 1 == len(batches):
+            point = {**score(), "step": step + 1, "tokens": tokens, "train_s": train_s}
+            curve.append(point)
+            print(name, json.dumps(point), flush=True)
+    (OUT / "variants").mkdir(parents=True, exist_ok=True)
+    (OUT / "variants" / f"{name}.json").write_text(json.dumps({"name": name, "options": opts, "curve": curve}))
+
+
+def record(command: str) -> None:
+    variants = [json.loads(p.read_text()) for p in sorted((OUT / "variants").glob("*.json"))]
+    write_results("eagle3_options", {"command": command, "variants": variants})
+    lines = []
+    for v in sorted(variants, key=lambda v: v["curve"][-1]["tau"]):
+        end = v["curve"][-1]
+        options = " ".join(f"{k}={val}" for k, val in v["options"].items()) or "(defaults)"
+        lines.append(f"| {v['name']} | `{options}` | {end['step']} | {end['tokens']} | "
+                     + " / ".join(f"{a:.3f}" for a in end["acc"]) + f" | **{end['tau']:.3f}** | "
+                     + " ".join(f"{p['tau']:.2f}" for p in v["curve"]) + " |")
+    update_doc_section("eagle3_options", f"""## EAGLE-3 training options on SmolLM2 (cached features, held-out acceptance)
+
+Command: `{command}`. One epoch of the eagle_smollm2 training rows (sampled + 400 source
+conversations, 4 sequences per step unless `bs` says otherwise, lr 1e-3 unless `lr` says
+otherwise, 3 TTT steps), target features cached once; scored on 40 held-out conversations
+(teacher-forced, k = 3 TTT steps, bonus token included). Same rows, order and seed for
+every variant; only the named options differ.
+
+| variant | options | steps | tokens | held-out acc step 0 / 1 / 2 | simulated tau | tau at each eighth of the run |
+|---|---|---:|---:|---|---:|---|
+{chr(10).join(lines)}
+""")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "features":
+        features()
+    elif sys.argv[1] == "run":
+        run(sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:]))
+    elif sys.argv[1] == "record":
+        record(" ".join(sys.argv[2:]) or "python -m benchmarks.bench_eagle3_options ...")
+    else:
+        raise SystemExit(__doc__)
