@@ -179,6 +179,9 @@ every variant; only the named options differ.
 | variant | options | steps | tokens | held-out acc step 0 / 1 / 2 | simulated tau | tau at each eighth of the run |
 |---|---|---:|---:|---|---:|---|
 {chr(10).join(lines)}
+
+Best here: **{max(variants, key=lambda v: v["curve"][-1]["tau"])["name"]}**. These are teacher-forced
+numbers on held-out text; what decoding gets is in the end-to-end sections.
 """)
 
 
