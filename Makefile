@@ -46,8 +46,8 @@ train: setup  ## the train stage of RECIPE
 	$(PY) -m specforge_lite train +recipe=$(RECIPE) $(ARGS)
 
 distill: RECIPE = distill_smollm2
-distill: setup  ## draft-model distillation (RECIPE=distill_smollm2)
-	$(PY) -m specforge_lite train +recipe=$(RECIPE) $(ARGS)
+distill: setup  ## draft-model distillation, every stage (RECIPE=distill_smollm2)
+	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)
 
 compare: setup  ## EAGLE-3, Medusa and distilled draft model for SmolLM2 side by side (one evaluate run)
 	$(PY) -m specforge_lite train +recipe=eagle_smollm2 $(ARGS)
