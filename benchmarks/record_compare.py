@@ -16,6 +16,7 @@ from pathlib import Path
 
 from benchmarks.common import update_doc_section, write_results
 from specforge_lite.decoding.report import methods_table
+from specforge_lite.drafters.common import drafter_kind
 
 
 def training_summary(drafter_dir: Path) -> dict | None:
@@ -38,7 +39,11 @@ def main() -> None:
     args = parser.parse_args()
     report = json.loads((args.run_dir / "eval" / "report.json").read_text())
     methods = report["methods"]
-    dirs = report["settings"].get("drafter_dirs") or {}
+    dirs = dict(report["settings"].get("drafter_dirs") or {})
+    own = args.run_dir / "train" / "drafter"  # a method without a folder of its own used the run's drafter
+    for method, kind in (("eagle3", "eagle3"), ("medusa", "medusa"), ("distilled", "draft_model")):
+        if method in methods and not dirs.get(method) and drafter_kind(own) == kind:
+            dirs[method] = str(own)
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
     goals = {}
     if "distilled" in methods and "draft_model" in methods:
