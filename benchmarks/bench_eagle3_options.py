@@ -180,7 +180,9 @@ every variant; only the named options differ.
 |---|---|---:|---:|---|---:|---|
 {chr(10).join(lines)}
 
-Best here: **{max(variants, key=lambda v: v["curve"][-1]["tau"])["name"]}**. These are teacher-forced
+Best here: **{max(variants, key=lambda v: v["curve"][-1]["tau"])["name"]}**. The first variants ran in a
+prototype of this script (same rows, order, training step and scoring); this script re-ran
+readout_init_bs2_norm_before_residual and reproduced it to the last digit. These are teacher-forced
 numbers on held-out text; what decoding gets is in the end-to-end sections.
 """)
 
