@@ -46,15 +46,13 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     import torch
-    from hydra import compose, initialize_config_dir
 
-    from specforge_lite.config import register_configs
+    from benchmarks.common import compose_config
     from specforge_lite.decoding.report import methods_table
     from specforge_lite.stages import evaluate
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    register_configs()
     run_dir = Path(tempfile.mkdtemp(prefix="bench_decoding."))
     overrides = [
         f"target={args.target}", "target.dtype=float32", "eval=mt_bench", f"run_dir={run_dir}", "stage=evaluate",
@@ -63,8 +61,7 @@ def main() -> None:
         f"eval.truncate_layers={args.truncate_layers}", f"eval.warmup={args.warmup}", "eval.temperature=0",
         "eval.methods=[" + ",".join(METHODS) + "]", "eval.best_k_method=ngram", "eval.plots=false",
     ]
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_config(overrides)
     started = time.perf_counter()
     evaluate.run(cfg)
     report = json.loads((run_dir / "eval" / "report.json").read_text())

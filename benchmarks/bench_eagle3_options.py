@@ -28,23 +28,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.common import update_doc_section, write_results
+from benchmarks.common import compose_config, update_doc_section, write_results
 
 OUT = Path("runs/bench_eagle3_options")
 HELD_SAMPLED, HELD_SOURCE = 16, 24
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from specforge_lite.config import register_configs
-
-    register_configs()
-    conf = Path(__file__).resolve().parent.parent / "conf"
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf)):
-        return hydra_compose(config_name="config", overrides=["+recipe=eagle_smollm2", "stage=train",
-                                                               "train.source_conversations=400", *overrides])
+    return compose_config(["+recipe=eagle_smollm2", "stage=train", "train.source_conversations=400", *overrides])
 
 
 def features() -> None:

@@ -49,3 +49,14 @@ def update_doc_section(name: str, markdown: str) -> None:
     pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     DOC.write_text(text)
+
+
+def compose_config(overrides: list[str]):
+    """The run config the CLI would build from these overrides (conf/ of this checkout)."""
+    from hydra import compose, initialize_config_dir
+
+    from specforge_lite.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose(config_name="config", overrides=overrides)

@@ -16,13 +16,13 @@ from benchmarks.common import update_doc_section, write_results
 from specforge_lite.decoding.report import methods_table
 
 
-def samples_dir(run_dir: Path) -> Path:
-    """The samples the run trained on: `samples_dir` of its train config, else RUN/samples."""
+def samples_of(run_dir: Path) -> Path:
+    """The samples the run trained on (`artifacts.samples_dir` of its saved train config)."""
     from omegaconf import OmegaConf
 
-    config = run_dir / "train" / "config.yaml"
-    named = OmegaConf.load(config).get("samples_dir") if config.exists() else None
-    return Path(named) if named else run_dir / "samples"
+    from specforge_lite.artifacts import samples_dir
+
+    return samples_dir(OmegaConf.load(run_dir / "train" / "config.yaml"))
 
 
 def best_k_line(run_dir: Path) -> str:
@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     report = json.loads((args.run_dir / "eval" / "report.json").read_text())
     history = json.loads((args.run_dir / "train" / "metrics.json").read_text())["history"]
-    samples = json.loads((samples_dir(args.run_dir) / "meta.json").read_text())
+    samples = json.loads((samples_of(args.run_dir) / "meta.json").read_text())
     name = args.run_dir.name
     methods = report["methods"]
     eagle = methods.get("eagle3", {})

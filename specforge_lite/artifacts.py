@@ -20,9 +20,7 @@ _VERSIONED = ("specforge_lite", "torch", "transformers", "accelerate", "datasets
 
 def stage_dir(cfg: DictConfig, stage: str) -> Path:
     """`run_dir/<stage folder>`, created if missing."""
-    path = Path(cfg.run_dir) / STAGE_DIRS[stage]
-    if stage == "sample" and cfg.get("samples_dir"):
-        path = Path(cfg.samples_dir)
+    path = samples_dir(cfg) if stage == "sample" else Path(cfg.run_dir) / STAGE_DIRS[stage]
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -134,9 +134,7 @@ def drafter_on_meta(cfg: DictConfig, config) -> tuple[int, dict, list[str], obje
     if kind == "eagle3":
         from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter
 
-        draft_cfg = Eagle3Config.from_target(config, cfg.drafter.draft_vocab_size,
-                                             list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None,
-                                             cfg.drafter.norm_before_residual, cfg.drafter.norm_before_fc)
+        draft_cfg = Eagle3Config.from_target(config, cfg.drafter)
         with torch.device("meta"):
             drafter = Eagle3Drafter(draft_cfg)
         params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)
@@ -148,9 +146,7 @@ def drafter_on_meta(cfg: DictConfig, config) -> tuple[int, dict, list[str], obje
     if kind == "medusa":
         from specforge_lite.drafters.medusa import MedusaConfig, MedusaHeads
 
-        medusa_cfg = MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
-                                  draft_vocab_size=min(cfg.drafter.draft_vocab_size, config.vocab_size),
-                                  num_heads=cfg.drafter.num_heads, num_layers=cfg.drafter.num_layers)
+        medusa_cfg = MedusaConfig.from_target(config, cfg.drafter)
         with torch.device("meta"):
             heads = MedusaHeads(medusa_cfg)
         params = sum(p.numel() for p in heads.parameters())

@@ -95,9 +95,10 @@ class FeatureCache:
         log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s (%d of %d shards to write)",
                  len(samples), num_tokens, size / 1e9, self.dir, len(todo), num_shards)
         meta = self.dir / "meta.json"
-        if meta.exists() and json.loads(meta.read_text()).get("aux_layer_ids") != list(aux_layer_ids):
-            raise ValueError(f"{self.dir} caches aux layers {json.loads(meta.read_text()).get('aux_layer_ids')}, "
-                             f"this drafter reads {list(aux_layer_ids)}: delete the folder to rebuild it")
+        cached = json.loads(meta.read_text()).get("aux_layer_ids") if meta.exists() else list(aux_layer_ids)
+        if cached != list(aux_layer_ids):
+            raise ValueError(f"{self.dir} caches aux layers {cached}, this drafter reads {list(aux_layer_ids)}: "
+                             "delete the folder to rebuild it")
         meta.write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
                                                         "aux_layer_ids": list(aux_layer_ids),
                                                         "estimated_bytes": size, "shard_size": self.shard_size}))

@@ -51,8 +51,9 @@ class Eagle3Config:
     norm_before_fc: bool = False  # one RMSNorm (`input_norm`, 3H) over the concatenated aux states
 
     @classmethod
-    def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: list[int] | None = None,
-                    norm_before_residual: bool = False, norm_before_fc: bool = False) -> "Eagle3Config":
+    def from_target(cls, target_config, drafter_cfg) -> "Eagle3Config":
+        """The drafter for a target (its HF config) with the run's `drafter` settings."""
+        draft_vocab_size, aux_layer_ids = drafter_cfg.draft_vocab_size, drafter_cfg.aux_layer_ids
         layers = target_config.num_hidden_layers
         rope = getattr(target_config, "rope_parameters", None) or {}
         head_dim = getattr(target_config, "head_dim", None) or \
@@ -65,8 +66,9 @@ class Eagle3Config:
                    rms_norm_eps=target_config.rms_norm_eps,
                    rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
                    max_position_embeddings=target_config.max_position_embeddings,
-                   hidden_act=target_config.hidden_act, norm_before_residual=norm_before_residual,
-                   norm_before_fc=norm_before_fc)
+                   hidden_act=target_config.hidden_act,
+                   norm_before_residual=bool(drafter_cfg.norm_before_residual),
+                   norm_before_fc=bool(drafter_cfg.norm_before_fc))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,16 +146,17 @@ class Eagle3DecoderLayer(nn.Module):
             "down_proj": nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False),
         })
 
-    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(cat(input_layernorm(embeds), hidden_norm(hidden)) [.., 2H], residual [.., H])`: the
+        residual is the hidden input, or its normalised form when `norm_before_residual`
+        (target features carry outliers of 10^4 that would otherwise ride the residual)."""
+        normed = self.hidden_norm(hidden)
+        return (torch.cat([self.input_layernorm(embeds), normed], dim=-1),
+                normed if self.norm_before_residual else hidden)
 
-    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """Residual over the hidden input (normalised first when `norm_before_residual`:
-        target features carry outliers of 10^4 that would otherwise ride the residual),
-        then the MLP block."""
-        if self.norm_before_residual:
-            hidden = self.hidden_norm(hidden)
-        hidden = hidden + attn_out
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual plus attention output, then the MLP block."""
+        hidden = residual + attn_out
         x = self.post_attention_layernorm(hidden)
         return hidden + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
 
@@ -252,7 +255,7 @@ class Eagle3Drafter(nn.Module):
         outputs = []
         for step in range(steps):
             tokens = F.pad(tokens[:, 1:], (0, 1))  # x[t+1+step] at anchor t
-            x = layer.attention_input(self.embed_tokens(tokens), hidden)
+            x, residual = layer.attention_input(self.embed_tokens(tokens), hidden)
             q, k, v = attn.project(x, positions + step)
             keys.append(k)
             values.append(v)
@@ -262,7 +265,7 @@ class Eagle3Drafter(nn.Module):
                                       use_reentrant=False)
             else:
                 attended = ttt_attention(q, tuple(keys), tuple(values), causal, scale)
-            hidden = layer.finish(hidden, attn.output(attended))
+            hidden = layer.finish(residual, attn.output(attended))
             outputs.append(self.logits(hidden))
         return outputs
 
@@ -285,19 +288,15 @@ def ttt_attention(q: torch.Tensor, keys: tuple, values: tuple, causal: torch.Ten
 
 def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
     """A drafter for `target` with the draft vocab taken from loss-masked token counts."""
-    from specforge_lite.drafters.vocab import build_draft_vocab
+    from specforge_lite.drafters.vocab import target_draft_vocab
 
-    draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter.draft_vocab_size,
-                                         list(cfg.drafter.aux_layer_ids) if cfg.drafter.aux_layer_ids else None,
-                                         cfg.drafter.norm_before_residual, cfg.drafter.norm_before_fc)
+    draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter)
     if len(draft_cfg.aux_layer_ids) != 3:
         raise ValueError(f"EAGLE-3 takes exactly 3 aux layers (vLLM enforces it), got {draft_cfg.aux_layer_ids}")
     for layer_id in draft_cfg.aux_layer_ids:
         if not 0 <= layer_id < target.config.num_hidden_layers:
             raise ValueError(f"aux layer id {layer_id} is outside 0..{target.config.num_hidden_layers - 1}")
-    eos = target.generation_config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    draft_vocab = build_draft_vocab(token_counts, draft_cfg.draft_vocab_size, always=eos)
+    draft_vocab = target_draft_vocab(target, token_counts, draft_cfg.draft_vocab_size)
     torch.manual_seed(cfg.train.seed)
     drafter = Eagle3Drafter(draft_cfg)
     std = target.config.initializer_range
@@ -449,9 +448,9 @@ class Eagle3DecodeDrafter:
             device = aux.device
             next_tokens = torch.tensor([ids[first + 1:]], device=device)
             fused = d.fuse(aux.to(d.fc.weight.dtype))
-            x = layer.attention_input(d.embed_tokens(next_tokens), fused)
+            x, residual = layer.attention_input(d.embed_tokens(next_tokens), fused)
             positions = torch.arange(first, len(ids) - 1, device=device)[None]
-            out = layer.finish(fused, self._attend(x, positions, causal=True))
+            out = layer.finish(residual, self._attend(x, positions, causal=True))
             self.last_hidden = out[:, -1:]
         if k == 0 or self.last_hidden is None:
             return DraftProposal([])
@@ -473,9 +472,9 @@ class Eagle3DecodeDrafter:
             tokens.append(token)
             if step == k - 1:
                 break
-            x = layer.attention_input(d.embed_tokens(torch.tensor([[token]], device=hidden.device)), hidden)
+            x, residual = layer.attention_input(d.embed_tokens(torch.tensor([[token]], device=hidden.device)), hidden)
             position = torch.tensor([[anchor + step + 1]], device=hidden.device)
-            hidden = layer.finish(hidden, self._attend(x, position, causal=False))
+            hidden = layer.finish(residual, self._attend(x, position, causal=False))
         self.cache.length = context_length  # drop the chain's keys
         return DraftProposal(tokens, torch.stack(probs) if probs else None)
 

@@ -172,12 +172,20 @@ def load_speculators_dir(directory: Path, target) -> Eagle3Drafter:
     return drafter.to(target.device).eval()
 
 
+def sglang_problem(cfg: Eagle3Config) -> str | None:
+    """Why SGLang's layout cannot hold this drafter, or None when it can."""
+    if cfg.norm_before_residual or cfg.norm_before_fc:
+        return ("the SGLang layout has no norm_before_residual / norm_before_fc switch; this drafter was "
+                "trained with one, so export it for vLLM only (export.sglang=false)")
+    return None
+
+
 def write_sglang_dir(drafter: Eagle3Drafter, out: Path) -> None:
     """SGLang's EAGLE-3 layout: a Llama config naming LlamaForCausalLMEagle3, `midlayer.*` weights."""
     cfg = drafter.config
-    if cfg.norm_before_residual or cfg.norm_before_fc:
-        raise ValueError("the SGLang layout has no norm_before_residual / norm_before_fc switch; this drafter "
-                         "was trained with one, so export it for vLLM only (export.sglang=false)")
+    problem = sglang_problem(cfg)
+    if problem:
+        raise ValueError(problem)
     out.mkdir(parents=True, exist_ok=True)
     config = {**transformer_layer_config(cfg), "architectures": ["LlamaForCausalLMEagle3"],
               "draft_vocab_size": cfg.draft_vocab_size,

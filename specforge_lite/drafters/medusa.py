@@ -42,6 +42,13 @@ class MedusaConfig:
     num_layers: int = 1
     bias: bool = False
 
+    @classmethod
+    def from_target(cls, target_config, drafter_cfg) -> "MedusaConfig":
+        """Heads for a target (its HF config) with the run's `drafter` settings."""
+        return cls(hidden_size=target_config.hidden_size, vocab_size=target_config.vocab_size,
+                   draft_vocab_size=min(drafter_cfg.draft_vocab_size, target_config.vocab_size),
+                   num_heads=drafter_cfg.num_heads, num_layers=drafter_cfg.num_layers)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -107,21 +114,13 @@ class MedusaHeads(nn.Module):
 # ---------------------------------------------------------------------- training objective
 
 def build(cfg, target, token_counts: torch.Tensor) -> MedusaHeads:
-    from specforge_lite.drafters.vocab import build_draft_vocab
+    from specforge_lite.drafters.vocab import target_draft_vocab
 
     if cfg.drafter.num_heads < 1 or cfg.drafter.num_layers < 1:
         raise SpecforgeError(f"drafter.num_heads and drafter.num_layers must be >= 1, got "
                              f"{cfg.drafter.num_heads} and {cfg.drafter.num_layers}")
-    vocab = target.config.vocab_size
-    medusa_cfg = MedusaConfig(hidden_size=target.config.hidden_size, vocab_size=vocab,
-                              draft_vocab_size=min(cfg.drafter.draft_vocab_size, vocab),
-                              num_heads=cfg.drafter.num_heads, num_layers=cfg.drafter.num_layers)
-    eos = target.generation_config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    if medusa_cfg.draft_vocab_size == vocab:
-        draft_vocab = torch.arange(vocab)
-    else:
-        draft_vocab = build_draft_vocab(token_counts, medusa_cfg.draft_vocab_size, always=eos)
+    medusa_cfg = MedusaConfig.from_target(target.config, cfg.drafter)
+    draft_vocab = target_draft_vocab(target, token_counts, medusa_cfg.draft_vocab_size)
     heads = MedusaHeads(medusa_cfg)
     heads.init_from_target(target, draft_vocab)
     return heads.to(target.device)

@@ -32,6 +32,14 @@ def build_draft_vocab(counts: torch.Tensor, size: int, always: Iterable[int] = (
     return score.topk(size).indices.sort().values
 
 
+def target_draft_vocab(target, counts: torch.Tensor, size: int) -> torch.Tensor:
+    """`build_draft_vocab` for an HF target, its EOS id(s) always in (a `size` equal to the
+    target's vocabulary gives every id: the identity map)."""
+    eos = target.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    return build_draft_vocab(counts, size, always=eos)
+
+
 def vocab_maps(draft_vocab: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`d2t` [V_d] int64 offsets (target id = i + d2t[i]) and `t2d` [V] bool membership."""
     draft_vocab = draft_vocab.to(torch.long).cpu()

@@ -21,7 +21,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.common import drafter_kind
-from specforge_lite.drafters.eagle3_export import (HUB_IDS, load_speculators_dir, write_sglang_dir,
+from specforge_lite.drafters.eagle3_export import (HUB_IDS, load_speculators_dir, sglang_problem, write_sglang_dir,
                                                    write_speculators_dir)
 from specforge_lite.targets import load_target, resolve_target_path
 
@@ -68,9 +68,8 @@ def run(cfg: DictConfig) -> None:
 def export_eagle3(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
     """The speculators directory (plus SGLang's layout with export.sglang=true)."""
     drafter = eagle3.load(trained, target)
-    if cfg.export.sglang and (drafter.config.norm_before_residual or drafter.config.norm_before_fc):
-        raise SpecforgeError(f"{trained} was trained with norm_before_residual / norm_before_fc, which SGLang's "
-                             "EAGLE-3 layout cannot express: export it for vLLM only (export.sglang=false)")
+    if cfg.export.sglang and (problem := sglang_problem(drafter.config)):  # before anything is written
+        raise SpecforgeError(f"{trained}: {problem}")
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     speculators_dir = out / "speculators"
     config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)
