@@ -30,7 +30,7 @@ recipes: {recipes}
 `python -m specforge_lite STAGE --help` shows Hydra's help for a stage (config groups and options).
 """
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package
 
 log = logging.getLogger("specforge_lite")
 
@@ -51,6 +51,27 @@ def _dispatch(cfg) -> None:
         sys.exit(2)
 
 
+# command-line spellings of earlier versions -> what to write now
+RENAMED_OVERRIDES = {
+    "drafter.name": "the drafter is chosen by its group: drafter=eagle3 | medusa | distilled",
+    "drafter=draft_model": "the trained draft model is now drafter=distilled",
+    "eval.draft_model": "the untrained draft model's path is now eval.untrained_draft_path",
+}
+
+
+def renamed(overrides: list[str]) -> str | None:
+    """The message for an override spelled as an earlier version did, or None."""
+    for item in overrides:
+        key = item.lstrip("+~").split("=", 1)[0]
+        for old, new in RENAMED_OVERRIDES.items():
+            if item.lstrip("+~") == old or (key == old and "=" not in old):
+                return f"{item}: renamed; {new}"
+        if key == "eval.methods" and "draft_model" in item.split("=", 1)[-1].replace("untrained_draft", ""):
+            return (f"{item}: method draft_model was renamed: untrained_draft (a draft model used as it is) or "
+                    "distilled (one trained here)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -62,8 +83,12 @@ def main(argv: list[str] | None = None) -> None:
         print(_usage(), file=sys.stderr)
         sys.exit(2)
     if not CONF_DIR.is_dir():
-        print(f"error: config directory {CONF_DIR} not found; install the project editable (pip install -e .)",
+        print(f"error: config directory {CONF_DIR} not found: the installation is incomplete (reinstall the package)",
               file=sys.stderr)
+        sys.exit(2)
+
+    if message := renamed(rest):
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
     import hydra

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 
 class DType(str, Enum):
@@ -85,36 +86,32 @@ class SampleConfig:
 
 
 @dataclass
-class DrafterDirs:
-    eagle3: Optional[str] = None
-    medusa: Optional[str] = None
-    distilled: Optional[str] = None
-
-
-@dataclass
 class EvalConfig:
     dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
     max_prompts: Optional[int] = None  # a subset spread over the categories (round robin)
     max_turns: Optional[int] = None  # user turns per prompt; later turns see the target's own answers
     max_new_tokens: int = 128
-    # Decoders measured side by side. Ours: plain, ngram, draft_model; Hugging Face's:
-    # hf_generate, hf_prompt_lookup, hf_assisted (with the draft_model below as assistant).
+    # Decoders measured side by side. Ours: plain, ngram, untrained_draft, and every trained
+    # drafter by its name (eagle3, medusa, distilled); Hugging Face's: hf_generate,
+    # hf_prompt_lookup, hf_assisted (with the untrained draft model below as assistant).
     # `plain` is always run (the speedup baseline and the reference output).
     methods: List[str] = field(default_factory=lambda: [
-        "plain", "ngram", "draft_model", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
+        "plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
     num_draft_tokens: int = 4  # k, the chain length (HF peers get the same k)
     temperature: float = 0.0  # 0 means greedy (outputs are then checked against plain)
     top_p: float = 1.0
     ngram_max: int = 3  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)
     ngram_min: int = 1
     ngram_prefer: str = "last"  # which earlier occurrence to copy from: last (most recent) | first (HF's rule)
-    draft_model: Optional[str] = None  # an HF causal LM dir with the target's vocab; null: truncated target
+    # `untrained_draft`: a draft model used as it is, not trained here. An HF causal LM dir
+    # with the target's vocab, or null: a copy of the target's first `truncate_layers` layers
+    untrained_draft_path: Optional[str] = None
     truncate_layers: Optional[int] = None  # layers of the truncated target copy; null: min(4, L // 4)
     warmup: int = 1  # untimed runs of every method on the first prompt before measuring
     warmup_tokens: int = 32  # new tokens per warm-up run
-    # trained drafter folders per method; null reads run_dir/train/drafter. Lets one
-    # evaluate run compare the drafters of several recipes.
-    drafter_dirs: DrafterDirs = field(default_factory=lambda: DrafterDirs())
+    # trained drafter folders by drafter name (eval.drafter_dirs.eagle3=DIR); a trained method
+    # without one reads run_dir/train/drafter. Lets one evaluate compare several recipes' drafters.
+    drafter_dirs: Dict[str, str] = field(default_factory=dict)
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
@@ -129,45 +126,6 @@ class Tracker(str, Enum):
     wandb = "wandb"  # offline by default (WANDB_MODE=offline unless set): works with no network
     tensorboard = "tensorboard"
     none = "none"
-
-
-class DistillLoss(str, Enum):
-    forward_kl = "forward_kl"  # KL(target || draft), the default
-    reverse_kl = "reverse_kl"
-    tvd = "tvd"  # total variation distance
-    jsd = "jsd"  # Jensen-Shannon (beta 0.5)
-
-
-@dataclass
-class DrafterConfig:
-    name: str = "eagle3"  # eagle3 | medusa | draft_model
-    # eagle3 and medusa: heads predict over the draft vocab (the most frequent loss-masked
-    # target ids); a value >= the target vocab keeps the full vocabulary
-    draft_vocab_size: int = 8192
-    # eagle3
-    aux_layer_ids: Optional[List[int]] = None  # null: [2, L//2, L-3]
-    ttt_steps: int = 3  # training-time test unroll
-    # the residual stream starts from hidden_norm(fused features), as speculators trains and vLLM
-    # assumes by default; measured better on SmolLM2 (docs/BENCHMARKS.md "EAGLE-3 training options").
-    # SGLang's layout cannot express it: train with false to export for SGLang
-    norm_before_residual: bool = True
-    norm_before_fc: bool = False  # RMSNorm over the concatenated aux states before fc (speculators' option)
-    # medusa (Medusa-1: frozen target, heads on its last hidden state)
-    num_heads: int = 4  # head i predicts the token i + 2 ahead
-    num_layers: int = 1  # residual blocks per head
-    # draft_model (token-level distillation of a small causal LM)
-    student: Optional[str] = None  # an HF dir / hub id with the target's vocab; null: truncated target
-    student_layers: int = 4  # layers of the truncated copy (first n layers, final norm, lm_head)
-    loss: DistillLoss = DistillLoss.forward_kl
-    temperature: float = 1.0  # applied to both distributions; the loss is scaled by T^2
-    lora: bool = False  # train LoRA adapters (merged into the weights at save) instead of all weights
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: List[str] = field(default_factory=lambda: [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    # simulated acceptance length in training logs: chains of up to this many positions
-    simulated_k: int = 4
 
 
 @dataclass
@@ -246,7 +204,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    # the chosen drafter's options: a `drafter` group option (conf/drafter/NAME.yaml), typed
+    # by that drafter's own dataclass (its `Options`), so another drafter's keys are rejected
+    drafter: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
@@ -255,5 +215,11 @@ class Config:
 
 
 def register_configs() -> None:
+    """`base_config` (the root schema) and, per registered drafter, `drafter/NAME_schema`,
+    which `conf/drafter/NAME.yaml` lists first in its defaults."""
+    from specforge_lite.registry import DRAFTERS
+
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    for name, module in DRAFTERS.items():
+        cs.store(group="drafter", name=f"{name}_schema", node=module.Options)

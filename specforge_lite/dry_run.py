@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, stage_dir
+from specforge_lite.registry import chosen_drafter
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +60,13 @@ def per_gpu_batch(cfg: DictConfig) -> int:
     return math.ceil(cfg.train.batch_size / cfg.trainer.dry_run_gpus)
 
 
-def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, layer_params: int = 0,
-             student=None) -> dict:
+def estimate(cfg: DictConfig, config, size, target_params: int, layer_params: int = 0) -> dict:
     """Per-GPU bytes of one training rank under `trainer` on `trainer.dry_run_gpus` GPUs.
 
+    size: the drafter's `contract.DrySize` (parameters, frozen weights, activations).
     layer_params: the target's decoder-layer parameters (what `trainer.shard_target` splits;
     embeddings, final norm and lm_head stay whole on every GPU). Offline mode reads features
     from disk and keeps only the target's lm_head, which turns them into soft labels.
-    student: the distilled draft model's LM on the meta device (drafter.name=draft_model).
     """
     strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
     if gpus < 1:
@@ -74,8 +74,7 @@ def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, l
     # train.batch_size sequences per micro-batch are dealt out over all ranks
     t, b = cfg.data.max_length, per_gpu_batch(cfg)
     h, vocab = config.hidden_size, config.vocab_size
-    vd = min(cfg.drafter.draft_vocab_size, vocab)
-    kind = cfg.drafter.name
+    drafter_params = size.trainable_params
     offline = cfg.train.mode == "offline"
     sharded_target = cfg.trainer.shard_target and not offline
     if offline:
@@ -93,92 +92,17 @@ def estimate(cfg: DictConfig, config, drafter_params: int, target_params: int, l
     else:  # ZeRO-3 / FSDP: everything split; the whole drafter gathered for its forward and backward
         drafter_state = drafter_params * 16 / gpus
         drafter_gathered = drafter_params * (2 if cfg.train.mixed_precision in ("bf16", "auto") else 4)
-    if kind == "draft_model" and cfg.drafter.lora and student is not None:  # frozen bf16 base weights
-        drafter_state += sum(p.numel() for p in student.parameters()) * 2
+    drafter_state += size.frozen_bytes
     # target forward (no grad): the largest layer transient ~ MLP [B, T, I] x3 plus the kept
     # hidden states [B, T, (aux + 1) H], bf16
-    aux = 3 if kind == "eagle3" else 0
-    target_act = 0 if offline else b * t * (3 * config.intermediate_size + (aux + 1) * h) * 2
-    if kind == "eagle3":
-        # per TTT step: logits + softmax + grad [B, T, V_d] fp32 x3, attention scores
-        # [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 12H] fp32;
-        # trainer.gradient_checkpointing recomputes each step's attention: one step's scores at a time
-        steps, heads = cfg.drafter.ttt_steps, config.num_attention_heads
-        scores = b * heads * t * (t + steps) * 4 * 2
-        drafter_act = steps * (b * t * vd * 4 * 3 + b * t * 12 * h * 4) \
-            + (scores if cfg.trainer.gradient_checkpointing else steps * scores)
-        target_logits = b * t * vd * 4
-    elif kind == "medusa":
-        # per head: block activations [B, T, H] x2 per layer and logits + softmax + grad [B, T, V_d] fp32
-        drafter_act = cfg.drafter.num_heads * b * t * (vd * 4 * 3 + cfg.drafter.num_layers * 2 * h * 4)
-        target_logits = b * t * vd * 4
-    else:  # draft_model: student layers (bf16 autocast, SDPA attention) and full-vocab logits
-        sc = student.config
-        drafter_act = (sc.num_hidden_layers * b * t * (16 * sc.hidden_size + 3 * sc.intermediate_size) * 2
-                       + b * t * vocab * 4 * 3)
-        target_logits = b * t * vocab * 4 * 2  # the teacher's logits and log-probabilities, fp32
+    target_act = 0 if offline else b * t * (3 * config.intermediate_size + (size.aux_layers + 1) * h) * 2
+    drafter_act, target_logits = size.activation_bytes, size.target_logits_bytes
     total = target_weights + target_gathered + drafter_state + drafter_gathered + target_act + drafter_act \
         + target_logits
     return {"target_weights_gib": target_weights / GiB, "target_gathered_layers_gib": target_gathered / GiB,
             "drafter_weights_grads_adam_gib": drafter_state / GiB, "drafter_gathered_gib": drafter_gathered / GiB,
             "target_activations_gib": target_act / GiB, "drafter_activations_gib": drafter_act / GiB,
             "target_logits_gib": target_logits / GiB, "total_gib": total / GiB}
-
-
-def drafter_on_meta(cfg: DictConfig, config) -> tuple[int, dict, list[str], object]:
-    """(trainable parameters, facts for dry_run.json, lines to print, the student LM or None),
-    with the drafter built on the meta device."""
-    from transformers import AutoModelForCausalLM
-
-    kind = cfg.drafter.name
-    if kind == "eagle3":
-        from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter
-
-        draft_cfg = Eagle3Config.from_target(config, cfg.drafter)
-        with torch.device("meta"):
-            drafter = Eagle3Drafter(draft_cfg)
-        params = sum(p.numel() for n, p in drafter.named_parameters() if n != FROZEN)
-        facts = {"aux_layer_ids": draft_cfg.aux_layer_ids, "draft_vocab_size": draft_cfg.draft_vocab_size,
-                 "ttt_steps": cfg.drafter.ttt_steps}
-        line = (f"  EAGLE-3 drafter: {params / 1e6:.1f}M trainable, draft vocab {draft_cfg.draft_vocab_size}, "
-                f"aux layers {draft_cfg.aux_layer_ids}, {cfg.drafter.ttt_steps} TTT steps")
-        return params, facts, [line], None
-    if kind == "medusa":
-        from specforge_lite.drafters.medusa import MedusaConfig, MedusaHeads
-
-        medusa_cfg = MedusaConfig.from_target(config, cfg.drafter)
-        with torch.device("meta"):
-            heads = MedusaHeads(medusa_cfg)
-        params = sum(p.numel() for p in heads.parameters())
-        facts = {"num_heads": medusa_cfg.num_heads, "num_layers": medusa_cfg.num_layers,
-                 "draft_vocab_size": medusa_cfg.draft_vocab_size}
-        line = (f"  Medusa: {medusa_cfg.num_heads} heads x {medusa_cfg.num_layers} blocks, {params / 1e6:.1f}M "
-                f"trainable, draft vocab {medusa_cfg.draft_vocab_size}")
-        return params, facts, [line], None
-    # draft_model: the student's own config (a known id or local dir), or a truncated target
-    if cfg.drafter.student:
-        student_config = target_config(cfg.drafter.student)
-        if student_config.vocab_size != config.vocab_size:
-            raise SpecforgeError(f"drafter.student={cfg.drafter.student} has vocab {student_config.vocab_size}, "
-                                 f"the target {config.vocab_size}: a draft model must share the target's vocabulary")
-    else:
-        import copy
-
-        student_config = copy.deepcopy(config)
-        student_config.num_hidden_layers = cfg.drafter.student_layers
-    with torch.device("meta"):
-        student = AutoModelForCausalLM.from_config(student_config)
-    total = sum(p.numel() for p in student.parameters())
-    params = total
-    if cfg.drafter.lora:
-        targets = set(cfg.drafter.lora_target_modules)
-        params = sum(cfg.drafter.lora_rank * (m.in_features + m.out_features) for name, m in student.named_modules()
-                     if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets)
-    facts = {"student": cfg.drafter.student or f"first {cfg.drafter.student_layers} target layers",
-             "student_params_b": total / 1e9, "lora": bool(cfg.drafter.lora)}
-    line = (f"  draft model {facts['student']}: {total / 1e9:.2f}B parameters, {params / 1e6:.1f}M trainable"
-            + (f" (LoRA rank {cfg.drafter.lora_rank})" if cfg.drafter.lora else " (full fine-tuning)"))
-    return params, facts, [line], student
 
 
 def dry_run(cfg: DictConfig) -> dict:
@@ -189,19 +113,19 @@ def dry_run(cfg: DictConfig) -> dict:
         target = AutoModelForCausalLM.from_config(config)
     target_params = sum(p.numel() for p in target.parameters())
     layer_params = sum(p.numel() for p in target.model.layers.parameters())
-    drafter_params, facts, drafter_lines, student = drafter_on_meta(cfg, config)
-    memory = estimate(cfg, config, drafter_params, target_params, layer_params, student)
+    size = chosen_drafter(cfg).dry_size(cfg, config, per_gpu_batch(cfg), cfg.data.max_length)
+    memory = estimate(cfg, config, size, target_params, layer_params)
     mode = str(getattr(cfg.train.mode, "value", cfg.train.mode))
     strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
-    aux = 3 if cfg.drafter.name == "eagle3" else 0
+    aux = size.aux_layers
     result = {"target": cfg.target.path, "drafter": cfg.drafter.name, "target_params_b": target_params / 1e9,
-              "drafter_trainable_params_m": drafter_params / 1e6, **facts, "seq_len": cfg.data.max_length,
+              "drafter_trainable_params_m": size.trainable_params / 1e6, **size.facts, "seq_len": cfg.data.max_length,
               "batch_size_per_gpu": per_gpu_batch(cfg),
               "strategy": strategy, "num_gpus": gpus, "shard_target": bool(cfg.trainer.shard_target),
               "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
               "mode": mode, "offline_feature_bytes_per_token": (aux + 1) * config.hidden_size * 2}
     lines = [f"dry run: {cfg.recipe_name} (nothing downloaded, nothing trained)",
-             f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters", *drafter_lines,
+             f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters", size.line,
              f"  per-GPU memory (GiB) with trainer={strategy} on {gpus} GPUs"
              f"{' (target layers sharded)' if cfg.trainer.shard_target else ''}, seq {cfg.data.max_length}, "
              f"batch {per_gpu_batch(cfg)} per GPU:"]

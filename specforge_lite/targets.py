@@ -202,3 +202,18 @@ def load_target(target_cfg, *, for_training: bool = False):
     if not for_training:
         model.requires_grad_(False)
     return model, tokenizer
+
+
+# Built-in targets whose weights also live on the hub under this id (what an export names as
+# its verifier, so that `vllm serve DRAFT_DIR` finds the target).
+HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def eos_token_ids(model, tokenizer=None) -> list[int]:
+    """The ids that end an answer: the model's generation config (one id or a list), plus
+    the tokenizer's EOS when one is given and the config lacks it."""
+    eos = model.generation_config.eos_token_id
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids

@@ -1,81 +1,22 @@
-"""Drafters: what proposes the k tokens the target verifies in one forward.
+"""The engine's own drafters: n-gram lookup and a draft model used as it is.
 
-Every drafter implements the same small interface (`Drafter`):
+Both implement `contract.Drafter`. Trained drafters (EAGLE-3, Medusa, the distilled
+draft model) live in `specforge_lite/drafters/` and reach the engine through their
+module's `decoder`; this package imports nothing from there.
 
-- `hidden_state_layers`: the target hidden states it needs, as Hugging Face
-  `output_hidden_states` indices (k < L is the input of decoder layer k, L the
-  final-norm output, negative indices count from the end). The engine asks the
-  target forward for exactly these and hands them over in `DraftContext`.
-  EAGLE-3 declares its three aux layers (e.g. `(2, L // 2, L - 3)`), Medusa `(-1,)`.
-- `reset()`: a new sequence starts.
-- `propose(ctx, k)`: up to k draft tokens after `ctx.token_ids`, and in sampling
-  mode the distributions q they were drawn from (`None` for a deterministic drafter).
-  Called once per decoding step, also with k = 0 on a last step that has room for
-  the target's own token only, so a drafter sees every committed position.
-- `accept(num_accepted)`: how many of the last proposal the target kept, so the
-  drafter can roll back its own state (a KV cache, hidden-state buffers).
-- `sequential`: True if drafting costs one drafter forward per token (the best-k
-  estimate then scales the measured draft time with k).
-
-`DRAFTERS` maps a method name to the function building it from the eval config.
+`BUILTIN` maps an eval method name to the function building it from the run config.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.verify import GREEDY, SamplingParams, warp_probs
-
-
-@dataclass
-class DraftContext:
-    """What a drafter sees before each proposal (batch 1).
-
-    token_ids: prompt + emitted tokens; the last one (the "pending" token) was chosen
-        by the target but has not been fed through it yet. Read-only for drafters.
-    num_prompt_tokens: how many of token_ids are the prompt.
-    hidden_states: {layer index: [1, n, H]} target hidden states, for the layers the
-        drafter declared, at the n positions the target's last forward committed:
-        token_ids[-1 - n : -1] (the prompt after prefill; the previous pending token
-        and the accepted drafts after a verify step).
-    sampling: the temperature / top-p the target uses; a sampling drafter must draw
-        from `warp_probs(draft_logits, sampling)` and return those probabilities.
-    generator: the random stream for the drafter's draws.
-    """
-
-    token_ids: list[int]
-    num_prompt_tokens: int
-    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
-    sampling: SamplingParams = GREEDY
-    generator: torch.Generator | None = None
-
-
-@dataclass
-class DraftProposal:
-    """tokens: up to k draft ids (target vocabulary); probs: [len(tokens), V] the draft
-    distributions they were drawn from, over the target's vocabulary (a reduced-vocab
-    drafter such as EAGLE-3 scatters its q through d2t), after the same `warp_probs`
-    as the target; None in greedy mode or for a deterministic drafter (n-gram)."""
-
-    tokens: list[int]
-    probs: torch.Tensor | None = None
-
-
-class Drafter(Protocol):
-    name: str
-    hidden_state_layers: tuple[int, ...]
-    sequential: bool
-
-    def reset(self) -> None: ...
-
-    def propose(self, ctx: DraftContext, k: int) -> DraftProposal: ...
-
-    def accept(self, num_accepted: int) -> None: ...
+from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa: F401  (the interface, re-exported)
+from specforge_lite.decoding.verify import warp_probs
 
 
 # --------------------------------------------------------------------------- n-gram
@@ -143,7 +84,7 @@ class DraftModelDrafter:
     """Any Hugging Face causal LM with the target's vocabulary, run autoregressively
     with its own KV cache; the cache is cropped back to the accepted prefix."""
 
-    name = "draft_model"
+    name = "untrained_draft"
     hidden_state_layers: tuple[int, ...] = ()
     sequential = True
 
@@ -211,7 +152,7 @@ def truncated_copy(target, num_layers: int):
     if layers is None or not hasattr(decoder, "norm") or not hasattr(decoder, "embed_tokens"):
         raise SpecforgeError(
             f"eval.truncate_layers needs a Llama-style decoder (model.layers, model.norm); "
-            f"{type(target).__name__} has another layout: pass eval.draft_model=PATH instead")
+            f"{type(target).__name__} has another layout: pass eval.untrained_draft_path=PATH instead")
     total = len(layers)
     if not 1 <= num_layers < total:
         raise SpecforgeError(f"eval.truncate_layers={num_layers} must be in [1, {total - 1}] for this target")
@@ -239,21 +180,21 @@ def truncated_copy(target, num_layers: int):
     return draft
 
 
-def load_draft_model(eval_cfg, target):
-    """The `draft_model` drafter's LM: eval.draft_model (a path) or a truncated copy
+def load_untrained_draft(eval_cfg, target):
+    """The `untrained_draft` method's LM: eval.untrained_draft_path or a truncated copy
     of the target (eval.truncate_layers; null picks min(4, L // 4), at least 1)."""
-    if eval_cfg.draft_model:
+    if eval_cfg.untrained_draft_path:
         from transformers import AutoModelForCausalLM
 
         from specforge_lite.targets import resolve_target_path
 
-        path = resolve_target_path(eval_cfg.draft_model)
+        path = resolve_target_path(eval_cfg.untrained_draft_path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype).to(target.device).eval()
         model.requires_grad_(False)
         draft_vocab = model.get_output_embeddings().weight.shape[0]
         target_vocab = target.get_output_embeddings().weight.shape[0]
         if draft_vocab != target_vocab:
-            raise SpecforgeError(f"eval.draft_model {eval_cfg.draft_model} has vocab {draft_vocab}, "
+            raise SpecforgeError(f"eval.untrained_draft_path={eval_cfg.untrained_draft_path} has vocab {draft_vocab}, "
                                  f"the target {target_vocab}: a draft model must share the target's vocabulary")
         return model
     layers = eval_cfg.truncate_layers
@@ -266,58 +207,12 @@ def build_ngram(cfg, target) -> NgramDrafter:
     return NgramDrafter(max_n=cfg.eval.ngram_max, min_n=cfg.eval.ngram_min, prefer=cfg.eval.ngram_prefer)
 
 
-def build_draft_model(cfg, target) -> DraftModelDrafter:
-    return DraftModelDrafter(load_draft_model(cfg.eval, target))
+def build_untrained_draft(cfg, target) -> DraftModelDrafter:
+    return DraftModelDrafter(load_untrained_draft(cfg.eval, target))
 
 
-def trained_dir(cfg, method: str, kind: str):
-    """Where method `method` finds its trained drafter: eval.drafter_dirs[method], else
-    run_dir/train/drafter; checks the folder holds a drafter of `kind`."""
-    from pathlib import Path
-
-    from specforge_lite.drafters.common import drafter_kind
-
-    chosen = (cfg.eval.get("drafter_dirs") or {}).get(method)
-    path = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
-    found = drafter_kind(path)
-    if found is None:
-        raise SpecforgeError(f"eval method {method} needs a trained {kind} drafter in {path}; run the train stage "
-                             f"of a {kind} recipe first, or set eval.drafter_dirs.{method}")
-    if found != kind:
-        raise SpecforgeError(f"eval method {method}: {path} holds a {found} drafter, not {kind}; "
-                             f"set eval.drafter_dirs.{method} to a {kind} drafter")
-    return path
-
-
-def build_eagle3(cfg, target):
-    """The EAGLE-3 drafter trained in run_dir/train/drafter (or eval.drafter_dirs.eagle3)."""
-    from specforge_lite.drafters import eagle3
-
-    return eagle3.Eagle3DecodeDrafter(eagle3.load(trained_dir(cfg, "eagle3", "eagle3"), target))
-
-
-def build_medusa(cfg, target):
-    """Medusa heads trained in run_dir/train/drafter (or eval.drafter_dirs.medusa)."""
-    from specforge_lite.drafters import medusa
-
-    return medusa.MedusaDecodeDrafter(medusa.load(trained_dir(cfg, "medusa", "medusa"), target))
-
-
-def build_distilled(cfg, target) -> DraftModelDrafter:
-    """The distilled draft model (run_dir/train/drafter or eval.drafter_dirs.distilled)."""
-    from specforge_lite.drafters import distill
-
-    drafter = DraftModelDrafter(distill.load(trained_dir(cfg, "distilled", "draft_model"), target))
-    drafter.name = "distilled"
-    return drafter
-
-
-# Method name -> builder(cfg, target model) -> Drafter, where cfg is the whole run config
-# (a trained drafter finds its weights under cfg.run_dir or eval.drafter_dirs).
-DRAFTERS: dict[str, Callable] = {
+# Method name -> builder(cfg, target model) -> Drafter: the decoders that need no training
+BUILTIN: dict[str, Callable] = {
     "ngram": build_ngram,
-    "draft_model": build_draft_model,  # untrained: eval.draft_model or a truncated target copy
-    "distilled": build_distilled,
-    "eagle3": build_eagle3,
-    "medusa": build_medusa,
+    "untrained_draft": build_untrained_draft,  # eval.untrained_draft_path or a truncated target copy
 }

@@ -26,7 +26,8 @@ from typing import Iterable
 
 import torch
 
-from specforge_lite.decoding.drafters import DraftContext, Drafter, crop_cache
+from specforge_lite.contract import DraftContext, Drafter
+from specforge_lite.decoding.drafters import crop_cache
 from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, pick_tokens,
                                             rejection_verify, warp_probs)
 

@@ -27,16 +27,16 @@ def methods_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-# what each method is, for the recommendation's wording
+# what each method is, for the recommendation's wording (trained drafters add their own
+# `SERVING_NOTE`, passed in by the evaluate stage)
 SERVING_NOTES = {
-    "medusa": "vLLM serves Medusa only up to 0.32 (0.33 removed it)",
-    "draft_model": "an untrained draft model: distil it first (make distill)",
+    "untrained_draft": "an untrained draft model: distil it first (make distill)",
     "hf_prompt_lookup": "Hugging Face prompt lookup is ngram drafting; serve it as vLLM's `ngram` method",
     "hf_assisted": "Hugging Face assisted generation with a draft model; serve the draft as vLLM `draft_model`",
 }
 
 
-def recommend(report: dict) -> dict:
+def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
     """Which drafter to deploy, from the measured numbers of one evaluate run.
 
     `deploy`: the lossless method (identical to plain under greedy decoding) with the highest
@@ -52,6 +52,7 @@ def recommend(report: dict) -> dict:
                f"({best['speedup']:.2f}x plain, tau {best['tau']:.2f})"]
     if deploy == "plain":
         reasons.append("no drafter beats plain decoding on this machine and prompt set")
+    notes = {**SERVING_NOTES, **(notes or {})}
     alternatives = []
     speculative = {n: m for n, m in lossless.items() if n not in ("plain", "hf_generate")}
     if speculative:
@@ -68,11 +69,11 @@ def recommend(report: dict) -> dict:
             if winner != deploy and rates[winner] > rates.get(deploy, 0) * 1.05:
                 alternatives.append(f"for {category} prompts {winner} is faster ({rates[winner]:.2f}x vs "
                                     f"{rates.get(deploy, 0):.2f}x plain)")
-    if deploy in SERVING_NOTES:
+    if deploy in notes:
         ranked = sorted((n for n in lossless if n not in (deploy, "hf_generate")),
                         key=lambda n: -lossless[n]["tokens_per_s"])
-        nxt = next((n for n in ranked if n not in SERVING_NOTES), None)
-        note = SERVING_NOTES[deploy]
+        nxt = next((n for n in ranked if n not in notes), None)
+        note = notes[deploy]
         alternatives.append(note + (f"; the next fastest is {nxt} ({lossless[nxt]['speedup']:.2f}x)" if nxt else ""))
     return {"deploy": deploy, "reasons": reasons, "alternatives": alternatives}
 

@@ -109,6 +109,11 @@ def drafter_info(directory: Path) -> dict:
     return {}
 
 
+# folders written by earlier versions name the distilled draft model "draft_model"
+_EARLIER_KINDS = {"draft_model": "distilled"}
+
+
 def drafter_kind(directory: Path) -> str | None:
-    """Which drafter a train/drafter folder holds: eagle3, medusa, draft_model, or None."""
-    return drafter_info(directory).get("drafter")
+    """Which drafter a train/drafter folder holds (its registry name), or None."""
+    kind = drafter_info(directory).get("drafter")
+    return _EARLIER_KINDS.get(kind, kind)

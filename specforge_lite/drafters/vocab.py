@@ -35,9 +35,9 @@ def build_draft_vocab(counts: torch.Tensor, size: int, always: Iterable[int] = (
 def target_draft_vocab(target, counts: torch.Tensor, size: int) -> torch.Tensor:
     """`build_draft_vocab` for an HF target, its EOS id(s) always in (a `size` equal to the
     target's vocabulary gives every id: the identity map)."""
-    eos = target.generation_config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    return build_draft_vocab(counts, size, always=eos)
+    from specforge_lite.targets import eos_token_ids
+
+    return build_draft_vocab(counts, size, always=eos_token_ids(target))
 
 
 def vocab_maps(draft_vocab: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,13 +31,15 @@ from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
-from specforge_lite.decoding.drafters import DRAFTERS, DraftModelDrafter, load_draft_model
+from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
 from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.targets import load_target
+from specforge_lite.drafters.common import drafter_kind
+from specforge_lite.registry import DRAFTERS, RENAMED
+from specforge_lite.targets import eos_token_ids, load_target
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,16 @@ def select_prompts(prompts: list[dict], max_prompts: int | None) -> list[dict]:
 # --------------------------------------------------------------------------- decoders
 
 def check_methods(eval_cfg) -> list[str]:
-    known = ["plain", *DRAFTERS, *HF_METHODS]
+    known = ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS]
     methods = list(eval_cfg.methods)
+    if renamed := [m for m in methods if m in RENAMED]:
+        raise SpecforgeError(f"eval.methods: {renamed[0]} was renamed: untrained_draft (a draft model used as it "
+                             f"is) or {RENAMED[renamed[0]]} (one trained here)")
     unknown = [m for m in methods if m not in known]
     if unknown:
         raise SpecforgeError(f"eval.methods has unknown {unknown}; known: {', '.join(known)}")
+    if unknown_dirs := [name for name in eval_cfg.drafter_dirs if name not in DRAFTERS]:
+        raise SpecforgeError(f"eval.drafter_dirs has {unknown_dirs}; trained drafters: {', '.join(DRAFTERS)}")
     if eval_cfg.num_draft_tokens < 1:
         raise SpecforgeError(f"eval.num_draft_tokens must be >= 1, got {eval_cfg.num_draft_tokens}")
     if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in methods:
@@ -122,7 +129,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     def shared_assistant():
         nonlocal assistant
         if assistant is None:
-            assistant = load_draft_model(ecfg, model)
+            assistant = load_untrained_draft(ecfg, model)
             prepare_assistant(assistant, k)
         return assistant
 
@@ -130,9 +137,13 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}
     for name in methods:
-        if name in DRAFTERS:
-            drafter = (DraftModelDrafter(shared_assistant()) if name == "draft_model"
-                       else DRAFTERS[name](cfg, model))
+        if name in BUILTIN or name in DRAFTERS:
+            if name == "untrained_draft":  # the same LM as hf_assisted's assistant
+                drafter = DraftModelDrafter(shared_assistant())
+            elif name in BUILTIN:
+                drafter = BUILTIN[name](cfg, model)
+            else:
+                drafter = DRAFTERS[name].decoder(DRAFTERS[name].load(trained_dir(cfg, name), model))
             drafters[name] = drafter
 
             def decode(ids, n, seed, drafter=drafter, runner=TargetRunner(model, drafter.hidden_state_layers)):
@@ -157,12 +168,19 @@ def _seed(base: int, *parts) -> int:
     return int.from_bytes(digest[:6], "big")
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
+def trained_dir(cfg: DictConfig, name: str) -> Path:
+    """Where trained drafter `name` is read: eval.drafter_dirs[name], else run_dir/train/drafter;
+    the folder must hold a drafter of that kind."""
+    chosen = cfg.eval.drafter_dirs.get(name)
+    path = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
+    found = drafter_kind(path)
+    if found is None:
+        raise SpecforgeError(f"eval method {name} needs a trained {name} drafter in {path}; run the train stage "
+                             f"of a {name} recipe first, or set eval.drafter_dirs.{name}")
+    if found != name:
+        raise SpecforgeError(f"eval method {name}: {path} holds a {found} drafter, not {name}; "
+                             f"set eval.drafter_dirs.{name} to a {name} drafter")
+    return path
 
 
 # --------------------------------------------------------------------------- stage
@@ -207,7 +225,7 @@ def run(cfg: DictConfig) -> None:
     costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats)
 
     report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
-    report["recommendation"] = recommend(report)
+    report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
     atomic_write_json(out / "report.json", report)
     if ecfg.plots:
         report["plots"] = write_plots(report, out)

@@ -31,7 +31,7 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
-from specforge_lite.targets import load_target, resolve_dtype, resolve_target_path
+from specforge_lite.targets import eos_token_ids, load_target, resolve_dtype, resolve_target_path
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,7 @@ class HFBackend:
 
     def __init__(self, model, tokenizer, sample_cfg):
         self.model, self.tokenizer, self.cfg = model, tokenizer, sample_cfg
-        eos = model.generation_config.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id])
+        self.eos_ids = set(eos_token_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id
         self.sampling = SamplingParams(temperature=max(sample_cfg.temperature, 0.0), top_p=sample_cfg.top_p)
 

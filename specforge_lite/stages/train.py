@@ -29,16 +29,13 @@ from tqdm.auto import tqdm
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples
-from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
 from specforge_lite.checkpoints import latest_checkpoint
+from specforge_lite.registry import chosen_drafter
 from specforge_lite.strategies import build_strategy
 
 log = logging.getLogger(__name__)
-
-# drafter.name -> its module (the functions listed in specforge_lite/drafters/__init__.py)
-DRAFTERS = {"eagle3": eagle3, "medusa": medusa, "draft_model": distill}
 
 
 # --------------------------------------------------------------------------- data order
@@ -78,10 +75,11 @@ def lr_at(step: int, total: int, cfg) -> float:
 def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
     """The sampled conversations (unless train.use_samples=false), plus
     `train.source_conversations` source ones as written (never the sampled ids)."""
-    dataset = load_samples(samples_dir(cfg))
-    rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
-    if not cfg.train.use_samples:
-        rows = []
+    rows, sampled = [], set()
+    if cfg.train.use_samples:
+        dataset = load_samples(samples_dir(cfg))
+        rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
+        sampled = set(dataset["id"])
     extra, added = cfg.train.source_conversations, 0
     if extra:
         from specforge_lite.data.chat import tokenize_conversation
@@ -89,7 +87,6 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
 
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
         train, _ = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
-        sampled = set(dataset["id"])
         for record in train:
             if added == extra:
                 break
@@ -106,8 +103,11 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
 
 
 def ensure_samples(cfg: DictConfig) -> None:
-    """Train needs the sampled conversations: when they are missing or incomplete, a
-    single-process run samples them first (the sample stage resumes what exists)."""
+    """Train needs the sampled conversations (unless train.use_samples=false): when they are
+    missing or incomplete, a single-process run samples them first (the sample stage resumes
+    what exists)."""
+    if not cfg.train.use_samples:
+        return
     meta = samples_dir(cfg) / "meta.json"
     if meta.exists() and json.loads(meta.read_text()).get("complete"):
         return
@@ -125,25 +125,31 @@ UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "checkpoint_every", "keep_checkp
 
 
 def fingerprint(cfg: DictConfig) -> str:
-    """Hash of everything the trained weights depend on: target, data, samples, drafter, train."""
+    """Hash of what decides the trained weights: the target, the data, the samples (when
+    used), the chosen drafter's options (less its `UNTRACKED_OPTIONS`) and the training
+    settings (less logging, tracking and checkpoint cadence)."""
     import hashlib
 
+    module = chosen_drafter(cfg)
     meta = samples_dir(cfg) / "meta.json"
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in UNTRACKED_TRAIN_KEYS}
+    drafter = {k: v for k, v in OmegaConf.to_container(cfg.drafter, resolve=True).items()
+               if k not in module.UNTRACKED_OPTIONS}
+    samples = json.loads(meta.read_text()).get("fingerprint") if cfg.train.use_samples and meta.exists() else None
     keys = {"target": OmegaConf.to_container(cfg.target, resolve=True),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
-            "samples": json.loads(meta.read_text()).get("fingerprint") if meta.exists() else None,
-            "drafter": OmegaConf.to_container(cfg.drafter, resolve=True), "train": train}
+            "samples": samples, "drafter": drafter, "train": train}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def already_trained(cfg: DictConfig, stamp: str) -> bool:
     """True (and says so) when run_dir/train/drafter was trained to the end with these
     settings (`stamp`, from `fingerprint`)."""
-    from specforge_lite.drafters.common import drafter_info
+    from specforge_lite.drafters.common import drafter_info, drafter_kind
 
-    info = drafter_info(Path(cfg.run_dir) / "train" / "drafter")
-    if info.get("fingerprint") == stamp and info.get("drafter") == cfg.drafter.name:
+    folder = Path(cfg.run_dir) / "train" / "drafter"
+    info = drafter_info(folder)
+    if info.get("fingerprint") == stamp and drafter_kind(folder) == cfg.drafter.name:
         log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
                  "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
                  cfg.drafter.name, info.get("trained_steps"))
@@ -187,8 +193,7 @@ class Tracker:
 # --------------------------------------------------------------------------- the stage
 
 def run(cfg: DictConfig) -> None:
-    if cfg.drafter.name not in DRAFTERS:
-        raise SpecforgeError(f"drafter.name={cfg.drafter.name!r}; choose one of {sorted(DRAFTERS)}")
+    module = chosen_drafter(cfg)
     if cfg.train.dry_run:
         from specforge_lite.dry_run import dry_run
 
@@ -208,7 +213,6 @@ def run(cfg: DictConfig) -> None:
     target, tokenizer = strategy.load_target(cfg.target)
     samples = training_rows(cfg, tokenizer)
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
-    module = DRAFTERS[cfg.drafter.name]
     drafter = module.build(cfg, target, counts)
     aux_ids = module.target_layers(drafter)
     prepare = module.batch_preparer(drafter, target)

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding import truncated_copy
+from specforge_lite.decoding.drafters import truncated_copy
 from specforge_lite.drafters import distill
 
 

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding import SamplingParams, generate_plain, generate_speculative
+from specforge_lite.decoding.engine import generate_plain, generate_speculative
+from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import medusa
 
 
@@ -91,7 +92,7 @@ def test_greedy_decoding_is_identical_to_plain_and_sampling_runs(tiny_target):
 
 def test_decoding_reads_the_final_norm_hidden_state(tiny_target):
     """HF hidden-state index -1 is what the heads were trained on: the final-norm output."""
-    from specforge_lite.decoding import TargetRunner
+    from specforge_lite.decoding.engine import TargetRunner
 
     model, _ = tiny_target
     runner = TargetRunner(model, medusa.MedusaDecodeDrafter.hidden_state_layers)

@@ -14,16 +14,19 @@ check is ours to make).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter, trained_weights
+from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import atomic_write_text
+from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
+from specforge_lite.drafters.eagle3.train import FROZEN, load, trained_weights
 
-# Built-in targets whose weights also live on the hub under this id (for `vllm serve DRAFT_DIR`).
-HUB_IDS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+log = logging.getLogger(__name__)
 
 
 def transformer_layer_config(cfg: Eagle3Config) -> dict[str, Any]:
@@ -193,3 +196,59 @@ def write_sglang_dir(drafter: Eagle3Drafter, out: Path) -> None:
     state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in trained_weights(drafter).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+@torch.no_grad()
+def max_logit_difference(a: Eagle3Drafter, b: Eagle3Drafter) -> float:
+    torch.manual_seed(0)
+    device = a.fc.weight.device
+    ids = torch.randint(0, a.config.vocab_size, (2, 24), device=device)
+    aux = torch.randn(2, 24, 3 * a.config.hidden_size, device=device)
+    return max(float((x - y).abs().max()) for x, y in zip(a.ttt_forward(ids, aux, 3), b.ttt_forward(ids, aux, 3)))
+
+
+def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
+    """`out/speculators` (plus SGLang's layout in `out/sglang` with export.sglang=true),
+    reloaded strictly and compared logit for logit with the trained drafter."""
+    drafter = load(trained, target)
+    if cfg.export.sglang and (problem := sglang_problem(drafter.config)):  # before anything is written
+        raise SpecforgeError(f"{trained}: {problem}")
+    architectures = list(target.config.architectures or ["LlamaForCausalLM"])
+    speculators_dir = out / "speculators"
+    config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)
+    diff = max_logit_difference(drafter, load_speculators_dir(speculators_dir, target))
+    if diff != 0.0:
+        raise SpecforgeError(f"{speculators_dir.name}: reloaded drafter differs from the trained one "
+                             f"(max |dlogit| {diff})")
+    log.info("speculators export passed its strict reload (every key and shape; logits identical)")
+    if cfg.export.sglang:
+        write_sglang_dir(drafter, out / "sglang")
+    atomic_write_text(speculators_dir / "README.md", serve_readme(cfg, verifier, k, k_source, config))
+    return {"format": "speculators", "path": "speculators", "speculative_tokens": k,
+            "sglang": "sglang" if cfg.export.sglang else None}
+
+
+def serve_readme(cfg, verifier: str, k: int, k_source: str, config: dict) -> str:
+    return f"""# EAGLE-3 drafter for {verifier}
+
+Trained by specforge_lite (recipe `{cfg.recipe_name}`). Format: speculators (EAGLE-3),
+draft vocabulary {config['draft_vocab_size']} of {config['transformer_layer_config']['vocab_size']} tokens,
+aux hidden-state layers {config['eagle_aux_hidden_state_layer_ids']}.
+Speculative tokens k = {k} ({k_source}).
+
+Serve with vLLM (long form, works with any local target path):
+
+```bash
+vllm serve {verifier} \\
+  --speculative-config '{{"method": "eagle3", "model": "<this directory>", "num_speculative_tokens": {k}}}'
+```
+
+Short form (needs `verifier.name_or_path` in config.json to be a hub id vLLM can fetch):
+
+```bash
+vllm serve <this directory>
+```
+
+Check it offline: `python -m specforge_lite export +recipe={cfg.recipe_name}` reloads this directory
+strictly (every field, key and shape) and compares logits with the trained drafter.
+"""

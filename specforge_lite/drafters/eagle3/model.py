@@ -1,4 +1,4 @@
-"""EAGLE-3 drafter: config, module, training-time-test forward.
+"""EAGLE-3 drafter module: its config, the decoder layer and the training-time-test forward.
 
 Shapes: B batch, T sequence, H hidden, V target vocab, V_d draft vocab.
 
@@ -18,18 +18,14 @@ is `state_dict()` less the frozen embedding.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
-                                            stepwise_loss)
 
 
 @dataclass
@@ -282,201 +278,3 @@ def ttt_attention(q: torch.Tensor, keys: tuple, values: tuple, causal: torch.Ten
     for i, vv in enumerate(values[1:]):
         attended = attended + probs[..., t + i: t + i + 1] * vv
     return attended
-
-
-# ---------------------------------------------------------------------- training objective
-
-def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
-    """A drafter for `target` with the draft vocab taken from loss-masked token counts."""
-    from specforge_lite.drafters.vocab import target_draft_vocab
-
-    draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter)
-    if len(draft_cfg.aux_layer_ids) != 3:
-        raise ValueError(f"EAGLE-3 takes exactly 3 aux layers (vLLM enforces it), got {draft_cfg.aux_layer_ids}")
-    for layer_id in draft_cfg.aux_layer_ids:
-        if not 0 <= layer_id < target.config.num_hidden_layers:
-            raise ValueError(f"aux layer id {layer_id} is outside 0..{target.config.num_hidden_layers - 1}")
-    draft_vocab = target_draft_vocab(target, token_counts, draft_cfg.draft_vocab_size)
-    torch.manual_seed(cfg.train.seed)
-    drafter = Eagle3Drafter(draft_cfg)
-    std = target.config.initializer_range
-    for module in drafter.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-    drafter.init_residual_path()
-    drafter.init_from_target(target, draft_vocab)
-    return drafter.to(target.device)
-
-
-def target_layers(drafter: Eagle3Drafter) -> list[int]:
-    return list(drafter.config.aux_layer_ids)
-
-
-def describe(drafter: Eagle3Drafter) -> str:
-    c = drafter.config
-    return f"draft vocab {c.draft_vocab_size} of {c.vocab_size}, aux layers {c.aux_layer_ids}"
-
-
-def batch_preparer(drafter: Eagle3Drafter, target):
-    return draft_vocab_preparer(target, drafter.draft_vocab, drafter.t2d)
-
-
-def loss_and_metrics(drafter, batch: dict, cfg):
-    """Summed (not averaged) weighted loss and counts for one micro-batch.
-
-    drafter: an `Eagle3Drafter` or its DDP wrapper (called, so gradients synchronise).
-    batch: `input_ids` [B, T], `aux_hidden` [B, T, 3H], `target_logits` [B, T, V_d] and
-    `valid` [B, T] (see `common.draft_vocab_preparer`). TTT step j (cfg.drafter.ttt_steps
-    of them) is weighted cfg.train.step_weight ** j; see `common.stepwise_loss`.
-    """
-    steps = cfg.drafter.ttt_steps
-    outputs = drafter(batch["input_ids"], batch["aux_hidden"], steps)
-    return stepwise_loss(outputs, shifted_targets(batch["target_logits"], batch["valid"], steps),
-                         cfg.train.step_weight)
-
-
-# ---------------------------------------------------------------------- save / load
-
-FROZEN = "embed_tokens.weight"  # the target's own embedding: never saved, copied back on load
-FROZEN_WEIGHTS = {FROZEN}
-
-
-def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor of the state dict but the frozen embedding, on CPU, contiguous."""
-    return select_weights(drafter, FROZEN_WEIGHTS)
-
-
-def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
-    """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
-    (every weight but the frozen embedding, under the speculators names)."""
-    save_drafter(directory, "eagle3", trained_weights(drafter), drafter.config.to_dict(), extra)
-
-
-def load(directory: Path, target) -> Eagle3Drafter:
-    """A drafter saved by `save`, with the target's embedding, on the target's device."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
-    fields = {f for f in Eagle3Config.__dataclass_fields__}
-    drafter = Eagle3Drafter(Eagle3Config(**{k: v for k, v in raw.items() if k in fields}))
-    missing, unexpected = drafter.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    if unexpected or set(missing) != {FROZEN}:
-        raise ValueError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    return drafter.to(target.device).eval()
-
-
-# ---------------------------------------------------------------------- decoding
-
-class KVBuffer:
-    """Growing per-sequence key/value store [1, heads, n, D] for batch-1 drafting."""
-
-    def __init__(self):
-        self.k = self.v = None
-        self.length = 0
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        n = k.shape[2]
-        if self.k is None or self.length + n > self.k.shape[2]:
-            size = max(256, 2 * (self.length + n))
-            new_k = k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3])
-            new_v = v.new_zeros(new_k.shape)
-            if self.k is not None:
-                new_k[:, :, : self.length] = self.k[:, :, : self.length]
-                new_v[:, :, : self.length] = self.v[:, :, : self.length]
-            self.k, self.v = new_k, new_v
-        self.k[:, :, self.length: self.length + n] = k
-        self.v[:, :, self.length: self.length + n] = v
-        self.length += n
-
-    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
-
-
-class Eagle3DecodeDrafter:
-    """EAGLE-3 in the decoding engine (batch 1, chain drafting).
-
-    Each committed target position p becomes an anchor: the layer reads
-    (embed(token[p+1]), fc(aux hidden at p)) and its key/value join the drafter's cache.
-    Drafting then chains from the newest anchor: step j feeds the previous step's output
-    hidden and its own draft token at position anchor + j, attending over the anchors
-    and the chain so far, exactly as in the training-time test. Chain keys are dropped
-    after each proposal, so rejection needs no roll-back: the next call brings the
-    target's features for whatever was accepted.
-    """
-
-    name = "eagle3"
-    sequential = True
-
-    def __init__(self, drafter: Eagle3Drafter):
-        self.drafter = drafter.eval()
-        self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
-        self.scale = 1.0 / math.sqrt(drafter.config.head_dim)
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache = KVBuffer()
-        self.last_hidden = None  # layer output at the newest anchor
-
-    def _attend(self, x: torch.Tensor, positions: torch.Tensor, causal: bool) -> torch.Tensor:
-        """Run the layer on new rows x [1, m, 2H]; their keys are appended to the cache."""
-        attn = self.drafter.layers[0].self_attn
-        q, k, v = attn.project(x, positions)
-        self.cache.append(k, v)
-        keys, values = self.cache.view()
-        scores = (q @ keys.transpose(-1, -2)) * self.scale  # [1, h, m, S]
-        m, total = q.shape[2], keys.shape[2]
-        if causal and m > 1:
-            allowed = torch.ones(m, total, dtype=torch.bool, device=x.device).tril(total - m)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        return attn.output(torch.softmax(scores, dim=-1) @ values)
-
-    @torch.inference_mode()
-    def propose(self, ctx, k: int):
-        from specforge_lite.decoding.drafters import DraftProposal
-        from specforge_lite.decoding.verify import warp_probs
-
-        d = self.drafter
-        layer = d.layers[0]
-        ids = ctx.token_ids
-        aux = torch.cat([ctx.hidden_states[i] for i in self.hidden_state_layers], dim=-1)  # [1, n, 3H]
-        n = aux.shape[1]
-        if n:
-            first = len(ids) - 1 - n  # anchor positions first .. len(ids) - 2
-            device = aux.device
-            next_tokens = torch.tensor([ids[first + 1:]], device=device)
-            fused = d.fuse(aux.to(d.fc.weight.dtype))
-            x, residual = layer.attention_input(d.embed_tokens(next_tokens), fused)
-            positions = torch.arange(first, len(ids) - 1, device=device)[None]
-            out = layer.finish(residual, self._attend(x, positions, causal=True))
-            self.last_hidden = out[:, -1:]
-        if k == 0 or self.last_hidden is None:
-            return DraftProposal([])
-        context_length = self.cache.length
-        hidden = self.last_hidden
-        anchor = len(ids) - 2
-        tokens, probs = [], []
-        for step in range(k):
-            logits = d.logits(hidden)[0, -1]  # [V_d]
-            if ctx.sampling.greedy:
-                best = logits.argmax()
-                token = int(d.d2t[best] + best)
-            else:
-                full = logits.new_full((d.config.vocab_size,), float("-inf"))
-                full[d.draft_vocab] = logits
-                q = warp_probs(full, ctx.sampling)
-                token = int(torch.multinomial(q, 1, generator=ctx.generator))
-                probs.append(q)
-            tokens.append(token)
-            if step == k - 1:
-                break
-            x, residual = layer.attention_input(d.embed_tokens(torch.tensor([[token]], device=hidden.device)), hidden)
-            position = torch.tensor([[anchor + step + 1]], device=hidden.device)
-            hidden = layer.finish(residual, self._attend(x, position, causal=False))
-        self.cache.length = context_length  # drop the chain's keys
-        return DraftProposal(tokens, torch.stack(probs) if probs else None)
-
-    def accept(self, num_accepted: int) -> None:
-        pass  # the cache holds committed anchors only

@@ -1,0 +1,31 @@
+"""Distillation options: the typed schema of `conf/drafter/distilled.yaml` (`drafter=distilled`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import List, Optional
+
+
+class DistillLoss(str, Enum):
+    forward_kl = "forward_kl"  # KL(target || draft), the default
+    reverse_kl = "reverse_kl"
+    tvd = "tvd"  # total variation distance
+    jsd = "jsd"  # Jensen-Shannon (beta 0.5)
+
+
+@dataclass
+class DistilledOptions:
+    name: str = "distilled"
+    student: Optional[str] = None  # an HF dir / hub id with the target's vocab; null: truncated target
+    student_layers: int = 4  # layers of the truncated copy (first n layers, final norm, lm_head)
+    loss: DistillLoss = DistillLoss.forward_kl
+    temperature: float = 1.0  # applied to both distributions; the loss is scaled by T^2
+    lora: bool = False  # train LoRA adapters (merged into the weights at save) instead of all weights
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: List[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # simulated acceptance length in training logs: chains of up to this many positions
+    simulated_k: int = 4

@@ -1,0 +1,100 @@
+"""EAGLE-3 training: build for a target, the TTT loss, and the saved training folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specforge_lite import SpecforgeError
+from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
+                                            stepwise_loss)
+from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
+
+
+def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
+    """A drafter for `target` with the draft vocab taken from loss-masked token counts."""
+    from specforge_lite.drafters.vocab import target_draft_vocab
+
+    draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter)
+    if len(draft_cfg.aux_layer_ids) != 3:
+        raise SpecforgeError(f"drafter.aux_layer_ids={draft_cfg.aux_layer_ids}: EAGLE-3 takes exactly 3 aux layers "
+                             "(vLLM enforces it)")
+    for layer_id in draft_cfg.aux_layer_ids:
+        if not 0 <= layer_id < target.config.num_hidden_layers:
+            raise SpecforgeError(f"drafter.aux_layer_ids: {layer_id} is outside 0..{target.config.num_hidden_layers - 1}"
+                                 " (the target's decoder layers)")
+    draft_vocab = target_draft_vocab(target, token_counts, draft_cfg.draft_vocab_size)
+    torch.manual_seed(cfg.train.seed)
+    drafter = Eagle3Drafter(draft_cfg)
+    std = target.config.initializer_range
+    for module in drafter.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+    drafter.init_residual_path()
+    drafter.init_from_target(target, draft_vocab)
+    return drafter.to(target.device)
+
+
+def target_layers(drafter: Eagle3Drafter) -> list[int]:
+    return list(drafter.config.aux_layer_ids)
+
+
+def describe(drafter: Eagle3Drafter) -> str:
+    c = drafter.config
+    return f"draft vocab {c.draft_vocab_size} of {c.vocab_size}, aux layers {c.aux_layer_ids}"
+
+
+def batch_preparer(drafter: Eagle3Drafter, target):
+    return draft_vocab_preparer(target, drafter.draft_vocab, drafter.t2d)
+
+
+def loss_and_metrics(drafter, batch: dict, cfg):
+    """Summed (not averaged) weighted loss and counts for one micro-batch.
+
+    drafter: an `Eagle3Drafter` or its DDP wrapper (called, so gradients synchronise).
+    batch: `input_ids` [B, T], `aux_hidden` [B, T, 3H], `target_logits` [B, T, V_d] and
+    `valid` [B, T] (see `common.draft_vocab_preparer`). TTT step j (cfg.drafter.ttt_steps
+    of them) is weighted cfg.train.step_weight ** j; see `common.stepwise_loss`.
+    """
+    steps = cfg.drafter.ttt_steps
+    outputs = drafter(batch["input_ids"], batch["aux_hidden"], steps)
+    return stepwise_loss(outputs, shifted_targets(batch["target_logits"], batch["valid"], steps),
+                         cfg.train.step_weight)
+
+
+# ---------------------------------------------------------------------- save / load
+
+FROZEN = "embed_tokens.weight"  # the target's own embedding: never saved, copied back on load
+FROZEN_WEIGHTS = {FROZEN}
+
+
+def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the state dict but the frozen embedding, on CPU, contiguous."""
+    return select_weights(drafter, FROZEN_WEIGHTS)
+
+
+def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
+    """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
+    (every weight but the frozen embedding, under the speculators names)."""
+    save_drafter(directory, "eagle3", trained_weights(drafter), drafter.config.to_dict(), extra)
+
+
+def load(directory: Path, target) -> Eagle3Drafter:
+    """A drafter saved by `save`, with the target's embedding, on the target's device."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    fields = {f for f in Eagle3Config.__dataclass_fields__}
+    drafter = Eagle3Drafter(Eagle3Config(**{k: v for k, v in raw.items() if k in fields}))
+    missing, unexpected = drafter.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
+    if unexpected or set(missing) != {FROZEN}:
+        raise SpecforgeError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    return drafter.to(target.device).eval()
+
+

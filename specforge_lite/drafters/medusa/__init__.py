@@ -1,0 +1,47 @@
+"""Medusa-1: K heads of residual blocks over the frozen target's last hidden state,
+head i predicting the token i + 2 ahead.
+
+The drafter contract (`specforge_lite.contract.DrafterModule`):
+`options`, `model`, `train`, `decode`, `export` (vLLM's Medusa format).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specforge_lite.contract import DrySize
+from specforge_lite.drafters.medusa.decode import MedusaDecodeDrafter
+from specforge_lite.drafters.medusa.export import export
+from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
+from specforge_lite.drafters.medusa.options import MedusaOptions as Options
+from specforge_lite.drafters.medusa.train import (batch_preparer, build, describe, load, loss_and_metrics, save,
+                                                  target_layers, trained_weights)
+
+NAME = "medusa"
+UNTRACKED_OPTIONS: tuple[str, ...] = ()
+SERVING_NOTE = "vLLM serves Medusa only up to 0.32 (0.33 removed it)"
+
+
+def decoder(heads: MedusaHeads) -> MedusaDecodeDrafter:
+    return MedusaDecodeDrafter(heads)
+
+
+def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
+    """Per head: block activations [B, T, H] x2 per layer and logits + softmax + grad
+    [B, T, V_d] fp32."""
+    medusa_cfg = MedusaConfig.from_target(target_config, cfg.drafter)
+    with torch.device("meta"):
+        heads = MedusaHeads(medusa_cfg)
+    params = sum(p.numel() for p in heads.parameters())
+    vd, h = medusa_cfg.draft_vocab_size, medusa_cfg.hidden_size
+    return DrySize(
+        trainable_params=params,
+        facts={"num_heads": medusa_cfg.num_heads, "num_layers": medusa_cfg.num_layers, "draft_vocab_size": vd},
+        line=(f"  Medusa: {medusa_cfg.num_heads} heads x {medusa_cfg.num_layers} blocks, {params / 1e6:.1f}M "
+              f"trainable, draft vocab {vd}"),
+        activation_bytes=medusa_cfg.num_heads * batch * seq * (vd * 4 * 3 + medusa_cfg.num_layers * 2 * h * 4),
+        target_logits_bytes=batch * seq * vd * 4)
+
+
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
+           "loss_and_metrics", "trained_weights", "describe", "save", "load", "decoder", "export", "dry_size"]

@@ -1,0 +1,58 @@
+"""Medusa in the decoding engine: one chain of each head's top token per step."""
+
+from __future__ import annotations
+
+import torch
+
+from specforge_lite.contract import DraftProposal
+from specforge_lite.decoding.verify import warp_probs
+from specforge_lite.drafters.medusa.model import MedusaHeads
+
+
+class MedusaDecodeDrafter:
+    """Medusa in the decoding engine (batch 1, a chain of each head's top token).
+
+    After every target forward the last committed position t has hidden state h[t]
+    (the final-norm output, HF hidden-state index -1); the pending token x[t+1] came from
+    the target's lm_head and head i proposes x[t+2+i]. In sampling mode head i's token is
+    drawn from its own warped distribution, which keeps rejection sampling exact (the
+    proposal q may be any distribution that does not depend on the target's draws).
+    At most `num_heads` tokens per step; nothing to roll back.
+    """
+
+    name = "medusa"
+    sequential = False
+    hidden_state_layers = (-1,)
+
+    def __init__(self, heads: MedusaHeads):
+        self.heads = heads.eval()
+        self.full_vocab = heads.config.draft_vocab_size == heads.config.vocab_size
+
+    def reset(self) -> None:
+        pass
+
+    @torch.inference_mode()
+    def propose(self, ctx, k: int):
+        k = min(k, self.heads.config.num_heads)
+        hidden = ctx.hidden_states.get(-1)
+        if k == 0 or hidden is None or hidden.shape[1] == 0:
+            return DraftProposal([])
+        h = hidden[0, -1].to(self.heads.lm_heads[0].weight.dtype)
+        tokens, probs = [], []
+        for block, lm_head in list(zip(self.heads.blocks, self.heads.lm_heads))[:k]:
+            logits = lm_head(block(h))
+            if ctx.sampling.greedy:
+                tokens.append(int(self.heads.token_map[logits.argmax()]))
+                continue
+            full = logits if self.full_vocab else logits.new_full((self.heads.config.vocab_size,), float("-inf"))
+            if not self.full_vocab:
+                full[self.heads.token_map] = logits
+            q = warp_probs(full, ctx.sampling)
+            tokens.append(int(torch.multinomial(q, 1, generator=ctx.generator)))
+            probs.append(q)
+        return DraftProposal(tokens, torch.stack(probs) if probs else None)
+
+    def accept(self, num_accepted: int) -> None:
+        pass
+
+

@@ -1,0 +1,15 @@
+"""Medusa options: the typed schema of `conf/drafter/medusa.yaml` (`drafter=medusa`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class MedusaOptions:
+    name: str = "medusa"
+    # each head's lm_head predicts over the draft vocab (the most frequent loss-masked target
+    # ids); a value >= the target vocab keeps the full vocabulary
+    draft_vocab_size: int = 8192
+    num_heads: int = 4  # head i predicts the token i + 2 ahead
+    num_layers: int = 1  # residual blocks per head

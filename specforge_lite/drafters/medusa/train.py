@@ -1,0 +1,71 @@
+"""Medusa training: build for a target, the per-head loss, and the saved training folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specforge_lite import SpecforgeError
+from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
+                                            stepwise_loss)
+from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
+
+
+def build(cfg, target, token_counts: torch.Tensor) -> MedusaHeads:
+    from specforge_lite.drafters.vocab import target_draft_vocab
+
+    medusa_cfg = MedusaConfig.from_target(target.config, cfg.drafter)
+    draft_vocab = target_draft_vocab(target, token_counts, medusa_cfg.draft_vocab_size)
+    heads = MedusaHeads(medusa_cfg)
+    heads.init_from_target(target, draft_vocab)
+    return heads.to(target.device)
+
+
+def describe(heads: MedusaHeads) -> str:
+    c = heads.config
+    return f"{c.num_heads} heads x {c.num_layers} residual blocks, draft vocab {c.draft_vocab_size} of {c.vocab_size}"
+
+
+def target_layers(heads: MedusaHeads) -> list[int]:
+    return []  # only the final hidden state
+
+
+def batch_preparer(heads: MedusaHeads, target):
+    return draft_vocab_preparer(target, heads.draft_vocab, heads.t2d)
+
+
+def loss_and_metrics(heads, batch: dict, cfg):
+    """Head i at anchor t against the target's distribution of x[t+2+i], weighted
+    cfg.train.step_weight ** i, only at positions whose token is learnable (`valid`)."""
+    raw = heads.module if hasattr(heads, "module") else heads
+    targets = shifted_targets(batch["target_logits"], batch["valid"], raw.config.num_heads)
+    outputs = heads(batch["last_hidden"], [mask.bool() for _, mask in targets])
+    return stepwise_loss(outputs, targets, cfg.train.step_weight)
+
+
+# ---------------------------------------------------------------------- save / load
+
+def trained_weights(heads: nn.Module) -> dict[str, torch.Tensor]:
+    return select_weights(heads, set())
+
+
+def save(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> None:
+    """Training output: `config.json` (MedusaConfig + `extra`) and `model.safetensors`."""
+    save_drafter(directory, "medusa", trained_weights(heads), heads.config.to_dict(), extra)
+
+
+def load(directory: Path, target) -> MedusaHeads:
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    heads = MedusaHeads(MedusaConfig(**{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__}))
+    missing, unexpected = heads.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
+    if missing or unexpected:
+        raise SpecforgeError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    return heads.to(target.device).eval()
+
+
