@@ -191,8 +191,10 @@ def read_conversations(source: str, fmt: str = "auto", strict: bool = False) -> 
     """Read and validate a conversation source; returns records and counts."""
     if source == "builtin:sharegpt":
         path, fmt = package_file(SHAREGPT_MEMBER), "sharegpt"
+    elif source == "builtin:smoke":  # a dozen short conversations shipped inside the package
+        path = Path(__file__).resolve().parent.parent / "assets" / "smoke_conversations.jsonl"
     elif source.startswith("builtin:"):
-        raise SpecforgeError(f"unknown built-in data source {source!r}; known: builtin:sharegpt")
+        raise SpecforgeError(f"unknown built-in data source {source!r}; known: builtin:sharegpt, builtin:smoke")
     else:
         path = Path(source).expanduser()
         if not path.exists():

@@ -12,10 +12,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import run_cli
 
-MEDUSA = ["drafter.name=medusa", "drafter.num_heads=3", "drafter.draft_vocab_size=128",
-          "eval.methods=[plain,medusa,ngram]", "eval.best_k_method=medusa"]
-DISTILL = ["drafter.name=draft_model", "drafter.student_layers=2", "eval.truncate_layers=2",
-           "eval.methods=[plain,distilled,draft_model]", "eval.best_k_method=distilled", "train.lr=3e-3"]
+MEDUSA = ["+recipe=smoke_medusa"]
+DISTILL = ["+recipe=smoke_distilled"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +25,7 @@ def samples(tmp_path_factory):
 
 def test_medusa_recipe_runs_every_stage(samples, tmp_path):
     run_dir = tmp_path / "medusa"
-    proc = run_cli("run", "+recipe=smoke", f"run_dir={run_dir}", f"samples_dir={samples}", *MEDUSA, check=True)
+    proc = run_cli("run", *MEDUSA, f"run_dir={run_dir}", f"samples_dir={samples}", check=True)
     assert "3 heads x 1 residual blocks, draft vocab 128" in proc.stdout + proc.stderr
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["methods"]["medusa"]["identical_to_plain"] is True
@@ -43,7 +41,7 @@ def test_medusa_recipe_runs_every_stage(samples, tmp_path):
 
 def test_lora_distillation_runs_every_stage(samples, tmp_path):
     run_dir = tmp_path / "distill"
-    proc = run_cli("run", "+recipe=smoke", f"run_dir={run_dir}", f"samples_dir={samples}", *DISTILL,
+    proc = run_cli("run", *DISTILL, f"run_dir={run_dir}", f"samples_dir={samples}",
                    "drafter.lora=true", "drafter.lora_rank=4", check=True)
     assert "with LoRA adapters" in proc.stdout + proc.stderr
     history = json.loads((run_dir / "train" / "metrics.json").read_text())["history"]
@@ -53,13 +51,13 @@ def test_lora_distillation_runs_every_stage(samples, tmp_path):
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["methods"]["distilled"]["identical_to_plain"] is True
     export = json.loads((run_dir / "export" / "export.json").read_text())
-    assert export["drafter"] == "draft_model" and export["strict_reload"] == "passed"
+    assert export["drafter"] == "distilled" and export["strict_reload"] == "passed"
     assert (run_dir / "export" / "draft_model" / "tokenizer.json").exists()
 
 
-@pytest.mark.parametrize("drafter", [MEDUSA, DISTILL], ids=["medusa", "draft_model"])
+@pytest.mark.parametrize("drafter", [MEDUSA, DISTILL], ids=["medusa", "distilled"])
 def test_resume_from_checkpoint_ends_with_the_same_weights(samples, tmp_path, drafter):
-    args = ["+recipe=smoke", f"samples_dir={samples}", *drafter, "train.max_steps=6", "train.checkpoint_every=3"]
+    args = [*drafter, f"samples_dir={samples}", "train.max_steps=6", "train.checkpoint_every=3"]
     whole = tmp_path / "whole"
     run_cli("train", *args, f"run_dir={whole}", check=True)
     # a second run that finds the step-3 checkpoint of the first and trains steps 4-6 again
@@ -80,18 +78,18 @@ def test_resume_from_checkpoint_ends_with_the_same_weights(samples, tmp_path, dr
 
 def test_one_evaluate_compares_drafters_of_several_runs(samples, tmp_path):
     dirs = {}
-    for name, extra in (("eagle3", []), ("medusa", MEDUSA), ("distilled", DISTILL)):
+    for name, extra in (("eagle3", ["+recipe=smoke"]), ("medusa", MEDUSA), ("distilled", DISTILL)):
         run_dir = tmp_path / name
-        run_cli("train", "+recipe=smoke", f"run_dir={run_dir}", f"samples_dir={samples}", *extra,
+        run_cli("train", *extra, f"run_dir={run_dir}", f"samples_dir={samples}",
                 "train.max_steps=4", check=True)
         dirs[name] = run_dir / "train" / "drafter"
     compare = tmp_path / "compare"
     run_cli("evaluate", "+recipe=smoke", f"run_dir={compare}", f"samples_dir={samples}", "eval.truncate_layers=2",
-            "eval.methods=[plain,ngram,draft_model,distilled,medusa,eagle3]",
+            "eval.methods=[plain,ngram,untrained_draft,distilled,medusa,eagle3]",
             *(f"eval.drafter_dirs.{k}={v}" for k, v in dirs.items()),
             check=True)
     report = json.loads((compare / "eval" / "report.json").read_text())
-    assert list(report["methods"]) == ["plain", "ngram", "draft_model", "distilled", "medusa", "eagle3"]
+    assert list(report["methods"]) == ["plain", "ngram", "untrained_draft", "distilled", "medusa", "eagle3"]
     assert all(m["identical_to_plain"] for m in report["methods"].values())
     markdown = (compare / "eval" / "report.md").read_text()
     assert "## Recommendation" in markdown and f"Deploy **{report['recommendation']['deploy']}**" in markdown

@@ -45,7 +45,9 @@ def train(run_dir, ranks: int, *overrides: str) -> str:
                                                    os.path.expanduser("~/.cache/torch_extensions")))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                 "--master_port", str(free_port())] if ranks > 1 else [sys.executable]
-    proc = subprocess.run([*launcher, "-m", "specforge_lite", "train", *ARGS, f"run_dir={run_dir}", *overrides],
+    recipe = [o for o in overrides if o.startswith("+recipe=")]  # another smoke recipe replaces ARGS' one
+    args = [a for a in ARGS if not (recipe and a.startswith("+recipe="))]
+    proc = subprocess.run([*launcher, "-m", "specforge_lite", "train", *args, f"run_dir={run_dir}", *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -152,13 +154,13 @@ def test_checkpoint_of_another_strategy_is_refused(reference):
 
 @pytest.mark.parametrize("drafter,extra", [
     ("medusa", ["drafter.num_heads=2", "drafter.draft_vocab_size=128"]),
-    ("draft_model", ["drafter.student_layers=2", "train.lr=3e-3"]),
+    ("distilled", ["drafter.student_layers=2", "train.lr=3e-3"]),
 ])
 @pytest.mark.parametrize("strategy", ["deepspeed_zero2", "fsdp"])
 def test_other_drafters_shard_and_match_one_rank(reference, drafter, extra, strategy):
     """Medusa heads and a distilled student go through the same strategies: 2 sharded ranks
     follow one plain rank's loss curve and write one plain drafter folder."""
-    overrides = [f"drafter.name={drafter}", *extra, "train.max_steps=6", "train.checkpoint_every=0"]
+    overrides = [f"+recipe=smoke_{drafter}", *extra, "train.max_steps=6", "train.checkpoint_every=0"]
     one = copy_samples(reference, f"one_{drafter}_{strategy}")
     two = copy_samples(reference, f"two_{drafter}_{strategy}")
     train(one, 1, *overrides)

@@ -17,7 +17,7 @@ def test_every_recipe_composes(compose_cfg, recipe):
 def test_smoke_recipe_overrides_groups(compose_cfg):
     cfg = compose_cfg(["+recipe=smoke"])
     assert cfg.target.path == "builtin:tiny-llama"
-    assert cfg.data.source == "data/smoke_conversations.jsonl"
+    assert cfg.data.source == "builtin:smoke"
     assert cfg.eval.dataset == "heldout"
 
 

@@ -9,7 +9,9 @@ from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.drafters import truncated_copy
-from specforge_lite.drafters import distill
+from specforge_lite.drafters import distilled as distill
+from specforge_lite.drafters.distilled.model import load_student, truncated_student
+from specforge_lite.drafters.distilled.model import merged as merged_student
 
 
 def cfg(**drafter):
@@ -30,7 +32,7 @@ def batch_for(model, ids, mask):
 
 def test_truncated_student_is_an_independent_copy_of_the_first_layers(tiny_target):
     model, _ = tiny_target
-    student = distill.truncated_student(model, 2)
+    student = truncated_student(model, 2)
     assert student.config.num_hidden_layers == 2 and model.config.num_hidden_layers > 2
     ids = torch.randint(0, 256, (2, 10))
     with torch.no_grad():
@@ -40,7 +42,7 @@ def test_truncated_student_is_an_independent_copy_of_the_first_layers(tiny_targe
         student.model.layers[0].mlp.up_proj.weight.add_(1.0)
     assert torch.equal(model.model.layers[0].mlp.up_proj.weight, before)
     with pytest.raises(SpecforgeError, match="student_layers=99"):
-        distill.truncated_student(model, 99)
+        truncated_student(model, 99)
 
 
 def test_student_with_another_vocabulary_is_refused(tiny_target, tmp_path):
@@ -51,7 +53,7 @@ def test_student_with_another_vocabulary_is_refused(tiny_target, tmp_path):
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     other.save_pretrained(tmp_path / "other")
     with pytest.raises(SpecforgeError, match=r"vocabulary of 327 tokens, the target 320"):
-        distill.load_student(str(tmp_path / "other"), model)
+        load_student(str(tmp_path / "other"), model)
 
 
 @pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "tvd", "jsd"])
@@ -112,10 +114,10 @@ def test_lora_merge_gives_the_adapted_model(tiny_target, tmp_path):
     select = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         adapted = student(ids, torch.ones_like(ids), select)
-        merged = distill.merged(student)
+        merged = merged_student(student)
         assert not any("lora" in n for n, _ in merged.named_parameters())
         assert torch.allclose(merged(input_ids=ids).logits.reshape(-1, adapted.shape[-1]), adapted, atol=1e-5)
-        base_only = distill.truncated_student(model, 2)(input_ids=ids).logits.reshape(-1, adapted.shape[-1])
+        base_only = truncated_student(model, 2)(input_ids=ids).logits.reshape(-1, adapted.shape[-1])
         assert not torch.allclose(base_only, adapted, atol=1e-3)  # the adapters changed the model
     distill.save(student, tmp_path / "saved")
     reloaded = distill.load(tmp_path / "saved", model)
@@ -146,7 +148,7 @@ def test_export_is_a_plain_hf_dir_with_tokenizer(tiny_target, tmp_path):
     distill.save(student, tmp_path / "trained")
     info = distill.export(cfg(), tmp_path / "trained", tmp_path / "export", model, tokenizer, 3, "test", "tiny")
     out = tmp_path / "export" / "draft_model"
-    assert info["path"] == str(out) and info["speculative_tokens"] == 3
+    assert info["path"] == "draft_model" and info["speculative_tokens"] == 3  # relative to the folder given
     assert '"method": "draft_model"' in (out / "README.md").read_text()
     hf = AutoModelForCausalLM.from_pretrained(out)
     assert AutoTokenizer.from_pretrained(out).get_vocab() == tokenizer.get_vocab()

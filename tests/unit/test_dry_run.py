@@ -40,7 +40,7 @@ def test_drafter_size_matches_the_architecture(tmp_path):
 def test_distill_llama70b_sizes_the_1b_student(tmp_path):
     cfg = compose(["+recipe=distill_llama70b", f"run_dir={tmp_path}"])
     result = dry_run(cfg)
-    assert result["drafter"] == "draft_model" and result["student_params_b"] == pytest.approx(1.24, abs=0.01)
+    assert result["drafter"] == "distilled" and result["student_params_b"] == pytest.approx(1.24, abs=0.01)
     assert result["drafter_trainable_params_m"] == pytest.approx(1e3 * result["student_params_b"], rel=1e-6)
     # offline: only the 70B target's lm_head (128256 x 8192, bf16) stays in memory
     assert result["per_gpu_memory"]["target_weights_gib"] == pytest.approx(128256 * 8192 * 2 / 1024 ** 3)

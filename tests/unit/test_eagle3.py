@@ -6,6 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from specforge_lite import SpecforgeError
 from specforge_lite.drafters import eagle3
 from specforge_lite.drafters.vocab import build_draft_vocab, count_tokens, vocab_maps
 
@@ -62,7 +63,7 @@ def test_aux_layers_must_be_three_and_in_range(tiny_target):
     for ids in ([1, 2], [1, 2, 99]):
         cfg = OmegaConf.create({"drafter": {"draft_vocab_size": 32, "aux_layer_ids": ids, "norm_before_residual": False,
                                             "norm_before_fc": False}, "train": {"seed": 0}})
-        with pytest.raises(ValueError):
+        with pytest.raises(SpecforgeError, match="drafter.aux_layer_ids"):
             eagle3.build(cfg, model, torch.ones(model.config.vocab_size))
 
 
@@ -109,8 +110,8 @@ def test_decode_drafter_matches_the_training_unroll(tiny_target, variant):
     """Drafting at inference computes what the TTT unroll computes: feed anchors 0..t, draft
     k tokens greedily, then unroll training on a sequence continuing with those drafts;
     step j's argmax at anchor t must be draft j+1, with the same logits."""
-    from specforge_lite.decoding.drafters import DraftContext
-    from specforge_lite.drafters.eagle3 import Eagle3DecodeDrafter
+    from specforge_lite.contract import DraftContext
+    from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
 
     drafter = tiny_drafter(tiny_target, 64, *variant)
     torch.manual_seed(1)
@@ -157,7 +158,7 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
     """The speculators directory states the switches, holds input_norm iff norm_before_fc,
     passes the strict reload and reproduces the drafter's logits; SGLang's layout is refused
     for a drafter trained with a switch it cannot express."""
-    from specforge_lite.drafters.eagle3_export import (load_speculators_dir, write_speculators_dir,
+    from specforge_lite.drafters.eagle3.export import (load_speculators_dir, write_speculators_dir,
                                                        write_sglang_dir)
 
     model, _ = tiny_target

@@ -24,7 +24,7 @@ def test_cli_smoke_run_writes_report(tmp_path):
                  "tau_by_category.png", "tokens_per_s.png"):
         assert (out / name).exists(), name
     report = json.loads((out / "report.json").read_text())
-    assert set(report["methods"]) == {"plain", "eagle3", "ngram", "draft_model", "hf_generate",
+    assert set(report["methods"]) == {"plain", "eagle3", "ngram", "untrained_draft", "hf_generate",
                                       "hf_prompt_lookup", "hf_assisted"}
     for name, entry in report["methods"].items():
         assert METHOD_KEYS <= set(entry), name
@@ -60,17 +60,17 @@ def eval_cfg(tmp_path, *overrides):
 def test_jsonl_prompts_categories_and_second_turns(tmp_path):
     dataset = write_prompts(tmp_path / "prompts.jsonl")
     cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=4",
-                   "eval.methods=[ngram,hf_prompt_lookup,draft_model]", "eval.truncate_layers=2",
-                   "eval.best_k_method=draft_model", "eval.num_draft_tokens=3")
+                   "eval.methods=[ngram,hf_prompt_lookup,untrained_draft]", "eval.truncate_layers=2",
+                   "eval.best_k_method=untrained_draft", "eval.num_draft_tokens=3")
     evaluate.run(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     # round robin over categories: two of each, in source order
     assert [p["id"] for p in report["prompts"]] == ["w0", "w1", "m0", "m1"]
     assert report["num_answers"] == 2 * 2 + 2 * 1  # writing prompts have two turns
     assert set(report["per_category_tau"]) == {"writing", "math"}
-    assert list(report["methods"]) == ["plain", "ngram", "hf_prompt_lookup", "draft_model"]
-    assert report["best_k_method"] == "draft_model"
-    assert report["best_k"] == report["methods"]["draft_model"]["best_k"]["best_k"]
+    assert list(report["methods"]) == ["plain", "ngram", "hf_prompt_lookup", "untrained_draft"]
+    assert report["best_k_method"] == "untrained_draft"
+    assert report["best_k"] == report["methods"]["untrained_draft"]["best_k"]["best_k"]
     assert all(m["identical_to_plain"] for m in report["methods"].values())
     assert {a["turn"] for a in report["answers"] if a["prompt_id"] == "w0"} == {1, 2}
     assert "writing" in (tmp_path / "eval" / "report.md").read_text()
@@ -79,7 +79,7 @@ def test_jsonl_prompts_categories_and_second_turns(tmp_path):
 def test_sampling_mode_reports_no_identity(tmp_path):
     dataset = write_prompts(tmp_path / "prompts.jsonl")
     cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=2", "eval.temperature=0.8",
-                   "eval.top_p=0.9", "eval.methods=[ngram,draft_model,hf_generate]")
+                   "eval.top_p=0.9", "eval.methods=[ngram,untrained_draft,hf_generate]")
     evaluate.run(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     for entry in report["methods"].values():
@@ -109,7 +109,7 @@ def test_unknown_method_is_a_user_error(tmp_path):
     with pytest.raises(SpecforgeError, match="eval.methods"):
         evaluate.run(eval_cfg(tmp_path, "eval.methods=[plain,medusa_typo]"))
     with pytest.raises(SpecforgeError, match="best_k_method"):
-        evaluate.run(eval_cfg(tmp_path, "eval.methods=[ngram]", "eval.best_k_method=draft_model"))
+        evaluate.run(eval_cfg(tmp_path, "eval.methods=[ngram]", "eval.best_k_method=untrained_draft"))
 
 
 def _entry(tau, rate, plain_rate, identical=True, per_category=None):
@@ -138,8 +138,10 @@ def test_recommendation_follows_the_numbers():
 def test_recommendation_when_medusa_or_nothing_wins():
     from specforge_lite.decoding.report import recommend
 
+    from specforge_lite.drafters import medusa
+
     rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "medusa": _entry(2.0, 13.0, 10.0),
-                                 "eagle3": _entry(1.8, 12.0, 10.0)}})
+                                 "eagle3": _entry(1.8, 12.0, 10.0)}}, {"medusa": medusa.SERVING_NOTE})
     assert rec["deploy"] == "medusa"
     assert any("0.33 removed it" in a and "next fastest is eagle3 (1.20x)" in a for a in rec["alternatives"])
     rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3": _entry(1.2, 7.0, 10.0)}})

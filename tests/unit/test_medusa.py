@@ -14,6 +14,8 @@ from specforge_lite import SpecforgeError
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import medusa
+from specforge_lite.drafters.medusa.decode import MedusaDecodeDrafter
+from specforge_lite.drafters.medusa.export import export_weights, load_vllm_dir, max_logit_difference, write_vllm_dir
 
 
 def cfg(heads=3, layers=2, vocab=64):
@@ -48,7 +50,7 @@ def test_full_vocab_heads_have_identity_map(tiny_target):
     heads = build(tiny_target, vocab=10_000)
     assert heads.config.draft_vocab_size == model.config.vocab_size
     assert torch.equal(heads.token_map, torch.arange(model.config.vocab_size))
-    assert "token_map" not in medusa.export_weights(heads)
+    assert "token_map" not in export_weights(heads)
 
 
 def test_loss_targets_head_i_at_token_two_plus_i(tiny_target):
@@ -75,7 +77,7 @@ def test_greedy_decoding_is_identical_to_plain_and_sampling_runs(tiny_target):
     with torch.no_grad():  # random blocks: proposals are partly wrong, partly right
         for block in heads.blocks:
             block.layers[0].weight.normal_(0, 0.05)
-    drafter = medusa.MedusaDecodeDrafter(heads)
+    drafter = MedusaDecodeDrafter(heads)
     accepted = 0
     for seed in range(4):
         prompt = torch.randint(0, 256, (int(5 + 7 * seed),), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -95,7 +97,7 @@ def test_decoding_reads_the_final_norm_hidden_state(tiny_target):
     from specforge_lite.decoding.engine import TargetRunner
 
     model, _ = tiny_target
-    runner = TargetRunner(model, medusa.MedusaDecodeDrafter.hidden_state_layers)
+    runner = TargetRunner(model, MedusaDecodeDrafter.hidden_state_layers)
     runner.reset()
     ids = [5, 6, 7, 8]
     _, hidden = runner.forward(ids)
@@ -107,13 +109,13 @@ def test_export_reloads_strictly_and_rejects_damage(tiny_target, tmp_path):
     model, _ = tiny_target
     heads = build(tiny_target)
     out = tmp_path / "medusa"
-    config = medusa.write_vllm_dir(heads, out)
+    config = write_vllm_dir(heads, out)
     assert config["model_type"] == "medusa" and config["truncated_vocab_size"] == 64
     assert config["num_heads"] == 3 and config["num_hidden_layers"] == 2 and config["medusa_fc_bias"] is False
     # vLLM's config reader maps any key holding "num" + "heads"/"layers": only ours may
     assert [k for k in config if "num" in k] == ["num_heads", "num_hidden_layers"]
-    reloaded = medusa.load_vllm_dir(out, model)
-    assert medusa.max_logit_difference(heads, reloaded) == 0.0
+    reloaded = load_vllm_dir(out, model)
+    assert max_logit_difference(heads, reloaded) == 0.0
 
     weights = load_file(str(out / "model.safetensors"))
     for damage, message in ((lambda w: w.pop("lm_heads.1.weight"), "missing"),
@@ -123,11 +125,11 @@ def test_export_reloads_strictly_and_rejects_damage(tiny_target, tmp_path):
         damage(broken)
         save_file(broken, str(out / "model.safetensors"))
         with pytest.raises(SpecforgeError, match=message):
-            medusa.load_vllm_dir(out, model)
+            load_vllm_dir(out, model)
     save_file(weights, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps({**config, "num_heads": "3"}))
     with pytest.raises(SpecforgeError, match="num_heads should be a int"):
-        medusa.load_vllm_dir(out, model)
+        load_vllm_dir(out, model)
 
 
 def test_save_load_round_trip(tiny_target, tmp_path):
@@ -135,4 +137,4 @@ def test_save_load_round_trip(tiny_target, tmp_path):
     heads = build(tiny_target)
     medusa.save(heads, tmp_path, extra={"trained_steps": 3})
     assert json.loads((tmp_path / "config.json").read_text())["drafter"] == "medusa"
-    assert medusa.max_logit_difference(heads, medusa.load(tmp_path, model)) == 0.0
+    assert max_logit_difference(heads, medusa.load(tmp_path, model)) == 0.0
