@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO / "conf"
+CONF_DIR = REPO / "specforge_lite" / "conf"
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
