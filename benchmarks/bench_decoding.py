@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-METHODS = ["plain", "ngram", "draft_model", "hf_generate", "hf_prompt_lookup", "hf_assisted"]
+METHODS = ["plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"]
 
 
 def main() -> None:
@@ -72,7 +72,7 @@ def main() -> None:
     goals = {
         "plain_vs_hf_generate": ratio("plain", "hf_generate"),
         "ngram_vs_hf_prompt_lookup": ratio("ngram", "hf_prompt_lookup"),
-        "draft_model_vs_hf_assisted": ratio("draft_model", "hf_assisted"),
+        "untrained_draft_vs_hf_assisted": ratio("untrained_draft", "hf_assisted"),
         "all_greedy_identical_to_plain": all(e["identical_to_plain"] for e in m.values()),
     }
     costs = report["forward_costs"]["ms_by_num_tokens"]
@@ -99,7 +99,7 @@ def main() -> None:
         f"against a {m['plain']['target_forward_ms']:.1f} ms target forward.", "",
         f"Ratios in this run: our plain / HF generate = {goals['plain_vs_hf_generate']:.3f}; "
         f"our n-gram / HF prompt lookup = {goals['ngram_vs_hf_prompt_lookup']:.3f}; "
-        f"our draft model / HF assisted = {goals['draft_model_vs_hf_assisted']:.3f}; "
+        f"our draft model / HF assisted = {goals['untrained_draft_vs_hf_assisted']:.3f}; "
         f"every greedy output identical to plain: {goals['all_greedy_identical_to_plain']}. "
         f"Best k (n-gram) = {report['best_k']}.", "",
         f"Command: `nice -n 10 {result['command'].strip()}`",

@@ -58,5 +58,5 @@ def compose_config(overrides: list[str]):
     from specforge_lite.config import register_configs
 
     register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "specforge_lite" / "conf")):
         return compose(config_name="config", overrides=overrides)

@@ -41,13 +41,13 @@ def main() -> None:
     methods = report["methods"]
     dirs = dict(report["settings"].get("drafter_dirs") or {})
     own = args.run_dir / "train" / "drafter"  # a method without a folder of its own used the run's drafter
-    for method, kind in (("eagle3", "eagle3"), ("medusa", "medusa"), ("distilled", "draft_model")):
+    for method, kind in (("eagle3", "eagle3"), ("medusa", "medusa"), ("distilled", "distilled")):
         if method in methods and not dirs.get(method) and drafter_kind(own) == kind:
             dirs[method] = str(own)
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
     goals = {}
-    if "distilled" in methods and "draft_model" in methods:
-        gain = methods["distilled"]["tau"] / methods["draft_model"]["tau"] - 1
+    if "distilled" in methods and "untrained_draft" in methods:
+        gain = methods["distilled"]["tau"] / methods["untrained_draft"]["tau"] - 1
         goals["distilled_tau_gain_ge_30pct"] = {"value": gain, "met": gain >= 0.30}
     if "medusa" in methods:
         goals["medusa_tau_ge_2.0"] = {"value": methods["medusa"]["tau"], "met": methods["medusa"]["tau"] >= 2.0}
@@ -67,7 +67,7 @@ def main() -> None:
 Command: `{args.command}` ({args.wall} wall on this machine). {args.note}
 Evaluation: {report['num_prompts']} MT-Bench first turns (ids {', '.join(p['id'] for p in report['prompts'])}),
 greedy, k = {report['settings']['num_draft_tokens']}, batch 1, methods interleaved per prompt.
-`draft_model` is the untrained 4-layer copy of the target the distillation starts from; `distilled` is it after training.
+`untrained_draft` is the untrained 4-layer copy of the target the distillation starts from; `distilled` is it after training.
 
 {methods_table(report)}
 
