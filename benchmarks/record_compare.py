@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.common import update_doc_section, write_results
 from specforge_lite.decoding.report import methods_table
-from specforge_lite.drafters.common import drafter_kind
+from specforge_lite.drafters.common import drafter_info
 
 
 def training_summary(drafter_dir: Path) -> dict | None:
@@ -42,7 +42,7 @@ def main() -> None:
     dirs = dict(report["settings"].get("drafter_dirs") or {})
     own = args.run_dir / "train" / "drafter"  # a method without a folder of its own used the run's drafter
     for method, kind in (("eagle3", "eagle3"), ("medusa", "medusa"), ("distilled", "distilled")):
-        if method in methods and not dirs.get(method) and drafter_kind(own) == kind:
+        if method in methods and not dirs.get(method) and drafter_info(own).get("drafter") == kind:
             dirs[method] = str(own)
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
     goals = {}

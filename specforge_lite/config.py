@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -85,6 +85,19 @@ class SampleConfig:
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
+def _drafter_dirs_schema():
+    """`eval.drafter_dirs`: one optional folder per registered drafter (typed, so a misspelt
+    drafter name is an unknown key)."""
+    from dataclasses import make_dataclass
+
+    from specforge_lite.registry import DRAFTERS
+
+    return make_dataclass("DrafterDirs", [(name, Optional[str], field(default=None)) for name in DRAFTERS])
+
+
+DrafterDirs = _drafter_dirs_schema()
+
+
 @dataclass
 class EvalConfig:
     dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
@@ -109,9 +122,10 @@ class EvalConfig:
     truncate_layers: Optional[int] = None  # layers of the truncated target copy; null: min(4, L // 4)
     warmup: int = 1  # untimed runs of every method on the first prompt before measuring
     warmup_tokens: int = 32  # new tokens per warm-up run
-    # trained drafter folders by drafter name (eval.drafter_dirs.eagle3=DIR); a trained method
-    # without one reads run_dir/train/drafter. Lets one evaluate compare several recipes' drafters.
-    drafter_dirs: Dict[str, str] = field(default_factory=dict)
+    # trained drafter folders by drafter name (eval.drafter_dirs.eagle3=DIR), in any layout the
+    # drafter reads; a trained method without one reads run_dir/train/drafter. Lets one evaluate
+    # compare several recipes' drafters, or ours with one trained elsewhere.
+    drafter_dirs: Any = field(default_factory=lambda: DrafterDirs())
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
@@ -181,6 +195,9 @@ class TrainerConfig:
 
 @dataclass
 class ExportConfig:
+    # the drafter folder to export: null is run_dir/train/drafter; any layout the drafters read
+    # (a speculators, SGLang or vLLM Medusa folder too: export converts it to the serving format)
+    drafter_dir: Optional[str] = None
     # k written into the speculators config; null: `best_k` from run_dir/eval/report.json
     # (measured on this machine), or `fallback_tokens` when no evaluation has run.
     speculative_tokens: Optional[int] = None

@@ -36,3 +36,34 @@ def chosen_drafter(cfg):
         raise SpecforgeError(f"drafter.name={cfg.drafter.name} does not choose the drafter: the drafter group does "
                              f"(drafter={module.NAME}), and its options come with it")
     return module
+
+
+def detect_drafter(directory) -> tuple[str, str]:
+    """(drafter name, layout) of a drafter folder in any layout a registered drafter reads:
+    our train folders, and the formats of speculators / vLLM, SGLang / SpecForge and Hugging
+    Face. Raises SpecforgeError naming the folder when none does."""
+    import json
+    from pathlib import Path
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise SpecforgeError(f"drafter folder {directory} does not exist")
+    configs = []
+    for name in ("drafter.json", "config.json"):  # a distilled student keeps an HF config.json beside drafter.json
+        path = directory / name
+        if path.exists():
+            try:
+                configs.append(json.loads(path.read_text()))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise SpecforgeError(f"{directory.name}/{name} is not valid JSON ({err})") from err
+    if not configs:
+        raise SpecforgeError(f"{directory} holds no drafter (no config.json)")
+    for config in configs:
+        if config.get("drafter") in RENAMED:  # folders written by earlier versions
+            config = {**config, "drafter": RENAMED[config["drafter"]]}
+        for module in DRAFTERS.values():
+            if found := module.layout(config):
+                return module.NAME, found
+    raise SpecforgeError(f"{directory.name}/config.json is no drafter layout we read: our train folders, "
+                         "speculators (speculators_model_type), SGLang (LlamaForCausalLMEagle3), vLLM Medusa "
+                         "(model_type medusa) or a Hugging Face causal LM")

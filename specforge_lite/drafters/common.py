@@ -107,13 +107,3 @@ def drafter_info(directory: Path) -> dict:
             if info.get("drafter"):
                 return info
     return {}
-
-
-# folders written by earlier versions name the distilled draft model "draft_model"
-_EARLIER_KINDS = {"draft_model": "distilled"}
-
-
-def drafter_kind(directory: Path) -> str | None:
-    """Which drafter a train/drafter folder holds (its registry name), or None."""
-    kind = drafter_info(directory).get("drafter")
-    return _EARLIER_KINDS.get(kind, kind)

@@ -37,8 +37,7 @@ from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summa
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.drafters.common import drafter_kind
-from specforge_lite.registry import DRAFTERS, RENAMED
+from specforge_lite.registry import DRAFTERS, RENAMED, detect_drafter
 from specforge_lite.targets import eos_token_ids, load_target
 
 log = logging.getLogger(__name__)
@@ -169,14 +168,16 @@ def _seed(base: int, *parts) -> int:
 
 
 def trained_dir(cfg: DictConfig, name: str) -> Path:
-    """Where trained drafter `name` is read: eval.drafter_dirs[name], else run_dir/train/drafter;
-    the folder must hold a drafter of that kind."""
+    """Where trained drafter `name` is read: eval.drafter_dirs[name] (our train folder or any
+    layout the drafter reads: speculators, SGLang, vLLM Medusa, an HF model), else
+    run_dir/train/drafter; the folder must hold a drafter of that kind."""
     chosen = cfg.eval.drafter_dirs.get(name)
     path = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
-    found = drafter_kind(path)
-    if found is None:
+    if not path.exists():
         raise SpecforgeError(f"eval method {name} needs a trained {name} drafter in {path}; run the train stage "
                              f"of a {name} recipe first, or set eval.drafter_dirs.{name}")
+    found, layout = detect_drafter(path)
+    log.info("%s: %s (%s layout)", name, path, layout)
     if found != name:
         raise SpecforgeError(f"eval method {name}: {path} holds a {found} drafter, not {name}; "
                              f"set eval.drafter_dirs.{name} to a {name} drafter")

@@ -20,8 +20,7 @@ from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, stage_dir, write_provenance
-from specforge_lite.drafters.common import drafter_kind
-from specforge_lite.registry import DRAFTERS
+from specforge_lite.registry import DRAFTERS, detect_drafter
 from specforge_lite.targets import HUB_IDS, load_target, resolve_target_path
 
 log = logging.getLogger(__name__)
@@ -39,12 +38,11 @@ def chosen_k(cfg: DictConfig) -> tuple[int, str]:
 
 
 def run(cfg: DictConfig) -> None:
-    trained = Path(cfg.run_dir) / "train" / "drafter"
-    kind = drafter_kind(trained)
-    if kind is None:
-        raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first")
-    if kind not in DRAFTERS:
-        raise SpecforgeError(f"{trained}: no export for drafter {kind!r}; known: {', '.join(DRAFTERS)}")
+    trained = Path(cfg.export.drafter_dir or Path(cfg.run_dir) / "train" / "drafter")
+    if not trained.exists():
+        raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first (or set export.drafter_dir)")
+    kind, found = detect_drafter(trained)
+    log.info("exporting the %s drafter in %s (%s layout)", kind, trained, found)
     out = stage_dir(cfg, "export")
     target, tokenizer = load_target(cfg.target)
     k, k_source = chosen_k(cfg)

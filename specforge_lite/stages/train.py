@@ -32,7 +32,7 @@ from specforge_lite.data.samples import load_samples
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
 from specforge_lite.checkpoints import latest_checkpoint
-from specforge_lite.registry import chosen_drafter
+from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.strategies import build_strategy
 
 log = logging.getLogger(__name__)
@@ -145,11 +145,11 @@ def fingerprint(cfg: DictConfig) -> str:
 def already_trained(cfg: DictConfig, stamp: str) -> bool:
     """True (and says so) when run_dir/train/drafter was trained to the end with these
     settings (`stamp`, from `fingerprint`)."""
-    from specforge_lite.drafters.common import drafter_info, drafter_kind
+    from specforge_lite.drafters.common import drafter_info
 
     folder = Path(cfg.run_dir) / "train" / "drafter"
     info = drafter_info(folder)
-    if info.get("fingerprint") == stamp and drafter_kind(folder) == cfg.drafter.name:
+    if info.get("fingerprint") == stamp and RENAMED.get(info.get("drafter"), info.get("drafter")) == cfg.drafter.name:
         log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
                  "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
                  cfg.drafter.name, info.get("trained_steps"))

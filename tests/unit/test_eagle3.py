@@ -25,17 +25,21 @@ def test_unseen_tokens_fill_by_lowest_id():
     assert build_draft_vocab(torch.tensor([0, 0, 5, 0]), 3).tolist() == [0, 1, 2]
 
 
-def tiny_drafter(tiny_target, vocab=64, norm_before_residual=False, norm_before_fc=False):
+def tiny_drafter(tiny_target, vocab=64, norm_before_residual=False, norm_before_fc=False, fc_norm=False,
+                 norm_output=False):
     model, _ = tiny_target
     cfg = OmegaConf.create({"drafter": {"draft_vocab_size": vocab, "aux_layer_ids": [1, 3, 4],
                                         "norm_before_residual": norm_before_residual,
-                                        "norm_before_fc": norm_before_fc}, "train": {"seed": 0}})
+                                        "norm_before_fc": norm_before_fc, "fc_norm": fc_norm,
+                                        "norm_output": norm_output}, "train": {"seed": 0}})
     counts = torch.arange(model.config.vocab_size).flip(0)
     return eagle3.build(cfg, model, counts)
 
 
-# (norm_before_residual, norm_before_fc): the plain layer and speculators' two switches
-VARIANTS = [(False, False), (True, False), (True, True)]
+# (norm_before_residual, norm_before_fc, fc_norm, norm_output): the plain layer, speculators'
+# switches, and the EAGLE-3.1 variants (speculators 0.9 trains norm_before_fc + norm_output)
+VARIANTS = [(False, False, False, False), (True, False, False, False), (True, True, False, False),
+            (True, True, False, True), (True, False, True, True), (False, False, True, False)]
 
 
 def test_build_shapes_and_initialisation(tiny_target):
@@ -148,9 +152,14 @@ def test_norm_switches_change_the_function_and_add_input_norm(tiny_target):
             assert drafter.input_norm.weight.shape == (192,) and "input_norm.weight" in eagle3.trained_weights(drafter)
             with torch.no_grad():  # a non-trivial norm weight, so the variant is visible
                 drafter.input_norm.weight.uniform_(0.5, 1.5)
-        outs[variant] = drafter.ttt_forward(ids, aux, 2)[0]
-    assert not torch.allclose(outs[VARIANTS[0]], outs[VARIANTS[1]])
-    assert not torch.allclose(outs[VARIANTS[1]], outs[VARIANTS[2]])
+        if variant[2]:
+            assert [f"fc_norm.{i}.weight" in eagle3.trained_weights(drafter) for i in range(3)] == [True] * 3
+            with torch.no_grad():
+                for norm in drafter.fc_norm:
+                    norm.weight.uniform_(0.5, 1.5)
+        outs[variant] = drafter.ttt_forward(ids, aux, 2)[1]  # step 1: norm_output changes what it reads
+    for a, b in zip(VARIANTS, VARIANTS[1:]):
+        assert not torch.allclose(outs[a], outs[b]), (a, b)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -164,13 +173,13 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
     model, _ = tiny_target
     drafter = tiny_drafter(tiny_target, 64, *variant)
     config = write_speculators_dir(drafter, tmp_path / "spec", 3, "tiny", ["LlamaForCausalLM"])
-    assert (config["norm_before_residual"], config["norm_before_fc"]) == variant
+    assert (config["norm_before_residual"], config["norm_before_fc"], config["fc_norm"], config["norm_output"]) == variant
     reloaded = load_speculators_dir(tmp_path / "spec", model)
     ids, aux = torch.randint(0, 256, (1, 9)), torch.randn(1, 9, 192)
     for a, b in zip(drafter.ttt_forward(ids, aux, 2), reloaded.ttt_forward(ids, aux, 2)):
         assert torch.equal(a, b)
     if any(variant):
-        with pytest.raises(ValueError, match="SGLang"):
+        with pytest.raises((ValueError, SpecforgeError), match="SGLang"):
             write_sglang_dir(drafter, tmp_path / "sglang")
     else:
         write_sglang_dir(drafter, tmp_path / "sglang")

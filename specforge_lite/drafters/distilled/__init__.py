@@ -16,8 +16,8 @@ from specforge_lite.contract import DrySize
 from specforge_lite.drafters.distilled.decode import decoder
 from specforge_lite.drafters.distilled.export import export
 from specforge_lite.drafters.distilled.options import DistilledOptions as Options
-from specforge_lite.drafters.distilled.train import (NAME, batch_preparer, build, describe, load, loss_and_metrics,
-                                                     save, target_layers, trained_weights)
+from specforge_lite.drafters.distilled.train import (NAME, batch_preparer, build, describe, layout, load,
+                                                     loss_and_metrics, save, target_layers, trained_weights)
 
 UNTRACKED_OPTIONS: tuple[str, ...] = ("simulated_k",)  # only what the training log reports
 SERVING_NOTE = None
@@ -62,4 +62,4 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
 
 
 __all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
-           "loss_and_metrics", "trained_weights", "describe", "save", "load", "decoder", "export", "dry_size"]
+           "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

@@ -107,6 +107,15 @@ def save(student: DistillStudent, directory: Path, extra: dict | None = None) ->
                                                         **(extra or {})}, indent=2))
 
 
+def layout(config: dict) -> str | None:
+    """`ours` (drafter.json of a train folder) or `hf` (any Hugging Face causal LM), or None."""
+    if config.get("drafter") == NAME:
+        return "ours"
+    if any(a.endswith("ForCausalLM") for a in config.get("architectures") or []):
+        return "hf"
+    return None
+
+
 def load(directory: Path, target) -> nn.Module:
     """The saved student as an HF causal LM on the target's device and dtype."""
     return load_student(str(directory), target).to(target.device).eval()

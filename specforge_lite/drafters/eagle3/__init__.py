@@ -12,11 +12,12 @@ import torch
 
 from specforge_lite.contract import DrySize
 from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
-from specforge_lite.drafters.eagle3.export import export
+from specforge_lite.drafters.eagle3.export import export, layout
+from specforge_lite.drafters.eagle3.export import load_any as load
 from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
 from specforge_lite.drafters.eagle3.options import Eagle3Options as Options
-from specforge_lite.drafters.eagle3.train import (FROZEN, batch_preparer, build, describe, load, loss_and_metrics,
-                                                  save, target_layers, trained_weights)
+from specforge_lite.drafters.eagle3.train import (FROZEN, batch_preparer, build, describe, loss_and_metrics, save,
+                                                  target_layers, trained_weights)
 
 NAME = "eagle3"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()
@@ -49,4 +50,4 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
 
 
 __all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
-           "loss_and_metrics", "trained_weights", "describe", "save", "load", "decoder", "export", "dry_size"]
+           "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

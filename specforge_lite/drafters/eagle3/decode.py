@@ -97,7 +97,8 @@ class Eagle3DecodeDrafter:
         anchor = len(ids) - 2
         tokens, probs = [], []
         for step in range(k):
-            logits = d.logits(hidden)[0, -1]  # [V_d]
+            logits, chained = d.readout(hidden)
+            logits = logits[0, -1]  # [V_d]
             if ctx.sampling.greedy:
                 best = logits.argmax()
                 token = int(d.d2t[best] + best)
@@ -110,7 +111,7 @@ class Eagle3DecodeDrafter:
             tokens.append(token)
             if step == k - 1:
                 break
-            x, residual = layer.attention_input(d.embed_tokens(torch.tensor([[token]], device=hidden.device)), hidden)
+            x, residual = layer.attention_input(d.embed_tokens(torch.tensor([[token]], device=hidden.device)), chained)
             position = torch.tensor([[anchor + step + 1]], device=hidden.device)
             hidden = layer.finish(residual, self._attend(x, position, causal=False))
         self.cache.length = context_length  # drop the chain's keys

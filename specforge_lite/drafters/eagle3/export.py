@@ -51,8 +51,8 @@ def speculators_config(cfg: Eagle3Config, speculative_tokens: int, verifier: str
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "norm_before_residual": bool(cfg.norm_before_residual),
         "norm_before_fc": bool(cfg.norm_before_fc),
-        "fc_norm": False,
-        "norm_output": False,
+        "fc_norm": bool(cfg.fc_norm),
+        "norm_output": bool(cfg.norm_output),
         "transformer_layer_config": transformer_layer_config(cfg),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -83,6 +83,8 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     }
     if config.get("norm_before_fc"):
         shapes["input_norm.weight"] = (3 * h,)
+    if config.get("fc_norm"):
+        shapes.update({f"fc_norm.{i}.weight": (h,) for i in range(3)})
     if vd != v:
         shapes["d2t"] = (vd,)
         shapes["t2d"] = (v,)
@@ -108,78 +110,200 @@ def write_speculators_dir(drafter: Eagle3Drafter, out: Path, speculative_tokens:
     return config
 
 
-def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Strict reload; raises ValueError naming the first problem. Returns (config, weights)."""
+def check_speculators_dir(directory: Path, strict: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Check a speculators EAGLE-3 directory; returns (config, weights) or raises SpecforgeError
+    naming the file and the first problem.
+
+    strict (our own exports): every field present and typed, speculators_config complete.
+    Otherwise (a folder written by speculators or another trainer) the optional fields take
+    the defaults vLLM applies: norm_before_residual true when absent, the other switches false.
+    Either way every weight the config implies must be there with its shape, and nothing else
+    (an `embed_tokens.weight` of the target's shape is allowed).
+    """
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    name = f"{directory.name}/config.json"
+    config = read_json(directory / "config.json")
     if "model_type" in config:
-        raise ValueError(f"{directory}/config.json: speculators configs have no top-level model_type")
-    for key, kind in REQUIRED_FIELDS.items():
+        raise SpecforgeError(f"{name}: speculators configs have no top-level model_type")
+    fields = REQUIRED_FIELDS if strict else {k: REQUIRED_FIELDS[k] for k in (
+        "speculators_model_type", "draft_vocab_size", "transformer_layer_config")}
+    for key, kind in fields.items():
         if key not in config:
-            raise ValueError(f"{directory}/config.json: missing field {key!r}")
+            raise SpecforgeError(f"{name}: missing field {key!r}")
         if not isinstance(config[key], kind):
-            raise ValueError(f"{directory}/config.json: {key!r} should be {kind.__name__}, "
-                             f"got {type(config[key]).__name__}")
-    if config["speculators_model_type"] != "eagle3" or config["architectures"] != ["Eagle3DraftModel"]:
-        raise ValueError(f"{directory}/config.json: not an eagle3 speculators config")
-    if len(config["eagle_aux_hidden_state_layer_ids"]) != 3:
-        raise ValueError(f"{directory}/config.json: Llama drafts need exactly 3 aux layers")
-    for key in ("fc_norm", "norm_output"):
-        if config[key]:
-            raise ValueError(f"{directory}/config.json: {key}=true is a variant this project does not build")
+            raise SpecforgeError(f"{name}: {key!r} should be {kind.__name__}, got {type(config[key]).__name__}")
+    if config["speculators_model_type"] != "eagle3":
+        raise SpecforgeError(f"{name}: speculators_model_type {config['speculators_model_type']!r}, not eagle3")
+    if strict and config["architectures"] != ["Eagle3DraftModel"]:
+        raise SpecforgeError(f"{name}: architectures {config['architectures']}, expected ['Eagle3DraftModel']")
+    config = {"norm_before_residual": True, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+              **{k: v for k, v in config.items() if v is not None}}
+    if config["norm_before_fc"] and config["fc_norm"]:
+        raise SpecforgeError(f"{name}: norm_before_fc and fc_norm are both true; they exclude each other")
+    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None and len(aux) != 3:
+        raise SpecforgeError(f"{name}: Llama drafts need exactly 3 aux layers, got {aux}")
     layer = config["transformer_layer_config"]
-    if layer.get("model_type") != "llama" or layer.get("num_hidden_layers") != 1:
-        raise ValueError(f"{directory}/config.json: transformer_layer_config must be a 1-layer llama config")
-    spec = config["speculators_config"]
-    proposal = spec["proposal_methods"][0]
-    if spec.get("algorithm") != "eagle3" or not isinstance(proposal.get("speculative_tokens"), int) \
-            or proposal["speculative_tokens"] < 1 or not spec.get("verifier", {}).get("name_or_path"):
-        raise ValueError(f"{directory}/config.json: speculators_config is incomplete")
-    weights = load_file(str(directory / "model.safetensors"))
-    expected = expected_shapes(config)
-    missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected) - {FROZEN})
-    if missing or extra:
-        raise ValueError(f"{directory}/model.safetensors: missing {missing}, unexpected {extra}")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise ValueError(f"{directory}/model.safetensors: {name} has shape {tuple(weights[name].shape)}, "
-                             f"expected {shape}")
-    if "d2t" in weights:
-        if weights["d2t"].dtype != torch.int64 or weights["t2d"].dtype != torch.bool:
-            raise ValueError(f"{directory}/model.safetensors: d2t must be int64 and t2d bool")
-        ids = torch.arange(config["draft_vocab_size"]) + weights["d2t"]
-        if int(weights["t2d"].sum()) != config["draft_vocab_size"] or not bool(weights["t2d"][ids].all()):
-            raise ValueError(f"{directory}/model.safetensors: d2t and t2d disagree")
+    if layer.get("model_type", "llama") != "llama" or layer.get("num_hidden_layers", 1) != 1:
+        raise SpecforgeError(f"{name}: transformer_layer_config must be a 1-layer llama config (got model_type "
+                             f"{layer.get('model_type')!r}, {layer.get('num_hidden_layers')} layers); other draft "
+                             "layer types are not supported")
+    layer_config = llama_layer_config(layer)
+    if config.get("target_hidden_size") not in (None, layer_config.hidden_size):
+        raise SpecforgeError(f"{name}: target_hidden_size {config['target_hidden_size']} differs from the draft "
+                             f"layer's hidden size {layer_config.hidden_size}; such drafters are not supported")
+    if strict:
+        spec = config["speculators_config"]
+        proposal = (spec.get("proposal_methods") or [{}])[0]
+        if spec.get("algorithm") != "eagle3" or not isinstance(proposal.get("speculative_tokens"), int) \
+                or proposal["speculative_tokens"] < 1 or not spec.get("verifier", {}).get("name_or_path"):
+            raise SpecforgeError(f"{name}: speculators_config is incomplete")
+    weights = read_weights(directory)
+    check_weights(directory, weights, expected_shapes({**config, "transformer_layer_config": {
+        "hidden_size": layer_config.hidden_size, "vocab_size": layer_config.vocab_size,
+        "num_attention_heads": layer_config.num_attention_heads, "num_key_value_heads": layer_config.num_key_value_heads,
+        "head_dim": layer_config.head_dim, "intermediate_size": layer_config.intermediate_size}}),
+        config["draft_vocab_size"])
     return config, weights
 
 
-def load_speculators_dir(directory: Path, target) -> Eagle3Drafter:
-    """Build our module from a speculators directory (checked strictly first)."""
-    config, weights = check_speculators_dir(directory)
-    layer = config["transformer_layer_config"]
-    cfg = Eagle3Config(hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
-                       num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
-                       intermediate_size=layer["intermediate_size"], vocab_size=layer["vocab_size"],
-                       draft_vocab_size=config["draft_vocab_size"],
-                       aux_layer_ids=list(config["eagle_aux_hidden_state_layer_ids"]),
-                       rms_norm_eps=layer["rms_norm_eps"], rope_theta=layer["rope_theta"],
-                       max_position_embeddings=layer["max_position_embeddings"], hidden_act=layer["hidden_act"],
-                       norm_before_residual=config["norm_before_residual"], norm_before_fc=config["norm_before_fc"])
+def llama_layer_config(layer: dict):
+    """The draft layer's config as transformers reads it (defaults filled, `rope_parameters` or
+    `rope_theta`, `head_dim` derived when absent)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**{k: v for k, v in layer.items() if k not in ("architectures", "model_type")})
+    if getattr(config, "head_dim", None) is None:
+        config.head_dim = config.hidden_size // config.num_attention_heads
+    return config
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError as err:
+        raise SpecforgeError(f"{Path(path).parent.name}/{Path(path).name} is missing") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SpecforgeError(f"{Path(path).parent.name}/{Path(path).name} is not valid JSON ({err})") from err
+
+
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files, floating ones as float32."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise SpecforgeError(f"{Path(directory).name}: no .safetensors weights")
+    weights = {}
+    for path in files:
+        try:
+            weights.update(load_file(str(path)))
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise SpecforgeError(f"{Path(directory).name}/{path.name} cannot be read ({err})") from err
+    return {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+
+
+def check_weights(directory: Path, weights: dict, expected: dict, draft_vocab_size: int) -> None:
+    where = f"{Path(directory).name}/model.safetensors"
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected) - {FROZEN})
+    if missing or extra:
+        raise SpecforgeError(f"{where}: missing {missing}, unexpected {extra}")
+    for key, shape in expected.items():
+        if tuple(weights[key].shape) != shape:
+            raise SpecforgeError(f"{where}: {key} has shape {tuple(weights[key].shape)}, expected {shape}")
+    if "d2t" in weights:
+        if weights["d2t"].dtype != torch.int64 or weights["t2d"].dtype != torch.bool:
+            raise SpecforgeError(f"{where}: d2t must be int64 and t2d bool")
+        ids = torch.arange(draft_vocab_size) + weights["d2t"]
+        if int(weights["t2d"].sum()) != draft_vocab_size or not bool(weights["t2d"][ids].all()):
+            raise SpecforgeError(f"{where}: d2t and t2d disagree")
+
+
+def build_loaded(config: dict, layer: dict, weights: dict, target) -> Eagle3Drafter:
+    """Our module from a checked folder's settings and weights, on the target's device. The
+    folder's `embed_tokens` is used when it has one (what vLLM serves), else the target's."""
+    from types import SimpleNamespace
+
+    from specforge_lite.drafters.eagle3.model import default_aux_layers
+
+    layer_config = llama_layer_config(layer)
+    aux = config.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(target.config.num_hidden_layers)
+    options = SimpleNamespace(draft_vocab_size=config["draft_vocab_size"], aux_layer_ids=list(aux),
+                              norm_before_residual=config["norm_before_residual"],
+                              norm_before_fc=config["norm_before_fc"], fc_norm=config["fc_norm"],
+                              norm_output=config["norm_output"])
+    cfg = Eagle3Config.from_target(layer_config, options)
+    if cfg.vocab_size != target.config.vocab_size:
+        raise SpecforgeError(f"the drafter's vocabulary ({cfg.vocab_size}) is not the target's "
+                             f"({target.config.vocab_size})")
     drafter = Eagle3Drafter(cfg)
     if "d2t" not in weights:  # full vocab: identity maps
         weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
         weights["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
-    weights.setdefault(FROZEN, target.get_input_embeddings().weight.detach().cpu())
+    weights.setdefault(FROZEN, target.get_input_embeddings().weight.detach().cpu().float())
     drafter.load_state_dict(weights, strict=True)
-    return drafter.to(target.device).eval()
+    return drafter.to(device=target.device, dtype=target.dtype).eval()
+
+
+def load_speculators_dir(directory: Path, target, strict: bool = True) -> Eagle3Drafter:
+    """Build our module from a speculators directory (checked first; `strict` for our own exports)."""
+    config, weights = check_speculators_dir(directory, strict)
+    return build_loaded(config, config["transformer_layer_config"], weights, target)
+
+
+def load_sglang_dir(directory: Path, target) -> Eagle3Drafter:
+    """An SGLang / SpecForge `LlamaForCausalLMEagle3` folder: `midlayer.*` weights, aux layer ids
+    counted as decoder-layer outputs (one less than ours), no norm_before_residual."""
+    directory = Path(directory)
+    config = read_json(directory / "config.json")
+    name = f"{directory.name}/config.json"
+    if not isinstance(config.get("draft_vocab_size"), int):
+        raise SpecforgeError(f"{name}: missing field 'draft_vocab_size'")
+    sglang_aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ours = {"draft_vocab_size": config["draft_vocab_size"], "norm_before_residual": False, "norm_before_fc": False,
+            "fc_norm": False, "norm_output": False,
+            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in sglang_aux] if sglang_aux else None}
+    layer = {k: v for k, v in config.items() if k not in ("architectures", "eagle_config", "draft_vocab_size")}
+    layer_config = llama_layer_config(layer)
+    weights = {k.replace("midlayer.", "layers.0.", 1): v for k, v in read_weights(directory).items()}
+    check_weights(directory, weights, expected_shapes({**ours, "transformer_layer_config": {
+        "hidden_size": layer_config.hidden_size, "vocab_size": layer_config.vocab_size,
+        "num_attention_heads": layer_config.num_attention_heads, "num_key_value_heads": layer_config.num_key_value_heads,
+        "head_dim": layer_config.head_dim, "intermediate_size": layer_config.intermediate_size}}),
+        config["draft_vocab_size"])
+    return build_loaded(ours, layer, weights, target)
+
+
+def layout(config: dict) -> str | None:
+    """Which EAGLE-3 layout a folder's config.json describes, or None: `ours` (a train
+    folder), `speculators` (vLLM's format) or `sglang` (SGLang / SpecForge)."""
+    if config.get("drafter") == "eagle3":
+        return "ours"
+    if config.get("speculators_model_type") == "eagle3":
+        return "speculators"
+    if "LlamaForCausalLMEagle3" in (config.get("architectures") or []):
+        return "sglang"
+    return None
+
+
+def load_any(directory: Path, target) -> Eagle3Drafter:
+    """An EAGLE-3 drafter from a folder in any layout `layout` recognises."""
+    directory = Path(directory)
+    found = layout(read_json(directory / "config.json"))
+    if found == "ours":
+        return load(directory, target)
+    if found == "speculators":
+        return load_speculators_dir(directory, target, strict=False)
+    if found == "sglang":
+        return load_sglang_dir(directory, target)
+    raise SpecforgeError(f"{directory.name}/config.json describes no EAGLE-3 layout we read (our train folder, "
+                         "speculators, SGLang LlamaForCausalLMEagle3)")
 
 
 def sglang_problem(cfg: Eagle3Config) -> str | None:
     """Why SGLang's layout cannot hold this drafter, or None when it can."""
-    if cfg.norm_before_residual or cfg.norm_before_fc:
-        return ("the SGLang layout has no norm_before_residual / norm_before_fc switch; this drafter was "
-                "trained with one, so export it for vLLM only (export.sglang=false)")
+    if cfg.norm_before_residual or cfg.norm_before_fc or cfg.fc_norm or cfg.norm_output:
+        return ("the SGLang layout has no norm_before_residual / norm_before_fc / fc_norm / norm_output switch; "
+                "this drafter was trained with one, so export it for vLLM only (export.sglang=false)")
     return None
 
 
@@ -192,7 +316,8 @@ def write_sglang_dir(drafter: Eagle3Drafter, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     config = {**transformer_layer_config(cfg), "architectures": ["LlamaForCausalLMEagle3"],
               "draft_vocab_size": cfg.draft_vocab_size,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}}
+              # SGLang counts aux layers as decoder-layer outputs: our (and vLLM's) id k is its k - 1
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids]}}
     state = {k.replace("layers.0.", "midlayer.", 1): v for k, v in trained_weights(drafter).items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -210,7 +335,7 @@ def max_logit_difference(a: Eagle3Drafter, b: Eagle3Drafter) -> float:
 def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
     """`out/speculators` (plus SGLang's layout in `out/sglang` with export.sglang=true),
     reloaded strictly and compared logit for logit with the trained drafter."""
-    drafter = load(trained, target)
+    drafter = load_any(trained, target)
     if cfg.export.sglang and (problem := sglang_problem(drafter.config)):  # before anything is written
         raise SpecforgeError(f"{trained}: {problem}")
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])

@@ -45,6 +45,10 @@ class Eagle3Config:
     # speculators / vLLM options (both read by vLLM's EAGLE-3 loader):
     norm_before_residual: bool = False  # the residual stream starts from hidden_norm(g), not g
     norm_before_fc: bool = False  # one RMSNorm (`input_norm`, 3H) over the concatenated aux states
+    # EAGLE-3.1 options (speculators, vLLM): one RMSNorm per aux state before fc (`fc_norm.{i}`),
+    # and the normalised layer output (not the raw one) fed to the next step
+    fc_norm: bool = False
+    norm_output: bool = False
 
     @classmethod
     def from_target(cls, target_config, drafter_cfg) -> "Eagle3Config":
@@ -64,7 +68,9 @@ class Eagle3Config:
                    max_position_embeddings=target_config.max_position_embeddings,
                    hidden_act=target_config.hidden_act,
                    norm_before_residual=bool(drafter_cfg.norm_before_residual),
-                   norm_before_fc=bool(drafter_cfg.norm_before_fc))
+                   norm_before_fc=bool(drafter_cfg.norm_before_fc),
+                   fc_norm=bool(getattr(drafter_cfg, "fc_norm", False)),
+                   norm_output=bool(getattr(drafter_cfg, "norm_output", False)))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,8 +171,13 @@ class Eagle3Drafter(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        if cfg.norm_before_fc and cfg.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm exclude each other (one norm over the concatenation, "
+                             "or one per aux state)")
         if cfg.norm_before_fc:
             self.input_norm = RMSNorm(3 * cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) for _ in range(3)])
         self.fc = nn.Linear(3 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -217,11 +228,16 @@ class Eagle3Drafter(nn.Module):
         """[B, T, 3H] concatenated target hidden states -> [B, T, H]."""
         if self.config.norm_before_fc:
             aux_hidden = self.input_norm(aux_hidden)
+        if self.config.fc_norm:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux_hidden)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] layer output -> [..., V_d] draft-vocab logits."""
-        return self.lm_head(self.norm(hidden))
+    def readout(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., H] layer output -> ([..., V_d] draft-vocab logits, the hidden state the next
+        step consumes: the layer output itself, or its normalised form with norm_output)."""
+        normed = self.norm(hidden)
+        return self.lm_head(normed), normed if self.config.norm_output else hidden
 
     # ------------------------------------------------------------------ training
 
@@ -261,8 +277,8 @@ class Eagle3Drafter(nn.Module):
                                       use_reentrant=False)
             else:
                 attended = ttt_attention(q, tuple(keys), tuple(values), causal, scale)
-            hidden = layer.finish(residual, attn.output(attended))
-            outputs.append(self.logits(hidden))
+            logits, hidden = self.readout(layer.finish(residual, attn.output(attended)))
+            outputs.append(logits)
         return outputs
 
 

@@ -19,3 +19,10 @@ class Eagle3Options:
     # SGLang's layout cannot express it: train with false to export for SGLang
     norm_before_residual: bool = True
     norm_before_fc: bool = False  # RMSNorm over the concatenated aux states before fc (speculators' option)
+    # EAGLE-3.1 (speculators' training defaults, read by vLLM): fc_norm normalises each aux state
+    # before fc (excludes norm_before_fc); norm_output feeds the normalised output to the next step
+    fc_norm: bool = False
+    norm_output: bool = False
+    # start from a trained EAGLE-3 drafter: our train folder, a speculators export or an SGLang /
+    # SpecForge folder (its architecture replaces the options above; the target's embedding is used)
+    init_from: Optional[str] = None

@@ -18,7 +18,11 @@ def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
     """A drafter for `target` with the draft vocab taken from loss-masked token counts."""
     from specforge_lite.drafters.vocab import target_draft_vocab
 
+    if cfg.drafter.get("init_from"):
+        return warm_start(cfg, target)
     draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter)
+    if draft_cfg.norm_before_fc and draft_cfg.fc_norm:
+        raise SpecforgeError("drafter.norm_before_fc and drafter.fc_norm exclude each other: set one of them")
     if len(draft_cfg.aux_layer_ids) != 3:
         raise SpecforgeError(f"drafter.aux_layer_ids={draft_cfg.aux_layer_ids}: EAGLE-3 takes exactly 3 aux layers "
                              "(vLLM enforces it)")
@@ -36,6 +40,24 @@ def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
     drafter.init_residual_path()
     drafter.init_from_target(target, draft_vocab)
     return drafter.to(target.device)
+
+
+def warm_start(cfg, target) -> Eagle3Drafter:
+    """`drafter.init_from=DIR`: continue training a drafter from a folder in any layout we read;
+    its architecture (draft vocab, aux layers, norm switches) comes from the folder, its
+    embedding from the target (frozen, as always)."""
+    from specforge_lite.drafters.eagle3.export import load_any
+
+    drafter = load_any(cfg.drafter.init_from, target)
+    for layer_id in drafter.config.aux_layer_ids:
+        if not 0 <= layer_id < target.config.num_hidden_layers:
+            raise SpecforgeError(f"drafter.init_from={cfg.drafter.init_from}: aux layer {layer_id} is outside the "
+                                 f"target's 0..{target.config.num_hidden_layers - 1}")
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    drafter.train()
+    drafter.embed_tokens.weight.requires_grad_(False)
+    return drafter
 
 
 def target_layers(drafter: Eagle3Drafter) -> list[int]:

@@ -11,10 +11,11 @@ import torch
 
 from specforge_lite.contract import DrySize
 from specforge_lite.drafters.medusa.decode import MedusaDecodeDrafter
-from specforge_lite.drafters.medusa.export import export
+from specforge_lite.drafters.medusa.export import export, layout
+from specforge_lite.drafters.medusa.export import load_any as load
 from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
 from specforge_lite.drafters.medusa.options import MedusaOptions as Options
-from specforge_lite.drafters.medusa.train import (batch_preparer, build, describe, load, loss_and_metrics, save,
+from specforge_lite.drafters.medusa.train import (batch_preparer, build, describe, loss_and_metrics, save,
                                                   target_layers, trained_weights)
 
 NAME = "medusa"
@@ -44,4 +45,4 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
 
 
 __all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
-           "loss_and_metrics", "trained_weights", "describe", "save", "load", "decoder", "export", "dry_size"]
+           "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

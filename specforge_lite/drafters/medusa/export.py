@@ -58,6 +58,27 @@ def write_vllm_dir(heads: MedusaHeads, directory: Path) -> dict:
     return config
 
 
+def layout(config: dict) -> str | None:
+    """`ours` (a train folder) or `vllm` (vLLM's Medusa format), or None."""
+    if config.get("drafter") == "medusa":
+        return "ours"
+    if config.get("model_type") == "medusa":
+        return "vllm"
+    return None
+
+
+def load_any(directory: Path, target) -> MedusaHeads:
+    """Medusa heads from our train folder or a vLLM Medusa folder."""
+    config = json.loads((Path(directory) / "config.json").read_text())
+    found = layout(config)
+    if found == "ours":
+        return load(directory, target)
+    if found == "vllm":
+        return load_vllm_dir(directory, target)
+    raise SpecforgeError(f"{Path(directory).name}/config.json describes no Medusa layout we read (our train folder, "
+                         "vLLM's model_type medusa)")
+
+
 def load_vllm_dir(directory: Path, target) -> MedusaHeads:
     """Strict reload of an exported directory: typed config fields, every key and shape,
     nothing missing or extra (vLLM itself skips unknown names and never reports missing ones)."""
@@ -98,7 +119,7 @@ def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: s
     """Write `out/medusa` for vLLM <= 0.32, reload it strictly, compare logits, write a README."""
     from specforge_lite.artifacts import atomic_write_text
 
-    heads = load(trained, target)
+    heads = load_any(trained, target)
     directory = out / "medusa"
     config = write_vllm_dir(heads, directory)
     diff = max_logit_difference(heads, load_vllm_dir(directory, target))

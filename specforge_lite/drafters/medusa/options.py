@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -13,3 +14,6 @@ class MedusaOptions:
     draft_vocab_size: int = 8192
     num_heads: int = 4  # head i predicts the token i + 2 ahead
     num_layers: int = 1  # residual blocks per head
+    # start from trained heads: our train folder or a vLLM Medusa folder (its heads, blocks and
+    # draft vocab replace the options above)
+    init_from: Optional[str] = None

@@ -17,6 +17,15 @@ from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
 def build(cfg, target, token_counts: torch.Tensor) -> MedusaHeads:
     from specforge_lite.drafters.vocab import target_draft_vocab
 
+    if cfg.drafter.get("init_from"):  # warm start: the folder's heads, trained further
+        from specforge_lite.drafters.medusa.export import load_any
+
+        heads = load_any(cfg.drafter.init_from, target)
+        if heads.config.hidden_size != target.config.hidden_size:
+            raise SpecforgeError(f"drafter.init_from={cfg.drafter.init_from}: heads of hidden size "
+                                 f"{heads.config.hidden_size}, the target has {target.config.hidden_size}")
+        return heads.train()
+
     medusa_cfg = MedusaConfig.from_target(target.config, cfg.drafter)
     draft_vocab = target_draft_vocab(target, token_counts, medusa_cfg.draft_vocab_size)
     heads = MedusaHeads(medusa_cfg)

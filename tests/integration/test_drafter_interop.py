@@ -1,0 +1,46 @@
+"""Drafters users already have, through the real CLI on the smoke target: evaluate reads a
+speculators export and an SGLang folder as `eval.drafter_dirs.eagle3`, training starts from
+one (`drafter.init_from`), and export converts one (`export.drafter_dir`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.slow
+def test_evaluate_train_and_export_take_foreign_layouts(tmp_path):
+    base = ["+recipe=smoke", f"samples_dir={tmp_path / 'samples'}", "drafter.norm_before_residual=false"]
+    first = tmp_path / "first"
+    run_cli("run", *base, f"run_dir={first}", "train.max_steps=3", "export.sglang=true",
+            "eval.methods=[plain,eagle3]", "eval.max_prompts=1", check=True)
+    speculators, sglang = first / "export" / "speculators", first / "export" / "sglang"
+    for folder, layout in ((speculators, "speculators"), (sglang, "sglang")):
+        run_dir = tmp_path / f"eval_{layout}"
+        proc = run_cli("evaluate", *base, f"run_dir={run_dir}", f"eval.drafter_dirs.eagle3={folder}",
+                       "eval.methods=[plain,eagle3]", "eval.max_prompts=2", check=True)
+        assert f"({layout} layout)" in proc.stdout + proc.stderr
+        report = json.loads((run_dir / "eval" / "report.json").read_text())
+        assert report["methods"]["eagle3"]["identical_to_plain"] is True
+    # the same prompts give the same acceptance whichever layout the drafter was read from
+    taus = [json.loads((tmp_path / f"eval_{x}" / "eval" / "report.json").read_text())["methods"]["eagle3"]["tau"]
+            for x in ("speculators", "sglang")]
+    assert taus[0] == taus[1]
+    warm = tmp_path / "warm"
+    proc = run_cli("train", *base, f"run_dir={warm}", f"drafter.init_from={sglang}", "train.max_steps=2",
+                   check=True)
+    assert (warm / "train" / "drafter" / "model.safetensors").exists()
+    converted = tmp_path / "converted"
+    proc = run_cli("export", *base, f"run_dir={converted}", f"export.drafter_dir={sglang}", check=True)
+    assert "(sglang layout)" in proc.stdout + proc.stderr
+    assert json.loads((converted / "export" / "export.json").read_text())["strict_reload"] == "passed"
+    # a folder that is no drafter is named in a one-line error
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text("{}")
+    proc = run_cli("evaluate", *base, f"run_dir={tmp_path / 'bad'}", f"eval.drafter_dirs.eagle3={tmp_path / 'junk'}",
+                   "eval.methods=[plain,eagle3]")
+    assert proc.returncode == 2 and "junk/config.json is no drafter layout we read" in proc.stderr
+    assert "Traceback" not in proc.stderr
