@@ -126,6 +126,9 @@ class EvalConfig:
     # drafter reads; a trained method without one reads run_dir/train/drafter. Lets one evaluate
     # compare several recipes' drafters, or ours with one trained elsewhere.
     drafter_dirs: Any = field(default_factory=lambda: DrafterDirs())
+    # more drafters measured in the same run, each as LABEL:FOLDER (a folder in any layout a
+    # drafter reads): eval.extra_drafters=[published:DIR,mine_v2:DIR2]; each label is a method
+    extra_drafters: List[str] = field(default_factory=list)
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True

@@ -105,13 +105,27 @@ def check_methods(eval_cfg) -> list[str]:
     unknown = [m for m in methods if m not in known]
     if unknown:
         raise SpecforgeError(f"eval.methods has unknown {unknown}; known: {', '.join(known)}")
-    if unknown_dirs := [name for name in eval_cfg.drafter_dirs if name not in DRAFTERS]:
-        raise SpecforgeError(f"eval.drafter_dirs has {unknown_dirs}; trained drafters: {', '.join(DRAFTERS)}")
+    extra = list(labelled_drafters(eval_cfg))
+    if clash := [label for label in extra if label in known]:
+        raise SpecforgeError(f"eval.extra_drafters: label {clash[0]!r} is a method name; pick another label")
     if eval_cfg.num_draft_tokens < 1:
         raise SpecforgeError(f"eval.num_draft_tokens must be >= 1, got {eval_cfg.num_draft_tokens}")
-    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in methods:
+    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in methods + extra:
         raise SpecforgeError(f"eval.best_k_method={eval_cfg.best_k_method} is not in eval.methods")
-    return ["plain"] + [m for m in dict.fromkeys(methods) if m != "plain"]
+    return ["plain"] + [m for m in dict.fromkeys(methods + extra) if m != "plain"]
+
+
+def labelled_drafters(eval_cfg) -> dict[str, str]:
+    """`eval.extra_drafters` entries LABEL:FOLDER as {label: folder}."""
+    out = {}
+    for item in eval_cfg.get("extra_drafters") or []:
+        label, sep, folder = str(item).partition(":")
+        if not sep or not label or not folder:
+            raise SpecforgeError(f"eval.extra_drafters: {item!r} should be LABEL:FOLDER")
+        if label in out:
+            raise SpecforgeError(f"eval.extra_drafters: label {label!r} appears twice")
+        out[label] = folder
+    return out
 
 
 def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_ids: list[int],
@@ -135,14 +149,19 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     plain_runner = TargetRunner(model)
     decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}
+    labelled = labelled_drafters(ecfg)
     for name in methods:
-        if name in BUILTIN or name in DRAFTERS:
+        if name in BUILTIN or name in DRAFTERS or name in labelled:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())
             elif name in BUILTIN:
                 drafter = BUILTIN[name](cfg, model)
-            else:
+            elif name in DRAFTERS:
                 drafter = DRAFTERS[name].decoder(DRAFTERS[name].load(trained_dir(cfg, name), model))
+            else:  # a drafter folder under the user's label, its kind detected
+                kind, layout = detect_drafter(labelled[name])
+                log.info("%s: %s drafter in %s (%s layout)", name, kind, labelled[name], layout)
+                drafter = DRAFTERS[kind].decoder(DRAFTERS[kind].load(Path(labelled[name]), model))
             drafters[name] = drafter
 
             def decode(ids, n, seed, drafter=drafter, runner=TargetRunner(model, drafter.hidden_state_layers)):

@@ -29,6 +29,13 @@ def test_evaluate_train_and_export_take_foreign_layouts(tmp_path):
     taus = [json.loads((tmp_path / f"eval_{x}" / "eval" / "report.json").read_text())["methods"]["eagle3"]["tau"]
             for x in ("speculators", "sglang")]
     assert taus[0] == taus[1]
+    # several drafters side by side in one report, under labels of the user's
+    both = tmp_path / "both"
+    run_cli("evaluate", *base, f"run_dir={both}", "eval.methods=[plain]", "eval.max_prompts=2",
+            f"eval.extra_drafters=[ours:{first / 'train' / 'drafter'},as_sglang:{sglang}]", "eval.best_k_method=ours",
+            check=True)
+    methods = json.loads((both / "eval" / "report.json").read_text())["methods"]
+    assert list(methods) == ["plain", "ours", "as_sglang"] and methods["ours"]["tau"] == methods["as_sglang"]["tau"]
     warm = tmp_path / "warm"
     proc = run_cli("train", *base, f"run_dir={warm}", f"drafter.init_from={sglang}", "train.max_steps=2",
                    check=True)
