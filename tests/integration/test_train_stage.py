@@ -110,3 +110,15 @@ def test_a_finished_run_is_not_trained_again_unless_settings_change(sampled, tmp
     assert "already holds" not in proc.stdout + proc.stderr
     after = weights(run_dir)
     assert any(not (before[k] == after[k]).all() for k in before)
+
+
+def test_source_conversations_only_never_touch_the_sample_stage(tmp_path):
+    """train.use_samples=false trains on source conversations without running or reading samples."""
+    from tests.conftest import run_cli
+
+    samples = tmp_path / "no_samples_here"
+    proc = run_cli("train", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"samples_dir={samples}",
+                   "train.use_samples=false", "train.source_conversations=6", "train.max_steps=2", check=True)
+    assert not samples.exists()
+    assert "training on 0 sampled + 6 source conversations" in proc.stdout + proc.stderr
+    assert (tmp_path / "run" / "train" / "drafter" / "model.safetensors").exists()
