@@ -247,7 +247,7 @@ def load_draft_model(eval_cfg, target):
 
         from specforge_lite.targets import resolve_target_path
 
-        path = resolve_target_path(eval_cfg.draft_model)
+        path = resolve_target_path(eval_cfg.draft_model, "eval.draft_model")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype).to(target.device).eval()
         model.requires_grad_(False)
         draft_vocab = model.get_output_embeddings().weight.shape[0]

@@ -82,7 +82,7 @@ def load_student(path: str, target, tokenizer=None) -> nn.Module:
 
     from specforge_lite.targets import resolve_target_path
 
-    resolved = resolve_target_path(path)
+    resolved = resolve_target_path(path, "drafter.student")
     student = AutoModelForCausalLM.from_pretrained(resolved, dtype=target.dtype)
     ours = student.get_output_embeddings().weight.shape[0]
     theirs = target.get_output_embeddings().weight.shape[0]

@@ -25,6 +25,12 @@ MODULES = {
 
 
 def run_stage(cfg: DictConfig) -> None:
+    """Validate the config (then again against the target's own config, for the stages that
+    build a drafter) and run the stage, or all of them in order for `run`."""
+    from specforge_lite.validate import validate_config, validate_for_target
+
+    validate_config(cfg)
+    validate_for_target(cfg)
     if cfg.stage != "run":
         importlib.import_module(MODULES[cfg.stage]).run(cfg)
         return
