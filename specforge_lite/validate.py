@@ -48,13 +48,16 @@ def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
 
 
 def validate_for_target(cfg: DictConfig) -> None:
-    """The second pass, for stages that build a drafter: the target's config (not its
-    weights) is read and the fields bounded by it are checked."""
-    if cfg.stage not in TARGET_STAGES or cfg.train.dry_run:
-        return  # a dry run checks against the config it sizes (`dry_run.target_config`)
+    """The second pass, before a stage writes anything: the target's folder is checked (its
+    config.json and weight files, by name) and its config read; the stages that build a
+    drafter then check the fields bounded by it (such as aux layer ids against its depth)."""
+    if cfg.stage == "train" and cfg.train.dry_run:
+        return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
     from specforge_lite.targets import load_target_config
 
-    validate_config(cfg, load_target_config(cfg.target))
+    target_config = load_target_config(cfg.target)
+    if cfg.stage in TARGET_STAGES:
+        validate_config(cfg, target_config)
 
 
 # --------------------------------------------------------------------------- walking the schema

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import DAMAGED, ArtifactError
 
 SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -61,11 +62,31 @@ def completed_shards(data_dir: Path) -> list[int]:
 
 
 def load_samples(samples_dir: Path):
-    """The samples as one `datasets.Dataset` (shards in order)."""
+    """The samples as one `datasets.Dataset` (shards in order).
+
+    A shard whose prompts were all skipped holds no rows; it stays on disk (it marks the
+    shard done for a resume) and is left out here. A shard that cannot be read is an error
+    naming it."""
     import datasets
 
     data_dir = Path(samples_dir) / "data"
-    files = [str(shard_path(data_dir, i)) for i in completed_shards(data_dir)]
-    if not files:
+    shards = completed_shards(data_dir)
+    if not shards:
         raise SpecforgeError(f"no sample shards under {data_dir}; run the sample stage first")
+    files = [str(path) for path in map(lambda i: shard_path(data_dir, i), shards) if shard_rows(path)]
+    if not files:
+        raise SpecforgeError(f"the samples in {samples_dir} hold no conversations: every prompt was skipped "
+                             f"(see skipped in {Path(samples_dir) / 'meta.json'}); sample with other settings")
     return datasets.Dataset.from_parquet(files)
+
+
+def shard_rows(path: Path) -> int:
+    """Rows of a shard, read from its parquet footer (a damaged shard is an error naming it)."""
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ArtifactError(path, f"not a readable parquet file ({err}); {DAMAGED}; delete it and run the "
+                            "sample stage again to rewrite that shard") from None
+    if not parquet.schema_arrow.equals(SCHEMA, check_metadata=False):
+        raise ArtifactError(path, "not a samples shard (its columns differ from the samples schema)")
+    return parquet.metadata.num_rows

@@ -50,7 +50,7 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
     """Eval prompts as {"id", "category", "system", "turns": [user message, ...]}."""
     dataset = cfg.eval.dataset
     if dataset != "heldout":
-        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset)]
+        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset, cfg.data.strict)]
     else:
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
         split = samples_dir(cfg) / "split.json"
@@ -169,7 +169,6 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 def run(cfg: DictConfig) -> None:
     ecfg = cfg.eval
-    out = stage_dir(cfg, "evaluate")
     methods = check_methods(ecfg)
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
     prompts = select_prompts(load_prompts(cfg), ecfg.max_prompts)
@@ -178,6 +177,7 @@ def run(cfg: DictConfig) -> None:
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
     decoders, drafters = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling)
+    out = stage_dir(cfg, "evaluate")  # once every input has loaded
     log.info("evaluating %s on %d prompts of %s (k=%d, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              ecfg.num_draft_tokens, "greedy" if sampling.greedy else f"T={sampling.temperature}")
 

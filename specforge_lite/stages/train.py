@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples
 from specforge_lite.drafters import distill, eagle3, medusa
@@ -108,16 +109,22 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
 
 def ensure_samples(cfg: DictConfig) -> None:
     """Train needs the sampled conversations: when they are missing or incomplete, a
-    single-process run samples them first (the sample stage resumes what exists)."""
-    meta = samples_dir(cfg) / "meta.json"
-    if meta.exists() and json.loads(meta.read_text()).get("complete"):
+    single-process run samples them first (the sample stage resumes what exists). Complete
+    samples made with other data / sample settings are refused, as the sample stage refuses
+    to resume them: training on them would silently learn from stale data."""
+    from specforge_lite.stages import sample
+
+    meta_path = samples_dir(cfg) / "meta.json"
+    meta = read_json_object(meta_path) if meta_path.exists() else {}
+    if meta.get("complete"):
+        problem = sample.stale_samples(cfg, meta, samples_dir(cfg)) if cfg.train.use_samples else None
+        if problem:
+            raise SpecforgeError(f"train: {problem}")
         return
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SpecforgeError(f"no complete samples in {samples_dir(cfg)}; run the sample stage before a "
                              "multi-process train (python -m specforge_lite sample ... on the same ranks)")
     log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
-    from specforge_lite.stages import sample
-
     sample.run(cfg)
 
 
