@@ -62,22 +62,26 @@ def completed_shards(data_dir: Path) -> list[int]:
 
 
 def load_samples(samples_dir: Path):
-    """The samples as one `datasets.Dataset` (shards in order).
-
-    A shard whose prompts were all skipped holds no rows; it stays on disk (it marks the
-    shard done for a resume) and is left out here. A shard that cannot be read is an error
-    naming it."""
+    """The samples as one `datasets.Dataset` (shards in order)."""
     import datasets
 
+    return datasets.Dataset.from_parquet(readable_shards(samples_dir))
+
+
+def readable_shards(samples_dir: Path) -> list[str]:
+    """The shard files that hold rows, each checked readable (an error names a damaged one).
+
+    A shard whose prompts were all skipped holds no rows; it stays on disk (it marks the
+    shard done for a resume) and is left out here."""
     data_dir = Path(samples_dir) / "data"
     shards = completed_shards(data_dir)
     if not shards:
         raise SpecforgeError(f"no sample shards under {data_dir}; run the sample stage first")
-    files = [str(path) for path in map(lambda i: shard_path(data_dir, i), shards) if shard_rows(path)]
+    files = [str(path) for path in (shard_path(data_dir, i) for i in shards) if shard_rows(path)]
     if not files:
         raise SpecforgeError(f"the samples in {samples_dir} hold no conversations: every prompt was skipped "
                              f"(see skipped in {Path(samples_dir) / 'meta.json'}); sample with other settings")
-    return datasets.Dataset.from_parquet(files)
+    return files
 
 
 def shard_rows(path: Path) -> int:

@@ -234,8 +234,6 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def run(cfg: DictConfig) -> None:
-    out = stage_dir(cfg, "sample")
-    data_dir = out / "data"
     rank, world = _rank_and_world(cfg.sample)
     sample_cfg = cfg.sample
 
@@ -245,6 +243,8 @@ def run(cfg: DictConfig) -> None:
         train = train[: cfg.data.max_samples]
     if not train:
         raise SpecforgeError(f"no training conversations left from {cfg.data.source}")
+    out = stage_dir(cfg, "sample")  # once the source has been read
+    data_dir = out / "data"
 
     stamp = fingerprint(cfg)
     meta_path = out / "meta.json"

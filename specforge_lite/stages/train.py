@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
-from specforge_lite.data.samples import load_samples
+from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
@@ -120,12 +120,14 @@ def ensure_samples(cfg: DictConfig) -> None:
         problem = sample.stale_samples(cfg, meta, samples_dir(cfg)) if cfg.train.use_samples else None
         if problem:
             raise SpecforgeError(f"train: {problem}")
-        return
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SpecforgeError(f"no complete samples in {samples_dir(cfg)}; run the sample stage before a "
                              "multi-process train (python -m specforge_lite sample ... on the same ranks)")
-    log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
-    sample.run(cfg)
+    else:
+        log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
+        sample.run(cfg)
+    if cfg.train.use_samples:
+        readable_shards(samples_dir(cfg))  # some hold rows, none is damaged: before anything is written
 
 
 # what decides the trained weights (not logging, tracking or checkpoint cadence)

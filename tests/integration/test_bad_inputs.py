@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -23,12 +24,26 @@ SMOKE_DATA = REPO / "data" / "smoke_conversations.jsonl"
 
 def cli(capsys, *args: str) -> tuple[int, str]:
     """Run `python -m specforge_lite ARGS` in this process; returns (exit status, stderr)."""
+    code = in_process(*args)
+    return code, capsys.readouterr().err
+
+
+def in_process(*args: str) -> int:
+    """`main(ARGS)`'s exit status; the logging handlers Hydra installs for the job (bound to
+    this test's captured streams) are taken down after it, as a process exit would."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     try:
         main(list(args))
-        code = 0
+        return 0
     except SystemExit as done:
-        code = done.code
-    return code, capsys.readouterr().err
+        return done.code
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        root.setLevel(level)
 
 
 def written(run_dir: Path) -> set[str]:
@@ -122,3 +137,183 @@ def test_plus_keys_outside_the_schema_are_refused(capsys, tmp_path, overrides, m
     code, err = cli(capsys, "sample", "+recipe=smoke", f"run_dir={tmp_path}", *overrides)
     assert_user_error(code, err, message)
     assert written(tmp_path) == set()
+
+
+# --------------------------------------------------------------------------- shared runs
+
+def run_ok(*args: str) -> None:
+    """The real CLI in this process, for fixtures: it must succeed."""
+    code = in_process(*args)
+    assert code in (0, None), f"{args} exited with {code}"
+
+
+def conversation(i: int, prompt: str) -> dict:
+    return {"id": f"c{i}", "conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": "Sure."}]}
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory) -> Path:
+    """A smoke run folder with complete samples (8 new tokens per answer)."""
+    run_dir = tmp_path_factory.mktemp("sampled")
+    run_ok("sample", "+recipe=smoke", f"run_dir={run_dir}", "sample.max_new_tokens=8")
+    return run_dir
+
+
+# --------------------------------------------------------------------------- 3. empty shards
+
+LONG, SHORT = "Tell me everything about it. " * 12, "Say hi."
+EMPTY_SHARD_CASES = [
+    # shard 0's prompts are all too long (skipped), shard 1's are fine: train reads past the empty shard
+    ("first_shard_empty", [LONG] * 4 + [SHORT] * 4, [], 0, "drafter written"),
+    ("every_shard_empty", [LONG] * 8, [], 2, "hold no conversations: every prompt was skipped"),
+    ("max_new_tokens_0", [SHORT] * 8, ["sample.max_new_tokens=0"], 2, "sample.max_new_tokens=0: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("name,prompts,overrides,code,message", EMPTY_SHARD_CASES, ids=[c[0] for c in EMPTY_SHARD_CASES])
+def test_shards_whose_prompts_were_all_skipped_do_not_break_train(capsys, tmp_path, name, prompts, overrides,
+                                                                   code, message):
+    source = write_jsonl(tmp_path / "prompts.jsonl", [conversation(i, p) for i, p in enumerate(prompts)])
+    run_dir = tmp_path / "run"
+    got, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={run_dir}", f"data.source={source}",
+                   "data.heldout_fraction=0", "sample.max_prompt_length=100", "sample.max_new_tokens=4",
+                   "train.max_steps=1", "train.checkpoint_every=0", *overrides)
+    if code == 0:
+        assert got == 0, err
+        meta = json.loads((run_dir / "samples" / "meta.json").read_text())
+        assert meta["num_rows"] == 4 and meta["skipped"] == {"prompt_too_long": 4}
+        assert json.loads((run_dir / "train" / "drafter" / "config.json").read_text())["trained_steps"] == 1
+    else:
+        assert_user_error(got, err, message)
+        assert not (run_dir / "train").exists()
+
+
+# --------------------------------------------------------------------------- 4. readers
+
+GOOD = [conversation(i, f"Question {i}?") for i in range(3)]
+
+
+def non_utf8_jsonl(path: Path) -> Path:
+    lines = [json.dumps(r).encode() for r in GOOD]
+    lines[1] = lines[1].replace(b"Question", b"Qu\xff\xfestion")
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def non_utf8_json_array(path: Path) -> Path:
+    parts = [json.dumps(r).encode() for r in GOOD]
+    parts[1] = parts[1].replace(b"Question", b"Qu\xe9stion")  # Latin-1, not UTF-8
+    path.write_bytes(b"[" + b", ".join(parts) + b"]")
+    return path
+
+
+def bad_element_json_array(path: Path) -> Path:
+    parts = [json.dumps(r) for r in GOOD]
+    parts[1] = parts[1].replace('"Question 1?"}', '"Question 1?",}')  # a trailing comma: invalid JSON
+    path.write_text("[" + ", ".join(parts) + "]")
+    return path
+
+
+def eval_turns_string(path: Path) -> Path:
+    return write_jsonl(path, [{"id": "a", "turns": ["Hi?", "And?"]}, {"id": "b", "turns": "What is 2+2?"},
+                              {"id": "c", "prompt": "Name a colour."}])
+
+
+READER_CASES = [  # (name, writer, file name, kept ids, skipped reason, strict message)
+    ("non_utf8_jsonl", non_utf8_jsonl, "d.jsonl", ["c0", "c2"], "invalid_utf8", "line 2: 2 bytes that are not UTF-8"),
+    ("non_utf8_json", non_utf8_json_array, "d.json", ["c0", "c2"], "invalid_utf8", "record 1: 1 bytes that are not UTF-8"),
+    ("bad_json_element", bad_element_json_array, "d.json", ["c0", "c2"], "invalid_json", "record 1: invalid JSON"),
+    ("eval_turns_string", eval_turns_string, "p.jsonl", ["a", "c"], "turns_not_a_list", "record 2: turns_not_a_list"),
+]
+
+
+@pytest.mark.parametrize("name,writer,file_name,kept,reason,strict_message", READER_CASES,
+                         ids=[c[0] for c in READER_CASES])
+def test_readers_count_what_they_cannot_read_and_keep_the_rest(capsys, tmp_path, name, writer, file_name, kept,
+                                                              reason, strict_message):
+    from specforge_lite.data.readers import read_conversations, read_eval_prompts
+
+    path = writer(tmp_path / file_name)
+    is_eval = name.startswith("eval")
+    if is_eval:
+        assert [p["id"] for p in read_eval_prompts(str(path))] == kept
+        assert [p["turns"] for p in read_eval_prompts(str(path))][0] == ["Hi?", "And?"]
+    else:
+        records, stats = read_conversations(str(path))
+        assert [r["id"] for r in records] == kept and dict(stats.skipped) == {reason: 1}
+        assert stats.undecodable_bytes == (2 if name == "non_utf8_jsonl" else 1 if name == "non_utf8_json" else 0)
+    # data.strict=true: the first bad record is an error naming the file and the record
+    run_dir = tmp_path / "run"
+    stage, key = ("evaluate", "eval.dataset") if is_eval else ("sample", "data.source")
+    code, err = cli(capsys, stage, "+recipe=smoke", f"run_dir={run_dir}", f"{key}={path}", "data.strict=true")
+    assert_user_error(code, err, f"{path}: {strict_message}")
+    assert written(run_dir) == set()
+
+
+# --------------------------------------------------------------------------- 5. stale samples
+
+STALE_CASES = [
+    ("data.source", lambda tmp: f"data.source={shutil.copy(SMOKE_DATA, tmp / 'other.jsonl')}"),
+    ("sample.max_new_tokens", lambda tmp: "sample.max_new_tokens=9"),
+    ("sample.temperature", lambda tmp: "sample.temperature=0.7"),
+    ("data.max_length", lambda tmp: "data.max_length=200"),
+    ("data.max_samples", lambda tmp: "data.max_samples=5"),
+]
+
+
+@pytest.mark.parametrize("key,override", STALE_CASES, ids=[c[0] for c in STALE_CASES])
+def test_train_refuses_samples_made_with_other_settings(capsys, sampled, tmp_path, key, override):
+    run_dir = tmp_path / "run"
+    shutil.copytree(sampled, run_dir)
+    before = digest(run_dir)
+    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={run_dir}", "sample.max_new_tokens=8",
+                    override(tmp_path))
+    assert_user_error(code, err, "holds samples made with other settings")
+    assert f"{key}=" in err and "delete that folder to sample again" in err
+    assert digest(run_dir) == before and not (run_dir / "train").exists()
+
+
+# --------------------------------------------------------------------------- 8. targets
+
+def tiny_target_copy(tmp: Path) -> Path:
+    from specforge_lite.targets import resolve_target_path
+
+    return Path(shutil.copytree(resolve_target_path("builtin:tiny-llama"), tmp / "target"))
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+TARGET_CASES = [  # (name, make(tmp) -> target.path, message)
+    ("relative_word", lambda tmp: "no_such_model", "target.path='no_such_model': no such directory"),
+    ("relative_under_existing_folder", lambda tmp: "data/no_such_model", "no such directory"),
+    ("dot_relative", lambda tmp: "./no_such_model", "no such directory"),
+    ("config_truncated", lambda tmp: _damaged(tmp, "config.json", truncate), "config.json: invalid JSON"),
+    ("config_missing", lambda tmp: _damaged(tmp, "config.json", Path.unlink), "config.json: missing"),
+    ("config_not_object", lambda tmp: _damaged(tmp, "config.json", lambda p: p.write_text("[]")),
+     "config.json: expected a JSON object"),
+    ("weights_truncated", lambda tmp: _damaged(tmp, "model.safetensors", truncate),
+     "model.safetensors: holds"),
+    ("weights_missing", lambda tmp: _damaged(tmp, "model.safetensors", Path.unlink), "no weights"),
+]
+
+
+def _damaged(tmp: Path, name: str, damage) -> str:
+    target = tiny_target_copy(tmp)
+    damage(target / name)
+    return str(target)
+
+
+@pytest.mark.parametrize("name,make,message", TARGET_CASES, ids=[c[0] for c in TARGET_CASES])
+def test_bad_target_paths_and_folders_are_named_at_once(capsys, tmp_path, name, make, message):
+    run_dir = tmp_path / "run"
+    code, err = cli(capsys, "sample", "+recipe=smoke", f"run_dir={run_dir}", f"target.path={make(tmp_path)}")
+    assert_user_error(code, err, message)
+    assert written(run_dir) == set()
