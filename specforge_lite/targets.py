@@ -254,6 +254,34 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def load_causal_lm(path: str, dtype, what: str, trust_remote_code: bool = False, strict: bool = False):
+    """`AutoModelForCausalLM.from_pretrained` with a local folder's files checked first (by
+    name) and its load report checked after: transformers only warns about a weight that is
+    missing (renamed, say) and leaves it random. `strict` also refuses unexpected weights."""
+    from transformers import AutoModelForCausalLM
+
+    if Path(path).is_dir():
+        check_target_dir(Path(path))
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise SpecforgeError(f"{what}: cannot load the model ({_first_line(err)})") from None
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(info.get("missing_keys") or ()) - tied)
+    unexpected = sorted(info.get("unexpected_keys") or ()) if strict else []
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
+    if missing or unexpected or mismatched:
+        problems = [f"{label} {', '.join(keys[:5])}" for label, keys in
+                    (("missing", missing), ("unexpected", unexpected), ("misshapen", mismatched)) if keys]
+        raise SpecforgeError(f"{what}: its weights do not fit the model ({'; '.join(problems)})")
+    if strict:
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(p.isfinite().all())]
+        if bad:
+            raise SpecforgeError(f"{what}: NaN or inf values in {', '.join(bad[:5])}")
+    return model
+
+
 def load_tokenizer(target_cfg):
     from transformers import AutoTokenizer
 
@@ -272,20 +300,11 @@ def load_tokenizer(target_cfg):
 
 def load_target(target_cfg, *, for_training: bool = False):
     """Return `(model, tokenizer)` on the configured device and dtype, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
     path = resolve_target_path(target_cfg.path)
-    if Path(path).is_dir():
-        check_target_dir(Path(path))
     device = resolve_device(target_cfg.device)
     dtype = resolve_dtype(target_cfg.dtype, device)
     tokenizer = load_tokenizer(target_cfg)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=target_cfg.trust_remote_code)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
-        raise SpecforgeError(f"target.path={target_cfg.path!r}: cannot load the model ({_first_line(err)})") \
-            from None
+    model = load_causal_lm(path, dtype, f"target.path={target_cfg.path!r}", target_cfg.trust_remote_code)
     model.to(device)
     model.eval()
     if not for_training:

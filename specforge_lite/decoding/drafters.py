@@ -243,12 +243,11 @@ def load_draft_model(eval_cfg, target):
     """The `draft_model` drafter's LM: eval.draft_model (a path) or a truncated copy
     of the target (eval.truncate_layers; null picks min(4, L // 4), at least 1)."""
     if eval_cfg.draft_model:
-        from transformers import AutoModelForCausalLM
-
-        from specforge_lite.targets import resolve_target_path
+        from specforge_lite.targets import load_causal_lm, resolve_target_path
 
         path = resolve_target_path(eval_cfg.draft_model, "eval.draft_model")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype).to(target.device).eval()
+        model = load_causal_lm(path, target.dtype, f"eval.draft_model={eval_cfg.draft_model!r}")
+        model = model.to(target.device).eval()
         model.requires_grad_(False)
         draft_vocab = model.get_output_embeddings().weight.shape[0]
         target_vocab = target.get_output_embeddings().weight.shape[0]

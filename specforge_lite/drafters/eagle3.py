@@ -18,7 +18,6 @@ is `state_dict()` less the frozen embedding.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
-                                            stepwise_loss)
+from specforge_lite.drafters.common import (draft_vocab_preparer, load_drafter_dir, save_drafter, select_weights,
+                                            shifted_targets, stepwise_loss)
 
 
 @dataclass
@@ -354,15 +353,9 @@ def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> 
 
 def load(directory: Path, target) -> Eagle3Drafter:
     """A drafter saved by `save`, with the target's embedding, on the target's device."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
     fields = {f for f in Eagle3Config.__dataclass_fields__}
-    drafter = Eagle3Drafter(Eagle3Config(**{k: v for k, v in raw.items() if k in fields}))
-    missing, unexpected = drafter.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    if unexpected or set(missing) != {FROZEN}:
-        raise ValueError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    drafter = load_drafter_dir(directory, lambda raw: Eagle3Drafter(Eagle3Config(
+        **{k: v for k, v in raw.items() if k in fields})), FROZEN_WEIGHTS)
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
     return drafter.to(target.device).eval()

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from specforge_lite.artifact_io import load_safetensors, read_json_object
 from specforge_lite.drafters.eagle3 import FROZEN, Eagle3Config, Eagle3Drafter, trained_weights
 
 # Built-in targets whose weights also live on the hub under this id (for `vllm serve DRAFT_DIR`).
@@ -108,7 +109,7 @@ def write_speculators_dir(drafter: Eagle3Drafter, out: Path, speculative_tokens:
 def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Strict reload; raises ValueError naming the first problem. Returns (config, weights)."""
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_json_object(directory / "config.json")
     if "model_type" in config:
         raise ValueError(f"{directory}/config.json: speculators configs have no top-level model_type")
     for key, kind in REQUIRED_FIELDS.items():
@@ -132,7 +133,7 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
     if spec.get("algorithm") != "eagle3" or not isinstance(proposal.get("speculative_tokens"), int) \
             or proposal["speculative_tokens"] < 1 or not spec.get("verifier", {}).get("name_or_path"):
         raise ValueError(f"{directory}/config.json: speculators_config is incomplete")
-    weights = load_file(str(directory / "model.safetensors"))
+    weights = load_safetensors(directory / "model.safetensors")
     expected = expected_shapes(config)
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected) - {FROZEN})

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
-                                            stepwise_loss)
+from specforge_lite.drafters.common import (draft_vocab_preparer, load_drafter_dir, save_drafter, select_weights,
+                                            shifted_targets, stepwise_loss)
 
 log = logging.getLogger(__name__)
 
@@ -160,14 +160,8 @@ def save(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> None
 
 
 def load(directory: Path, target) -> MedusaHeads:
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
-    heads = MedusaHeads(MedusaConfig(**{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__}))
-    missing, unexpected = heads.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    if missing or unexpected:
-        raise SpecforgeError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    heads = load_drafter_dir(directory, lambda raw: MedusaHeads(MedusaConfig(
+        **{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__})))
     return heads.to(target.device).eval()
 
 
@@ -271,10 +265,10 @@ def write_vllm_dir(heads: MedusaHeads, directory: Path) -> dict:
 def load_vllm_dir(directory: Path, target) -> MedusaHeads:
     """Strict reload of an exported directory: typed config fields, every key and shape,
     nothing missing or extra (vLLM itself skips unknown names and never reports missing ones)."""
-    from safetensors.torch import load_file
+    from specforge_lite.artifact_io import load_safetensors, read_json_object
 
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_json_object(directory / "config.json")
     types = {"model_type": str, "hidden_size": int, "vocab_size": int, "num_heads": int, "num_hidden_layers": int,
              "truncated_vocab_size": int, "medusa_fc_bias": bool}
     for key, kind in types.items():
@@ -282,7 +276,7 @@ def load_vllm_dir(directory: Path, target) -> MedusaHeads:
             raise SpecforgeError(f"{directory}/config.json: {key} should be a {kind.__name__}, got {config.get(key)!r}")
     if config["model_type"] != "medusa":
         raise SpecforgeError(f"{directory}/config.json: model_type {config['model_type']!r}, expected 'medusa'")
-    weights = load_file(str(directory / "model.safetensors"))
+    weights = load_safetensors(directory / "model.safetensors")
     expected = expected_shapes(config)
     missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     wrong = [f"{k} {tuple(weights[k].shape)} != {expected[k]}" for k in expected if k in weights

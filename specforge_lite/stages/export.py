@@ -5,20 +5,25 @@ engine loads for that drafter: EAGLE-3 in the speculators format (plus SGLang's 
 with `export.sglang=true`), Medusa in vLLM's Medusa format (vLLM <= 0.32), a draft
 model as a plain HF directory with the target's tokenizer. Each gets a README with the
 serve command; the stage reloads what it wrote strictly and checks that the reloaded
-drafter computes the trained drafter's logits.
+drafter computes the trained drafter's logits. Everything is written into a temporary
+folder beside `export/` and renamed into place only once that check has passed, so a
+failed export leaves the previous one, and its `export.json`, untouched.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
+from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, atomic_write_text, write_provenance
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.common import drafter_kind
 from specforge_lite.drafters.eagle3_export import (HUB_IDS, load_speculators_dir, sglang_problem, write_sglang_dir,
@@ -54,15 +59,37 @@ def run(cfg: DictConfig) -> None:
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first")
     if kind not in EXPORTERS:
         raise SpecforgeError(f"{trained}: no export for drafter {kind!r}; known: {sorted(EXPORTERS)}")
-    out = stage_dir(cfg, "export")
-    write_provenance(out, cfg)
+    final = Path(cfg.run_dir) / STAGE_DIRS["export"]
     target, tokenizer = load_target(cfg.target)
     k, k_source = chosen_k(cfg)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
-    info = EXPORTERS[kind](cfg, trained, out, target, tokenizer, k, k_source, verifier)
-    atomic_write_json(out / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
-                                            "verifier": verifier, "strict_reload": "passed"})
+    # written whole into a temporary folder, checked strictly there, then renamed into place:
+    # a failure leaves the previous export (and its export.json) as it was
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        write_provenance(tmp, cfg)
+        try:
+            info = EXPORTERS[kind](cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
+        except ValueError as err:  # a strict check of what was written
+            raise SpecforgeError(f"export failed its strict check, nothing replaced: {err}") from None
+        info = {key: value.replace(str(tmp), str(final)) if isinstance(value, str) else value
+                for key, value in info.items()}
+        atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
+                                                "verifier": verifier, "strict_reload": "passed"})
+        replace_folder(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
+
+
+def replace_folder(new: Path, final: Path) -> None:
+    """Put folder `new` at `final` by renames (the old one, if any, is removed after)."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(new, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def export_eagle3(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:

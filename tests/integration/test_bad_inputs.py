@@ -127,7 +127,7 @@ PLUS_CASES = [
     (["+sample.foo=1"], "sample.foo=1: unknown key (SampleConfig has no such field)"),
     (["+bar=2"], "bar=2: unknown key (Config has no such field)"),
     (["+drafter.x.y=3"], "drafter.x={'y': 3}: unknown key (DrafterConfig has no such field)"),
-    (["+train.lr_typo=1"], "did you mean train.lr?"),
+    (["+train.batchsize=4"], "did you mean train.batch_size?"),
     (["+eval.drafter_dirs.eagle=x"], "did you mean eval.drafter_dirs.eagle3?"),
 ]
 
@@ -156,11 +156,14 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
+SAMPLED = ("data.max_samples=4", "sample.max_new_tokens=4")
+
+
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory) -> Path:
-    """A smoke run folder with complete samples (8 new tokens per answer)."""
+    """A smoke run folder with complete samples (4 conversations, 4 new tokens per answer)."""
     run_dir = tmp_path_factory.mktemp("sampled")
-    run_ok("sample", "+recipe=smoke", f"run_dir={run_dir}", "sample.max_new_tokens=8")
+    run_ok("sample", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED)
     return run_dir
 
 
@@ -259,10 +262,10 @@ def test_readers_count_what_they_cannot_read_and_keep_the_rest(capsys, tmp_path,
 
 STALE_CASES = [
     ("data.source", lambda tmp: f"data.source={shutil.copy(SMOKE_DATA, tmp / 'other.jsonl')}"),
-    ("sample.max_new_tokens", lambda tmp: "sample.max_new_tokens=9"),
+    ("sample.max_new_tokens", lambda tmp: "sample.max_new_tokens=5"),
     ("sample.temperature", lambda tmp: "sample.temperature=0.7"),
     ("data.max_length", lambda tmp: "data.max_length=200"),
-    ("data.max_samples", lambda tmp: "data.max_samples=5"),
+    ("data.max_samples", lambda tmp: "data.max_samples=3"),
 ]
 
 
@@ -271,8 +274,7 @@ def test_train_refuses_samples_made_with_other_settings(capsys, sampled, tmp_pat
     run_dir = tmp_path / "run"
     shutil.copytree(sampled, run_dir)
     before = digest(run_dir)
-    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={run_dir}", "sample.max_new_tokens=8",
-                    override(tmp_path))
+    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, override(tmp_path))
     assert_user_error(code, err, "holds samples made with other settings")
     assert f"{key}=" in err and "delete that folder to sample again" in err
     assert digest(run_dir) == before and not (run_dir / "train").exists()
@@ -317,3 +319,62 @@ def test_bad_target_paths_and_folders_are_named_at_once(capsys, tmp_path, name, 
     code, err = cli(capsys, "sample", "+recipe=smoke", f"run_dir={run_dir}", f"target.path={make(tmp_path)}")
     assert_user_error(code, err, message)
     assert written(run_dir) == set()
+
+
+# --------------------------------------------------------------------------- 7. drafter artifacts
+
+@pytest.fixture(scope="module")
+def exported(sampled, tmp_path_factory) -> Path:
+    """A smoke run with a trained EAGLE-3 drafter (2 steps) and a good export of it."""
+    run_dir = tmp_path_factory.mktemp("exported") / "run"
+    shutil.copytree(sampled, run_dir)
+    run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *TRAINED)
+    run_ok("export", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *TRAINED)
+    return run_dir
+
+
+TRAINED = ("train.max_steps=2", "train.checkpoint_every=0")
+
+
+def _edit_weights(edit):
+    def damage(drafter: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(str(drafter / "model.safetensors"))
+        edit(weights)
+        save_file(weights, str(drafter / "model.safetensors"))
+    return damage
+
+
+def _nan(weights):
+    weights["fc.weight"][0, 0] = float("nan")
+
+
+DRAFTER_CASES = [  # (name, damage(train/drafter folder), message)
+    ("weights_truncated", lambda d: truncate(d / "model.safetensors"), "model.safetensors: holds"),
+    ("tensor_renamed", _edit_weights(lambda w: w.__setitem__("fc_renamed.weight", w.pop("fc.weight"))),
+     "model.safetensors: does not fit: missing fc.weight; unexpected fc_renamed.weight"),
+    ("tensor_misshapen", _edit_weights(lambda w: w.__setitem__("norm.weight", w["norm.weight"][:7].clone())),
+     "model.safetensors: misshapen tensors: norm.weight (7,) (expected (64,))"),
+    ("nan_weights", _edit_weights(_nan), "model.safetensors: NaN or inf values in fc.weight"),
+    ("config_truncated", lambda d: truncate(d / "config.json"), "config.json: invalid JSON"),
+    ("config_not_a_drafter", lambda d: d.joinpath("config.json").write_text('{"drafter": "eagle3"}'),
+     "config.json: does not describe a eagle3 drafter"),
+]
+
+
+@pytest.mark.parametrize("stage", ["evaluate", "export"])
+@pytest.mark.parametrize("name,damage,message", DRAFTER_CASES, ids=[c[0] for c in DRAFTER_CASES])
+def test_damaged_drafter_files_are_named_and_nothing_is_replaced(capsys, exported, tmp_path, stage, name, damage,
+                                                                 message):
+    run_dir = tmp_path / "run"
+    shutil.copytree(exported, run_dir)
+    damage(run_dir / "train" / "drafter")
+    before = digest(run_dir / "export")
+    assert json.loads((run_dir / "export" / "export.json").read_text())["strict_reload"] == "passed"
+    code, err = cli(capsys, stage, "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *TRAINED,
+                    "eval.methods=[plain,eagle3]", "eval.max_prompts=1", "eval.warmup=0")
+    assert_user_error(code, err, f"{run_dir / 'train' / 'drafter'}/{message}")
+    assert digest(run_dir / "export") == before  # the earlier good export and its export.json stand
+    assert not (run_dir / "eval").exists()
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
