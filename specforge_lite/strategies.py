@@ -28,9 +28,7 @@ import json
 import logging
 import math
 import os
-import random
 import resource
-import shutil
 import socket
 from pathlib import Path
 
@@ -38,6 +36,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
+from specforge_lite.checkpoints import check_written_by, read_plain, restore_rng, write_checkpoint, write_plain
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +97,18 @@ def local_bytes(tensors) -> int:
 
 # --------------------------------------------------------------------------- strategies
 
-class DDPStrategy:
-    """accelerate's DDP: the behaviour the train stage had before strategies existed."""
+class Strategy:
+    """What every strategy shares; the subclasses differ only in the methods they override.
 
-    name = "ddp"
+    Class attributes say what a strategy is: `name` (its `trainer.strategy` value, also
+    written into its checkpoints), `accelerate_mixed_precision` (accelerate casts the
+    forward; the others cast themselves) and `can_shard_target` (every rank runs every
+    target forward, so `trainer.shard_target` works).
+    """
+
+    name = "base"
+    accelerate_mixed_precision = False
+    can_shard_target = True
 
     def __init__(self, cfg: DictConfig):
         from accelerate import Accelerator
@@ -109,7 +116,7 @@ class DDPStrategy:
         self.cfg = cfg
         self.mixed = mixed_precision(cfg)
         # cpu=True is what makes accelerate form a gloo process group on CPU-only machines
-        self.accelerator = Accelerator(mixed_precision=self.mixed if self.name == "ddp" else "no",
+        self.accelerator = Accelerator(mixed_precision=self.mixed if self.accelerate_mixed_precision else "no",
                                        cpu=cfg.target.device == "cpu" or not torch.cuda.is_available())
         self.device = self.accelerator.device
         self.model = self.optimizer = self.skeleton = None
@@ -125,9 +132,10 @@ class DDPStrategy:
             log.info("train.mode=offline: the target only builds the feature cache (on rank 0), so it is "
                      "loaded whole; trainer.shard_target applies to online training")
         elif self.cfg.trainer.shard_target:
-            if self.name == "ddp":
-                raise SpecforgeError("trainer.shard_target=true needs every rank in every target forward: use "
-                                     "trainer=fsdp or trainer=deepspeed_zero3 (trainer=ddp keeps the target whole)")
+            if not self.can_shard_target:
+                raise SpecforgeError(f"trainer.shard_target=true needs every rank in every target forward: use "
+                                     f"trainer=fsdp or trainer=deepspeed_zero3 (trainer={self.name} keeps the "
+                                     "target whole)")
             from specforge_lite.sharded_target import load_sharded_target
 
             ensure_process_group(self.device)
@@ -139,6 +147,10 @@ class DDPStrategy:
         gradient_checkpointing(drafter, self.cfg)
         self.model, self.optimizer = self.accelerator.prepare(drafter, optimizer)
         return self.model, self.optimizer
+
+    def checkpoint_state(self) -> dict:
+        """What `state.json` records besides the step: who wrote it, on how many ranks, with which settings."""
+        return {"strategy": self.name, "world_size": world_size(), "fingerprint": self.stamp}
 
     # ---- one optimizer step
     def accumulate(self, last: bool):
@@ -161,17 +173,16 @@ class DDPStrategy:
 
     # ---- checkpoints and output
     def save_checkpoint(self, ckpt_dir: Path, step: int, keep: int) -> None:
-        from specforge_lite.stages.train import save_checkpoint
-
-        if self.accelerator.is_main_process:
-            save_checkpoint(ckpt_dir, step, self.accelerator.unwrap_model(self.model), self.optimizer, keep,
-                            self.module, self.stamp)
+        """Plain full files written by rank 0 (resume on any number of ranks)."""
+        weights = self.module.trained_weights(self.accelerator.unwrap_model(self.model)) \
+            if self.accelerator.is_main_process else {}
+        write_checkpoint(ckpt_dir, step, keep, write_plain(weights, self.optimizer), self.checkpoint_state())
 
     def load_checkpoint(self, path: Path) -> int:
-        from specforge_lite.stages.train import load_checkpoint
-
-        check_written_by(path, self.name, world_size(), self.stamp)
-        return load_checkpoint(path, self.accelerator.unwrap_model(self.model), self.optimizer, self.module)
+        check_written_by(path, self.name, self.stamp)
+        drafter = self.accelerator.unwrap_model(self.model)
+        read_plain(path, drafter, self.optimizer, set(self.module.trained_weights(drafter)))
+        return restore_rng(path)
 
     def full_drafter(self):
         """The trained drafter as a plain module with full weights (rank 0; collective)."""
@@ -192,12 +203,20 @@ class DDPStrategy:
                 "cuda_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None}
 
 
-class DeepSpeedStrategy(DDPStrategy):
+class DDPStrategy(Strategy):
+    """accelerate's DDP: every rank holds everything; gradients are all-reduced."""
+
+    name = "ddp"
+    accelerate_mixed_precision = True
+    can_shard_target = False
+
+
+class DeepSpeedStrategy(Strategy):
     """A DeepSpeed ZeRO engine around the drafter, with the stage's torch AdamW as client optimizer."""
 
-    def __init__(self, cfg: DictConfig, stage: int):
-        self.name = f"deepspeed_zero{stage}"
-        self.stage = stage
+    stage = 2
+
+    def __init__(self, cfg: DictConfig):
         super().__init__(cfg)
         ensure_process_group(self.device)
         # DeepSpeed builds C++ ops on first use; none is needed here, but keep any build cached
@@ -235,10 +254,10 @@ class DeepSpeedStrategy(DDPStrategy):
         def write(tmp: Path) -> None:
             self.model.save_checkpoint(str(tmp), tag="deepspeed", save_latest=False)
 
-        save_sharded_checkpoint(ckpt_dir, step, keep, self.name, write, self.stamp)
+        write_checkpoint(ckpt_dir, step, keep, write, self.checkpoint_state())
 
     def load_checkpoint(self, path: Path) -> int:
-        state = check_written_by(path, self.name, world_size(), self.stamp)
+        state = check_written_by(path, self.name, self.stamp)
         if state.get("world_size", world_size()) != world_size():
             raise SpecforgeError(
                 f"checkpoint {path} was written by {state['world_size']} ranks with trainer={self.name}; DeepSpeed "
@@ -259,7 +278,17 @@ class DeepSpeedStrategy(DDPStrategy):
         return plain_copy(self.skeleton, state) if state is not None else None
 
 
-class FSDPStrategy(DDPStrategy):
+class ZeRO2Strategy(DeepSpeedStrategy):
+    name = "deepspeed_zero2"
+    stage = 2
+
+
+class ZeRO3Strategy(DeepSpeedStrategy):
+    name = "deepspeed_zero3"
+    stage = 3
+
+
+class FSDPStrategy(Strategy):
     """torch FSDP2: `fully_shard` around the drafter (weights, gradients and AdamW state sharded)."""
 
     name = "fsdp"
@@ -311,13 +340,13 @@ class FSDPStrategy(DDPStrategy):
             model_state, optim_state = get_state_dict(self.model, self.optimizer)
             dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / "dcp"))
 
-        save_sharded_checkpoint(ckpt_dir, step, keep, self.name, write, self.stamp)
+        write_checkpoint(ckpt_dir, step, keep, write, self.checkpoint_state())
 
     def load_checkpoint(self, path: Path) -> int:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        check_written_by(path, self.name, world_size(), self.stamp)
+        check_written_by(path, self.name, self.stamp)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optim_state}
         dcp.load(state, checkpoint_id=str(path / "dcp"))  # resharded to this run's ranks
@@ -334,8 +363,8 @@ class FSDPStrategy(DDPStrategy):
 
 STRATEGIES = {
     "ddp": DDPStrategy,
-    "deepspeed_zero2": lambda cfg: DeepSpeedStrategy(cfg, stage=2),
-    "deepspeed_zero3": lambda cfg: DeepSpeedStrategy(cfg, stage=3),
+    "deepspeed_zero2": ZeRO2Strategy,
+    "deepspeed_zero3": ZeRO3Strategy,
     "fsdp": FSDPStrategy,
 }
 
@@ -406,60 +435,6 @@ def deepspeed_config(cfg: DictConfig, stage: int, world: int, mixed: str) -> dic
         config.setdefault(half, {})["enabled"] = want
     config.setdefault("steps_per_print", 10 ** 9)
     return config
-
-
-def check_written_by(path: Path, strategy: str, world: int, stamp: str | None = None) -> dict:
-    state = json.loads((path / "state.json").read_text())
-    written_by = state.get("strategy", "ddp")  # checkpoints from before strategies are DDP's
-    if written_by != strategy:
-        raise SpecforgeError(f"checkpoint {path} was written with trainer={written_by}; resume it with that trainer "
-                             f"(now trainer={strategy}) or set train.resume=false to start over")
-    if stamp is not None and state.get("fingerprint") not in (None, stamp):
-        raise SpecforgeError(f"checkpoint {path} was written with other training settings; resuming it would "
-                             "mix two runs. Use another run_dir, delete that folder, or set train.resume=false")
-    return state
-
-
-def save_sharded_checkpoint(ckpt_dir: Path, step: int, keep: int, strategy: str, write,
-                            stamp: str | None = None) -> Path:
-    """Every rank writes its part into a temporary folder; rank 0 adds the RNG state and
-    `state.json` last, then renames it (a folder with `state.json` is complete)."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    final = ckpt_dir / f"step-{step:07d}"
-    tmp = ckpt_dir / f".step-{step:07d}.tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    write(tmp)
-    barrier()
-    if rank == 0:
-        save_rng(tmp)
-        (tmp / "state.json").write_text(json.dumps({"step": step, "strategy": strategy, "world_size": world_size(),
-                                                         "fingerprint": stamp}))
-        os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
-        for old in sorted(ckpt_dir.glob("step-*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    barrier()
-    return final
-
-
-def save_rng(directory: Path) -> None:
-    """torch, Python and CUDA random states of this process, to `directory/rng.pt`."""
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, directory / "rng.pt")
-
-
-def restore_rng(path: Path) -> int:
-    """Restore what `save_rng` wrote in checkpoint `path`; returns the checkpoint's step."""
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return json.loads((path / "state.json").read_text())["step"]
 
 
 def plain_copy(skeleton, state: dict):

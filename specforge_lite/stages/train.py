@@ -19,13 +19,11 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
@@ -35,7 +33,8 @@ from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
-from specforge_lite.strategies import build_strategy, restore_rng, save_rng
+from specforge_lite.checkpoints import latest_checkpoint
+from specforge_lite.strategies import build_strategy
 
 log = logging.getLogger(__name__)
 
@@ -159,42 +158,6 @@ def already_trained(cfg: DictConfig, stamp: str) -> bool:
                  cfg.drafter.name, info.get("trained_steps"))
         return True
     return False
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-def save_checkpoint(ckpt_dir: Path, step: int, drafter, optimizer, keep: int, module=eagle3,
-                    stamp: str | None = None) -> Path:
-    final = ckpt_dir / f"step-{step:07d}"
-    tmp = ckpt_dir / f".step-{step:07d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(module.trained_weights(drafter), str(tmp / "drafter.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    save_rng(tmp)
-    (tmp / "state.json").write_text(json.dumps({"step": step, "fingerprint": stamp}))
-    os.replace(tmp, final) if not final.exists() else shutil.rmtree(tmp)
-    for old in sorted(ckpt_dir.glob("step-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    done = sorted(p for p in ckpt_dir.glob("step-*") if (p / "state.json").exists())
-    return done[-1] if done else None
-
-
-def load_checkpoint(path: Path, drafter, optimizer, module=eagle3) -> int:
-    """Weights, optimizer and RNG of a plain checkpoint; returns its step. The caller has
-    checked who wrote it (`strategies.check_written_by`)."""
-    weights = load_file(str(path / "drafter.safetensors"))
-    expected = set(module.trained_weights(drafter))
-    if set(weights) != expected:
-        raise SpecforgeError(f"checkpoint {path} does not fit this drafter (missing "
-                             f"{sorted(expected - set(weights))[:5]}, unexpected {sorted(set(weights) - expected)[:5]})")
-    drafter.load_state_dict(weights, strict=False)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    return restore_rng(path)
 
 
 # --------------------------------------------------------------------------- trackers
