@@ -47,10 +47,15 @@ def write_shard(data_dir: Path, index: int, rows: list[dict[str, Any]], stats: d
     for path, write in ((stats_path(data_dir, index), lambda p: p.write_text(json.dumps(stats))),
                         (final, lambda p: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), p))):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            write(tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as err:  # a full disk: no temporary file left, the shard stays to do
+            tmp.unlink(missing_ok=True)
+            raise SpecforgeError(f"cannot write {path} ({err.strerror or err}); run the same command again "
+                                 "once there is room: it resumes at this shard") from err
     return final
 
 

@@ -73,6 +73,8 @@ def run(cfg: DictConfig) -> None:
             info = EXPORTERS[kind](cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
         except ValueError as err:  # a strict check of what was written
             raise SpecforgeError(f"export failed its strict check, nothing replaced: {err}") from None
+        except OSError as err:  # a full disk
+            raise SpecforgeError(f"cannot write the export ({err.strerror or err}); nothing replaced") from err
         info = {key: value.replace(str(tmp), str(final)) if isinstance(value, str) else value
                 for key, value in info.items()}
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,

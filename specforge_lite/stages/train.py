@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -27,13 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
+from specforge_lite.artifact_io import ArtifactError, read_json_object
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
-from specforge_lite.checkpoints import latest_checkpoint
+from specforge_lite.checkpoints import resume
 from specforge_lite.strategies import build_strategy
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,11 @@ def already_trained(cfg: DictConfig, stamp: str) -> bool:
     settings (`stamp`, from `fingerprint`)."""
     from specforge_lite.drafters.common import drafter_info
 
-    info = drafter_info(Path(cfg.run_dir) / "train" / "drafter")
+    try:
+        info = drafter_info(Path(cfg.run_dir) / "train" / "drafter")
+    except ArtifactError as err:
+        log.warning("%s; training again replaces it", err)
+        return False
     if info.get("fingerprint") == stamp and info.get("drafter") == cfg.drafter.name:
         log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
                  "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
@@ -245,9 +250,10 @@ def run(cfg: DictConfig) -> None:
 
     ckpt_dir = out / "checkpoints"
     start = 0
-    if tcfg.resume and (latest := latest_checkpoint(ckpt_dir)) is not None:
-        start = strategy.load_checkpoint(latest)
-        log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
+    if tcfg.resume:  # the newest intact checkpoint (a damaged one is reported and skipped)
+        start, latest = resume(ckpt_dir, strategy.load_checkpoint)
+        if latest is not None:
+            log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
 
     tracker = Tracker(cfg, out, accelerator.is_main_process)
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -321,13 +327,32 @@ def run(cfg: DictConfig) -> None:
     raw = strategy.full_drafter()  # every rank takes part in gathering; rank 0 gets the module
     if accelerator.is_main_process:
         final = out / "drafter"
-        module.save(raw, final, extra={"trained_steps": total_steps, "history": history,
-                                       "fingerprint": stamp})
+        save_atomically(final, lambda tmp: module.save(raw, tmp, extra={
+            "trained_steps": total_steps, "history": history, "fingerprint": stamp}))
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
+
+
+def save_atomically(final: Path, write) -> None:
+    """`write(folder)` into a temporary folder beside `final`, then rename it into place; a
+    failure (a full disk) removes the temporary folder and leaves `final` as it was."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        write(tmp)
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as err:
+        raise SpecforgeError(f"cannot write {final} ({err.strerror or err}); nothing was replaced") from err
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def empty_window() -> dict:
