@@ -25,6 +25,16 @@ class ArtifactError(SpecforgeError):
         self.path = Path(path)
 
 
+# how libraries word a write that the file system refused (a full disk, a file-size limit, a
+# quota): safetensors and torch.save raise their own error types around the OS error
+_WRITE_FAILURES = ("i/o error", "os error", "failed writing", "no space left", "file too large", "quota")
+
+
+def write_failure(err: BaseException) -> bool:
+    """True when `err`, raised while writing files, is the file system refusing the write."""
+    return isinstance(err, OSError) or any(text in str(err).lower() for text in _WRITE_FAILURES)
+
+
 def require_file(path: Path) -> Path:
     path = Path(path)
     if not path.is_file():

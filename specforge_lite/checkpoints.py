@@ -29,7 +29,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import (DAMAGED, ArtifactError, load_safetensors, read_json, read_json_object,
-                                        safetensors_header, torch_load)
+                                        safetensors_header, torch_load, write_failure)
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,16 @@ def write_checkpoint(ckpt_dir: Path, step: int, keep: int, write: Callable[[Path
     except BaseException as err:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError):  # a full disk, a quota, a lost mount: the user's to fix
-            raise SpecforgeError(f"cannot write checkpoint {final} ({err.strerror or err}); its temporary "
+        if write_failure(err):  # a full disk, a quota, a lost mount: the user's to fix
+            raise SpecforgeError(f"cannot write checkpoint {final} ({_reason(err)}); its temporary "
                                  "folder was removed and the earlier checkpoints are intact") from err
         raise
     _barrier()
     return final
+
+
+def _reason(err: BaseException) -> str:
+    return getattr(err, "strerror", None) or str(err).strip().splitlines()[-1]
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:

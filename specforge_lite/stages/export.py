@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import write_failure
 from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, atomic_write_text, write_provenance
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.common import drafter_kind
@@ -73,8 +74,10 @@ def run(cfg: DictConfig) -> None:
             info = EXPORTERS[kind](cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
         except ValueError as err:  # a strict check of what was written
             raise SpecforgeError(f"export failed its strict check, nothing replaced: {err}") from None
-        except OSError as err:  # a full disk
-            raise SpecforgeError(f"cannot write the export ({err.strerror or err}); nothing replaced") from err
+        except Exception as err:
+            if write_failure(err):  # a full disk
+                raise SpecforgeError(f"cannot write the export ({err}); nothing replaced") from err
+            raise
         info = {key: value.replace(str(tmp), str(final)) if isinstance(value, str) else value
                 for key, value in info.items()}
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,

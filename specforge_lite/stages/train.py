@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import ArtifactError, read_json_object
+from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters import distill, eagle3, medusa
@@ -349,8 +349,10 @@ def save_atomically(final: Path, write) -> None:
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-    except OSError as err:
-        raise SpecforgeError(f"cannot write {final} ({err.strerror or err}); nothing was replaced") from err
+    except Exception as err:
+        if write_failure(err):
+            raise SpecforgeError(f"cannot write {final} ({err}); nothing was replaced") from err
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

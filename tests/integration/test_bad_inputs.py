@@ -378,3 +378,69 @@ def test_damaged_drafter_files_are_named_and_nothing_is_replaced(capsys, exporte
     assert digest(run_dir / "export") == before  # the earlier good export and its export.json stand
     assert not (run_dir / "eval").exists()
     assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
+
+
+# --------------------------------------------------------------------------- 6. checkpoints
+
+CHECKPOINTED = ("train.max_steps=3", "train.checkpoint_every=1", "train.keep_checkpoints=2")
+
+
+@pytest.fixture(scope="module")
+def checkpointed(sampled, tmp_path_factory) -> Path:
+    """A finished 3-step smoke training with checkpoints at steps 1 and 2; its drafter is the
+    reference an interrupted run resumed from any checkpoint must end with."""
+    run_dir = tmp_path_factory.mktemp("checkpointed") / "run"
+    shutil.copytree(sampled, run_dir)
+    run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *CHECKPOINTED)
+    assert [p.name for p in (run_dir / "train" / "checkpoints").iterdir()] == ["step-0000001", "step-0000002"]
+    return run_dir
+
+
+CHECKPOINT_CASES = [  # (name, files damaged in which checkpoints, exit status, message)
+    ("weights_truncated", [("step-0000002", "drafter.safetensors")], 0, "step-0000002/drafter.safetensors: holds"),
+    ("optimizer_truncated", [("step-0000002", "optimizer.pt")], 0,
+     "step-0000002/optimizer.pt: not a complete torch.save archive"),
+    ("rng_truncated", [("step-0000002", "rng.pt")], 0, "step-0000002/rng.pt: not a complete torch.save archive"),
+    ("state_truncated", [("step-0000002", "state.json")], 0, "step-0000002/state.json: invalid JSON"),
+    ("every_checkpoint_damaged", [("step-0000002", "rng.pt"), ("step-0000001", "drafter.safetensors")], 2,
+     "no usable checkpoint in"),
+]
+
+
+@pytest.mark.parametrize("name,damaged,code,message", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_used(capsys, checkpointed, tmp_path, name,
+                                                                        damaged, code, message):
+    run_dir = tmp_path / "run"
+    shutil.copytree(checkpointed, run_dir)
+    reference = (run_dir / "train" / "drafter" / "model.safetensors").read_bytes()
+    shutil.rmtree(run_dir / "train" / "drafter")  # as if killed after the step-2 checkpoint
+    for step, file in damaged:
+        truncate(run_dir / "train" / "checkpoints" / step / file)
+    got = in_process("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *CHECKPOINTED)
+    out, err = capsys.readouterr()
+    assert message in out + err and "Traceback" not in out + err, out + err
+    assert got == code, out + err
+    if code == 0:  # resumed from step 1, with a warning, and ended exactly where an uninterrupted run did
+        assert "resuming from" in out + err and "step-0000001, an older checkpoint" in out + err
+        assert (run_dir / "train" / "drafter" / "model.safetensors").read_bytes() == reference
+    else:
+        assert not (run_dir / "train" / "drafter").exists()
+
+
+def test_a_full_disk_leaves_no_temporary_checkpoint_behind(sampled, tmp_path):
+    """Writes past a file-size limit fail as on a full disk (EFBIG instead of ENOSPC)."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(sampled, run_dir)
+    limit = 64 * 1024  # above every sample and log file, below a checkpoint's optimizer state
+    script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+              "from specforge_lite.__main__ import main; main(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", script, "train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED,
+                           *CHECKPOINTED], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: cannot write checkpoint" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    checkpoints = run_dir / "train" / "checkpoints"
+    assert list(checkpoints.iterdir()) == [] and not (run_dir / "train" / "drafter").exists()
