@@ -323,17 +323,20 @@ def test_bad_target_paths_and_folders_are_named_at_once(capsys, tmp_path, name, 
 
 # --------------------------------------------------------------------------- 7. drafter artifacts
 
+CHECKPOINTED = ("train.max_steps=3", "train.checkpoint_every=1", "train.keep_checkpoints=2")
+
+
 @pytest.fixture(scope="module")
-def exported(sampled, tmp_path_factory) -> Path:
-    """A smoke run with a trained EAGLE-3 drafter (2 steps) and a good export of it."""
-    run_dir = tmp_path_factory.mktemp("exported") / "run"
+def trained(sampled, tmp_path_factory) -> Path:
+    """A finished 3-step smoke training of EAGLE-3 with checkpoints at steps 1 and 2, and a good
+    export of its drafter. The drafter is also the reference an interrupted run resumed from
+    any checkpoint must end with."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
     shutil.copytree(sampled, run_dir)
-    run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *TRAINED)
-    run_ok("export", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *TRAINED)
+    run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *CHECKPOINTED)
+    run_ok("export", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *CHECKPOINTED)
+    assert [p.name for p in (run_dir / "train" / "checkpoints").iterdir()] == ["step-0000001", "step-0000002"]
     return run_dir
-
-
-TRAINED = ("train.max_steps=2", "train.checkpoint_every=0")
 
 
 def _edit_weights(edit):
@@ -365,14 +368,14 @@ DRAFTER_CASES = [  # (name, damage(train/drafter folder), message)
 
 @pytest.mark.parametrize("stage", ["evaluate", "export"])
 @pytest.mark.parametrize("name,damage,message", DRAFTER_CASES, ids=[c[0] for c in DRAFTER_CASES])
-def test_damaged_drafter_files_are_named_and_nothing_is_replaced(capsys, exported, tmp_path, stage, name, damage,
+def test_damaged_drafter_files_are_named_and_nothing_is_replaced(capsys, trained, tmp_path, stage, name, damage,
                                                                  message):
     run_dir = tmp_path / "run"
-    shutil.copytree(exported, run_dir)
+    shutil.copytree(trained, run_dir)
     damage(run_dir / "train" / "drafter")
     before = digest(run_dir / "export")
     assert json.loads((run_dir / "export" / "export.json").read_text())["strict_reload"] == "passed"
-    code, err = cli(capsys, stage, "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *TRAINED,
+    code, err = cli(capsys, stage, "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *CHECKPOINTED,
                     "eval.methods=[plain,eagle3]", "eval.max_prompts=1", "eval.warmup=0")
     assert_user_error(code, err, f"{run_dir / 'train' / 'drafter'}/{message}")
     assert digest(run_dir / "export") == before  # the earlier good export and its export.json stand
@@ -381,20 +384,6 @@ def test_damaged_drafter_files_are_named_and_nothing_is_replaced(capsys, exporte
 
 
 # --------------------------------------------------------------------------- 6. checkpoints
-
-CHECKPOINTED = ("train.max_steps=3", "train.checkpoint_every=1", "train.keep_checkpoints=2")
-
-
-@pytest.fixture(scope="module")
-def checkpointed(sampled, tmp_path_factory) -> Path:
-    """A finished 3-step smoke training with checkpoints at steps 1 and 2; its drafter is the
-    reference an interrupted run resumed from any checkpoint must end with."""
-    run_dir = tmp_path_factory.mktemp("checkpointed") / "run"
-    shutil.copytree(sampled, run_dir)
-    run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, *CHECKPOINTED)
-    assert [p.name for p in (run_dir / "train" / "checkpoints").iterdir()] == ["step-0000001", "step-0000002"]
-    return run_dir
-
 
 CHECKPOINT_CASES = [  # (name, files damaged in which checkpoints, exit status, message)
     ("weights_truncated", [("step-0000002", "drafter.safetensors")], 0, "step-0000002/drafter.safetensors: holds"),
@@ -408,10 +397,10 @@ CHECKPOINT_CASES = [  # (name, files damaged in which checkpoints, exit status, 
 
 
 @pytest.mark.parametrize("name,damaged,code,message", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
-def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_used(capsys, checkpointed, tmp_path, name,
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_used(capsys, trained, tmp_path, name,
                                                                         damaged, code, message):
     run_dir = tmp_path / "run"
-    shutil.copytree(checkpointed, run_dir)
+    shutil.copytree(trained, run_dir)
     reference = (run_dir / "train" / "drafter" / "model.safetensors").read_bytes()
     shutil.rmtree(run_dir / "train" / "drafter")  # as if killed after the step-2 checkpoint
     for step, file in damaged:
