@@ -17,7 +17,6 @@ the same text for every method.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import statistics
 from collections import defaultdict
@@ -28,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
@@ -55,7 +55,7 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
         split = samples_dir(cfg) / "split.json"
         if split.exists():
-            ids = set(json.loads(split.read_text())["heldout_ids"])
+            ids = set(read_json_object(split, required=("heldout_ids",))["heldout_ids"])
             heldout = [r for r in records if r["id"] in ids]
             if ids and not heldout:
                 raise SpecforgeError(f"none of the held-out ids in {split} are in {cfg.data.source}: "

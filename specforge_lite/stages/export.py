@@ -12,7 +12,6 @@ failed export leaves the previous one, and its `export.json`, untouched.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -23,7 +22,7 @@ import torch
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import write_failure
+from specforge_lite.artifact_io import read_json_object, write_failure
 from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, atomic_write_text, write_provenance
 from specforge_lite.drafters import distill, eagle3, medusa
 from specforge_lite.drafters.common import drafter_kind
@@ -39,7 +38,7 @@ def chosen_k(cfg: DictConfig) -> tuple[int, str]:
         return int(cfg.export.speculative_tokens), "export.speculative_tokens"
     report = Path(cfg.run_dir) / "eval" / "report.json"
     if report.exists():
-        best = json.loads(report.read_text()).get("best_k")
+        best = read_json_object(report).get("best_k")
         if isinstance(best, int) and best > 0:
             return best, f"best_k measured by evaluate ({report})"
     return int(cfg.export.fallback_tokens), "export.fallback_tokens (no evaluation report found)"

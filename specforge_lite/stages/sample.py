@@ -318,7 +318,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
         import pyarrow.parquet as pq
 
         for j in completed_shards(data_dir):
-            stats = json.loads(stats_path(data_dir, j).read_text())
+            stats = read_json_object(stats_path(data_dir, j))
             skipped.update(stats["skipped"])
             generated += stats["generated_tokens"]
             table = pq.read_table(shard_path(data_dir, j), columns=["input_ids", "loss_mask"])

@@ -142,7 +142,7 @@ def fingerprint(cfg: DictConfig) -> str:
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in UNTRACKED_TRAIN_KEYS}
     keys = {"target": OmegaConf.to_container(cfg.target, resolve=True),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
-            "samples": json.loads(meta.read_text()).get("fingerprint") if meta.exists() else None,
+            "samples": read_json_object(meta).get("fingerprint") if meta.exists() else None,
             "drafter": OmegaConf.to_container(cfg.drafter, resolve=True), "train": train}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

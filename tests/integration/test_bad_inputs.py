@@ -93,6 +93,7 @@ RANGE_CASES = [
     # the second pass, against the target's own config (the tiny Llama has 6 layers)
     ("train", ["drafter.aux_layer_ids=[1,3,6]"], "the target has num_hidden_layers=6, so every value must be below 6"),
     ("run", ["drafter.aux_layer_ids=[1,3,60]"], "must be below 6"),
+    ("train", ["train.dry_run=true", "drafter.aux_layer_ids=[1,3,6]"], "must be below 6"),
     ("train", ["drafter.name=draft_model", "drafter.student_layers=6"], "drafter.student_layers=6: the target has"),
 ]
 
