@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import ArtifactError, read_json_object, safetensors_header
+from specforge_lite.artifact_io import ArtifactError, read_json, read_json_object, safetensors_header
 
 log = logging.getLogger(__name__)
 
@@ -215,12 +215,19 @@ def _check_hub_id(repo_id: str, key: str) -> None:
                              f"which cannot be reached from here ({err})") from None
 
 
+# the JSON files of a model folder besides config.json, checked by name before a library reads them
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
 def check_target_dir(path: Path, weights: bool = True) -> None:
     """A local target folder: its config.json (present, valid JSON, a model_type) and, with
     `weights`, every safetensors file it has or its index lists, complete. Errors name the file."""
     config = read_json_object(Path(path) / "config.json")
     if "model_type" not in config:
         raise ArtifactError(Path(path) / "config.json", "no model_type: not a Hugging Face model config")
+    for name in TOKENIZER_JSON:
+        if (Path(path) / name).exists():
+            read_json(Path(path) / name)
     if not weights:
         return
     index = Path(path) / "model.safetensors.index.json"

@@ -58,6 +58,14 @@ def validate_for_target(cfg: DictConfig) -> None:
     target_config = load_target_config(cfg.target)
     if cfg.stage in TARGET_STAGES:
         validate_config(cfg, target_config)
+    # the other models a stage will load: paths resolved now (a missing one fails at once)
+    from specforge_lite.targets import resolve_target_path
+
+    if cfg.stage in TARGET_STAGES and cfg.drafter.name == "draft_model" and cfg.drafter.student:
+        resolve_target_path(cfg.drafter.student, "drafter.student")
+    if cfg.stage in ("evaluate", "run") and cfg.eval.draft_model and \
+            {"draft_model", "hf_assisted"} & set(cfg.eval.methods):
+        resolve_target_path(cfg.eval.draft_model, "eval.draft_model")
 
 
 # --------------------------------------------------------------------------- walking the schema
@@ -165,6 +173,12 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
     if not tcfg.use_samples and tcfg.source_conversations == 0:
         problems.append("train.use_samples=false with train.source_conversations=0 leaves nothing to train on: "
                         "set train.source_conversations > 0")
+    strategy = getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
+    if cfg.trainer.deepspeed_config and strategy.startswith("deepspeed"):
+        from pathlib import Path
+
+        if not Path(cfg.trainer.deepspeed_config).is_file():
+            problems.append(f"trainer.deepspeed_config={cfg.trainer.deepspeed_config!r}: no such file")
     for key in ("target.path", "data.source", "eval.dataset", "run_dir"):
         if not str(OmegaConf.select(cfg, key)).strip():
             problems.append(f"{key} is empty")
