@@ -267,13 +267,19 @@ def load_causal_lm(path: str, dtype, what: str, trust_remote_code: bool = False,
     missing (renamed, say) and leaves it random. `strict` also refuses unexpected weights."""
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     if Path(path).is_dir():
         check_target_dir(Path(path))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report is checked below and said in one line
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code,
                                                            output_loading_info=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
         raise SpecforgeError(f"{what}: cannot load the model ({_first_line(err)})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     missing = sorted(set(info.get("missing_keys") or ()) - tied)
     unexpected = sorted(info.get("unexpected_keys") or ()) if strict else []

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import atomic_write_json, package_versions, stage_dir, write_provenance
+from specforge_lite.artifacts import atomic_write_json, package_versions, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
@@ -243,7 +243,7 @@ def run(cfg: DictConfig) -> None:
         train = train[: cfg.data.max_samples]
     if not train:
         raise SpecforgeError(f"no training conversations left from {cfg.data.source}")
-    out = stage_dir(cfg, "sample")  # once the source has been read
+    out = samples_dir(cfg)  # created once the source has been read and the target loaded
     data_dir = out / "data"
 
     stamp = fingerprint(cfg)
@@ -252,12 +252,6 @@ def run(cfg: DictConfig) -> None:
         problem = stale_samples(cfg, read_json_object(meta_path), out)
         if problem:
             raise SpecforgeError(problem)
-    if rank == 0:
-        write_provenance(out, cfg)
-        atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
-                                               "num_train": len(train), "read": read_stats.to_dict()})
-        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=False)
-
     shard_size = sample_cfg.shard_size
     num_shards = (len(train) + shard_size - 1) // shard_size
     mine = [j for j in range(num_shards) if j % world == rank]
@@ -267,7 +261,7 @@ def run(cfg: DictConfig) -> None:
     if len(todo) < len(mine):
         log.info("resuming: %d of this rank's %d shards already written", len(mine) - len(todo), len(mine))
 
-    if todo:
+    if todo:  # the target loads before anything is written
         tokenizer = None
         if sample_cfg.backend == "vllm":
             from specforge_lite.targets import load_tokenizer
@@ -278,6 +272,14 @@ def run(cfg: DictConfig) -> None:
             model, tokenizer = load_target(cfg.target)
             backend = HFBackend(model, tokenizer, sample_cfg)
         require_chat_template(tokenizer)
+    if rank == 0:
+        stage_dir(cfg, "sample")
+        write_provenance(out, cfg)
+        atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
+                                               "num_train": len(train), "read": read_stats.to_dict()})
+        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=False)
+
+    if todo:
         started, generated = time.perf_counter(), 0
         bar = tqdm(total=sum(size(j) for j in mine), initial=sum(size(j) for j in mine if j in done),
                    desc=f"sample rank {rank}/{world}", unit="conv", dynamic_ncols=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,10 @@ def in_process(*args: str) -> int:
     this test's captured streams) are taken down after it, as a process exit would."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    for logger in map(logging.getLogger, list(logging.Logger.manager.loggerDict)):
+        for handler in logger.handlers:  # libraries' own handlers, made under an earlier test's capture
+            if type(handler) is logging.StreamHandler:
+                handler.stream = sys.stderr
     try:
         main(list(args))
         return 0
@@ -94,6 +100,10 @@ RANGE_CASES = [
     ("train", ["drafter.aux_layer_ids=[1,3,6]"], "the target has num_hidden_layers=6, so every value must be below 6"),
     ("run", ["drafter.aux_layer_ids=[1,3,60]"], "must be below 6"),
     ("train", ["train.dry_run=true", "drafter.aux_layer_ids=[1,3,6]"], "must be below 6"),
+    ("train", ["drafter.name=draft_model", "drafter.student=no_such_student"],
+     "drafter.student='no_such_student': no such directory"),
+    ("train", ["trainer=deepspeed_zero2", "trainer.deepspeed_config=no_such.json"],
+     "trainer.deepspeed_config='no_such.json': no such file"),
     ("train", ["drafter.name=draft_model", "drafter.student_layers=6"], "drafter.student_layers=6: the target has"),
 ]
 
@@ -305,6 +315,10 @@ TARGET_CASES = [  # (name, make(tmp) -> target.path, message)
     ("weights_truncated", lambda tmp: _damaged(tmp, "model.safetensors", truncate),
      "model.safetensors: holds"),
     ("weights_missing", lambda tmp: _damaged(tmp, "model.safetensors", Path.unlink), "no weights"),
+    ("tokenizer_truncated", lambda tmp: _damaged(tmp, "tokenizer.json", truncate), "tokenizer.json: invalid JSON"),
+    ("weight_renamed", lambda tmp: _damaged(tmp, "model.safetensors", _edit_weights(
+        lambda w: w.__setitem__("model.norm.renamed", w.pop("model.norm.weight")), folder=False)),
+     "its weights do not fit the model (missing model.norm.weight)"),
 ]
 
 
@@ -340,13 +354,15 @@ def trained(sampled, tmp_path_factory) -> Path:
     return run_dir
 
 
-def _edit_weights(edit):
-    def damage(drafter: Path) -> None:
+def _edit_weights(edit, folder: bool = True):
+    """damage(path): rewrite the safetensors file (`path` or the folder's model.safetensors) after `edit`."""
+    def damage(path: Path) -> None:
         from safetensors.torch import load_file, save_file
 
-        weights = load_file(str(drafter / "model.safetensors"))
+        file = path / "model.safetensors" if folder else path
+        weights = load_file(str(file))
         edit(weights)
-        save_file(weights, str(drafter / "model.safetensors"))
+        save_file(weights, str(file))
     return damage
 
 
@@ -434,3 +450,61 @@ def test_a_full_disk_leaves_no_temporary_checkpoint_behind(sampled, tmp_path):
     assert "error: cannot write checkpoint" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     checkpoints = run_dir / "train" / "checkpoints"
     assert list(checkpoints.iterdir()) == [] and not (run_dir / "train" / "drafter").exists()
+
+
+def _medusa_folder(tiny_target, folder: Path) -> Path:
+    from omegaconf import OmegaConf
+
+    from specforge_lite.drafters import medusa
+
+    model, _ = tiny_target
+    cfg = OmegaConf.create({"drafter": {"num_heads": 2, "num_layers": 1, "draft_vocab_size": 64},
+                            "train": {"seed": 0}})
+    medusa.save(medusa.build(cfg, model, torch_arange(model.config.vocab_size)), folder)
+    return folder
+
+
+def _distilled_folder(tiny_target, folder: Path) -> Path:
+    from specforge_lite.decoding import truncated_copy
+    from specforge_lite.drafters import distill
+
+    model, _ = tiny_target
+    truncated_copy(model, 2).save_pretrained(folder)
+    (folder / "drafter.json").write_text(json.dumps({"drafter": "draft_model"}))
+    return folder
+
+
+def torch_arange(n: int):
+    import torch
+
+    return torch.arange(n).flip(0)
+
+
+OTHER_DRAFTER_CASES = [  # the Medusa and distilled loaders, behind evaluate and export, on the same damage
+    ("medusa", "weights_truncated", lambda d: truncate(d / "model.safetensors"), "model.safetensors: holds"),
+    ("medusa", "tensor_renamed", _edit_weights(lambda w: w.__setitem__("renamed", w.pop("blocks.0.layers.0.weight"))),
+     "model.safetensors: does not fit: missing blocks.0.layers.0.weight; unexpected renamed"),
+    ("medusa", "config_truncated", lambda d: truncate(d / "config.json"), "config.json: invalid JSON"),
+    ("medusa", "nan_weights", _edit_weights(lambda w: w["blocks.0.layers.0.weight"].fill_(float("nan"))),
+     "NaN or inf values in blocks.0.layers.0.weight"),
+    ("distilled", "weights_truncated", lambda d: truncate(d / "model.safetensors"), "model.safetensors: holds"),
+    ("distilled", "tensor_renamed", _edit_weights(lambda w: w.__setitem__("renamed", w.pop("model.norm.weight"))),
+     "missing model.norm.weight; unexpected renamed"),
+    ("distilled", "config_truncated", lambda d: truncate(d / "config.json"), "config.json: invalid JSON"),
+    ("distilled", "nan_weights", _edit_weights(lambda w: w["model.norm.weight"].fill_(float("nan"))),
+     "NaN or inf values in model.norm.weight"),
+]
+
+
+@pytest.mark.parametrize("kind,name,damage,message", OTHER_DRAFTER_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in OTHER_DRAFTER_CASES])
+def test_damaged_medusa_and_distilled_folders_are_named(tiny_target, tmp_path, kind, name, damage, message):
+    from specforge_lite import SpecforgeError
+    from specforge_lite.drafters import distill, medusa
+
+    make, load = {"medusa": (_medusa_folder, medusa.load), "distilled": (_distilled_folder, distill.load)}[kind]
+    folder = make(tiny_target, tmp_path / "drafter")
+    load(folder, tiny_target[0])  # intact: loads
+    damage(folder)
+    with pytest.raises(SpecforgeError, match="(?s)" + re.escape(message)):
+        load(folder, tiny_target[0])
