@@ -30,6 +30,8 @@ examples:
 
 recipes: {recipes}
 `python -m specforge_lite STAGE --help` shows Hydra's help for a stage (config groups and options).
+A bad setting or input file stops the run with one `error:` message and exit status 2
+(SPECFORGE_LITE_DEBUG=1 adds the traceback).
 """
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"

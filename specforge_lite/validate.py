@@ -53,14 +53,12 @@ def validate_for_target(cfg: DictConfig) -> None:
     drafter then check the fields bounded by it (such as aux layer ids against its depth)."""
     if cfg.stage == "train" and cfg.train.dry_run:
         return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
-    from specforge_lite.targets import load_target_config
+    from specforge_lite.targets import load_target_config, resolve_target_path
 
     target_config = load_target_config(cfg.target)
     if cfg.stage in TARGET_STAGES:
         validate_config(cfg, target_config)
     # the other models a stage will load: paths resolved now (a missing one fails at once)
-    from specforge_lite.targets import resolve_target_path
-
     if cfg.stage in TARGET_STAGES and cfg.drafter.name == "draft_model" and cfg.drafter.student:
         resolve_target_path(cfg.drafter.student, "drafter.student")
     if cfg.stage in ("evaluate", "run") and cfg.eval.draft_model and \
