@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
@@ -28,11 +30,19 @@ examples:
 
 recipes: {recipes}
 `python -m specforge_lite STAGE --help` shows Hydra's help for a stage (config groups and options).
+A bad setting or input file stops the run with one `error:` message and exit status 2
+(SPECFORGE_LITE_DEBUG=1 adds the traceback).
 """
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package
 
 log = logging.getLogger("specforge_lite")
+
+# A user-facing error (SpecforgeError: bad config, bad input, a damaged artifact) prints one
+# `error:` message and exits with status 2; this variable adds the traceback (and Hydra's).
+DEBUG_ENV = "SPECFORGE_LITE_DEBUG"
+USER_ERROR = 2
+_dispatched = False  # set once Hydra has composed the config and handed it to us
 
 
 def _usage() -> str:
@@ -42,13 +52,17 @@ def _usage() -> str:
 
 
 def _dispatch(cfg) -> None:
+    global _dispatched
+    _dispatched = True
     from specforge_lite.stages import run_stage
 
     try:
         run_stage(cfg)
     except SpecforgeError as err:
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(USER_ERROR)
 
 
 # command-line spellings of earlier versions -> what to write now
@@ -73,6 +87,8 @@ def renamed(overrides: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global _dispatched
+    _dispatched = False
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -96,9 +112,18 @@ def main(argv: list[str] | None = None) -> None:
     from specforge_lite.config import register_configs
 
     register_configs()
+    if os.environ.get(DEBUG_ENV):
+        os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_dispatch)
     sys.argv = [f"specforge_lite {stage}", f"stage={stage}", *rest]
-    task()
+    try:
+        task()
+    except SystemExit as done:
+        # Hydra reports a config it cannot compose (unknown key, wrong type, bad override)
+        # in its own words and exits with 1; that is the user's input too
+        if done.code == 1 and not _dispatched:
+            sys.exit(USER_ERROR)
+        raise
 
 
 if __name__ == "__main__":

@@ -4,23 +4,34 @@ A checkpoint is a folder `step-NNNNNNN` under `run_dir/train/checkpoints`. Every
 writes its part into a temporary `.step-NNNNNNN.tmp` folder; rank 0 adds the RNG state
 and `state.json` last, renames the folder into place and prunes the oldest ones, so a
 folder with `state.json` is complete and a crash never leaves a half-written
-checkpoint where the resume looks. What "its part" is belongs to the strategy: plain
-full files (`write_plain` / `read_plain`, DDP), ZeRO shards (DeepSpeed) or a
+checkpoint where the resume looks; a failed write (a full disk) removes the temporary
+folder and is reported. What "its part" is belongs to the strategy: plain full files
+(`write_plain` / `read_plain`, DDP), ZeRO shards (DeepSpeed) or a
 torch.distributed.checkpoint folder (FSDP).
+
+A resume (`resume`) takes the newest checkpoint whose files are intact: a damaged one
+(a truncated weights, optimizer, RNG or state file) is reported by file and the previous
+one is used, with a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import (DAMAGED, ArtifactError, load_safetensors, read_json, read_json_object,
+                                        safetensors_header, torch_load, write_failure)
+
+log = logging.getLogger(__name__)
 
 WEIGHTS = "drafter.safetensors"
 OPTIMIZER = "optimizer.pt"
@@ -64,12 +75,19 @@ def write_checkpoint(ckpt_dir: Path, step: int, keep: int, write: Callable[[Path
             else:
                 os.replace(tmp, final)
             prune(ckpt_dir, keep)
-    except BaseException:
+    except BaseException as err:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if write_failure(err):  # a full disk, a quota, a lost mount: the user's to fix
+            raise SpecforgeError(f"cannot write checkpoint {final} ({_reason(err)}); its temporary "
+                                 "folder was removed and the earlier checkpoints are intact") from err
         raise
     _barrier()
     return final
+
+
+def _reason(err: BaseException) -> str:
+    return getattr(err, "strerror", None) or str(err).strip().splitlines()[-1]
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:
@@ -89,7 +107,48 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def read_state(path: Path) -> dict:
-    return json.loads((Path(path) / STATE).read_text())
+    return read_json_object(Path(path) / STATE, required=("step",))
+
+
+def check_files(path: Path) -> None:
+    """Every file of checkpoint `path` is intact as far as can be told without loading it:
+    JSON parses, a safetensors file holds every byte its header lists, a `torch.save` archive
+    (.pt) has its zip directory (the end of the file: truncation loses it)."""
+    read_state(path)
+    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        if file.suffix == ".safetensors":
+            safetensors_header(file)
+        elif file.suffix == ".json":
+            read_json(file)
+        elif file.suffix == ".pt":
+            try:
+                zipfile.ZipFile(file).close()
+            except (zipfile.BadZipFile, OSError) as err:
+                raise ArtifactError(file, f"not a complete torch.save archive ({err}); {DAMAGED}") from None
+
+
+def resume(ckpt_dir: Path, load: Callable[[Path], int]) -> tuple[int, Path | None]:
+    """`(step, checkpoint)` of the newest complete checkpoint that loads with `load` (the
+    strategy's), or `(0, None)` when there is none. A damaged one is reported by file and
+    the one before it used, with a warning; when every one is damaged that is an error
+    (a partly loaded state must not be trained on as if it were fresh)."""
+    damaged = []
+    for path in reversed(complete_checkpoints(ckpt_dir)):
+        try:
+            check_files(path)
+            step = load(path)
+        except ArtifactError as err:
+            log.warning("checkpoint %s is damaged: %s; trying the one before it", path.name, err)
+            damaged.append(str(err))
+            continue
+        if damaged:
+            log.warning("resuming from %s, an older checkpoint: the newer one(s) were damaged (%s)",
+                        path, "; ".join(damaged))
+        return step, path
+    if damaged:
+        raise SpecforgeError(f"no usable checkpoint in {ckpt_dir}: " + "; ".join(damaged)
+                             + ". Delete the damaged ones (or that folder), or set train.resume=false to start over")
+    return 0, None
 
 
 def check_written_by(path: Path, strategy: str, stamp: str | None = None) -> dict:
@@ -122,14 +181,12 @@ def write_plain(weights: dict[str, torch.Tensor], optimizer) -> Callable[[Path],
 
 def read_plain(path: Path, drafter, optimizer, expected: set[str]) -> None:
     """Load the weights (exactly the `expected` names) and optimizer state of a plain checkpoint."""
-    from safetensors.torch import load_file
-
-    weights = load_file(str(Path(path) / WEIGHTS))
+    weights = load_safetensors(Path(path) / WEIGHTS)
     if set(weights) != expected:
         raise SpecforgeError(f"checkpoint {path} does not fit this drafter (missing "
                              f"{sorted(expected - set(weights))[:5]}, unexpected {sorted(set(weights) - expected)[:5]})")
     drafter.load_state_dict(weights, strict=False)
-    optimizer.load_state_dict(torch.load(Path(path) / OPTIMIZER, weights_only=False))
+    optimizer.load_state_dict(torch_load(Path(path) / OPTIMIZER, weights_only=False))
 
 
 # --------------------------------------------------------------------------- RNG
@@ -142,7 +199,7 @@ def save_rng(directory: Path) -> None:
 
 def restore_rng(path: Path) -> int:
     """Restore what `save_rng` wrote in checkpoint `path`; returns the checkpoint's step."""
-    rng = torch.load(Path(path) / RNG, weights_only=False)
+    rng = torch_load(Path(path) / RNG, weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     if rng["cuda"] is not None and torch.cuda.is_available():

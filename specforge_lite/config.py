@@ -6,16 +6,21 @@ groups (`target/`, `data/`, `eval/`, `recipe/`) merge into a structured config:
 an unknown key or a value of the wrong type fails with Hydra's own message
 before any stage runs. `trainer/` is the distributed-training axis (`trainer=ddp`,
 `deepspeed_zero2`, `deepspeed_zero3`, `fsdp`).
+
+Ranges and allowed values live next to each field (`checked(...)`, dataclass field
+metadata); `specforge_lite.validate` walks the composed config against them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from specforge_lite.schema import checked
 
 
 class DType(str, Enum):
@@ -42,7 +47,7 @@ class TargetConfig:
     # or builtin:tiny-llama (a tiny random Llama from a config in this repo).
     path: str = "builtin:smollm2-135m-instruct"
     dtype: DType = DType.auto
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = checked("auto", pattern=r"auto|cpu|cuda(:\d+)?", allowed="auto, cpu, cuda or cuda:N")
     # A Jinja chat template that replaces the tokenizer's own (needed when it has none).
     chat_template: Optional[str] = None
     trust_remote_code: bool = False
@@ -53,35 +58,35 @@ class DataConfig:
     # A file (ShareGPT .json/.jsonl, OpenAI `messages` .jsonl), a directory written by
     # `datasets.save_to_disk`, or builtin:sharegpt.
     source: str = "builtin:sharegpt"
-    format: str = "auto"  # auto | sharegpt | messages | hf_disk
-    max_samples: Optional[int] = None  # train conversations to use, after the held-out split
-    heldout_fraction: float = 0.02
+    format: str = checked("auto", choices=("auto", "sharegpt", "messages", "hf_disk"))
+    max_samples: Optional[int] = checked(None, ge=1)  # train conversations to use, after the held-out split
+    heldout_fraction: float = checked(0.02, ge=0.0, lt=1.0)
     split_seed: int = 0
-    max_length: int = 2048  # tokens per tokenised conversation (input_ids and loss_mask)
+    max_length: int = checked(2048, ge=2)  # tokens per tokenised conversation (input_ids and loss_mask)
     strict: bool = False  # first bad record is an error naming file and record
 
 
 @dataclass
 class VllmConfig:
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_model_len: Optional[int] = None
+    tensor_parallel_size: int = checked(1, ge=1)
+    gpu_memory_utilization: float = checked(0.9, gt=0.0, le=1.0)
+    max_model_len: Optional[int] = checked(None, ge=1)
 
 
 @dataclass
 class SampleConfig:
     backend: SampleBackend = SampleBackend.hf
-    batch_size: int = 8
-    max_new_tokens: int = 256
-    max_prompt_length: int = 1024  # longer prompts are skipped and counted
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
+    batch_size: int = checked(8, ge=1)
+    max_new_tokens: int = checked(256, ge=1)
+    max_prompt_length: int = checked(1024, ge=1)  # longer prompts are skipped and counted
+    temperature: float = checked(0.0, ge=0.0)  # 0 means greedy
+    top_p: float = checked(1.0, gt=0.0, le=1.0)
     turns: Turns = Turns.last
-    shard_size: int = 32  # conversations per output shard (the unit of resume)
+    shard_size: int = checked(32, ge=1)  # conversations per output shard (the unit of resume)
     seed: int = 0
     # Data-parallel split of one prompt set; null reads RANK / WORLD_SIZE from the launcher.
-    rank: Optional[int] = None
-    world_size: Optional[int] = None
+    rank: Optional[int] = checked(None, ge=0)
+    world_size: Optional[int] = checked(None, ge=1)
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
@@ -101,27 +106,28 @@ DrafterDirs = _drafter_dirs_schema()
 @dataclass
 class EvalConfig:
     dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
-    max_prompts: Optional[int] = None  # a subset spread over the categories (round robin)
-    max_turns: Optional[int] = None  # user turns per prompt; later turns see the target's own answers
-    max_new_tokens: int = 128
+    max_prompts: Optional[int] = checked(None, ge=1)  # a subset spread over the categories (round robin)
+    max_turns: Optional[int] = checked(None, ge=1)  # user turns per prompt; later turns see the target's own answers
+    max_new_tokens: int = checked(128, ge=1)
     # Decoders measured side by side. Ours: plain, ngram, untrained_draft, and every trained
     # drafter by its name (eagle3, medusa, distilled); Hugging Face's: hf_generate,
     # hf_prompt_lookup, hf_assisted (with the untrained draft model below as assistant).
     # `plain` is always run (the speedup baseline and the reference output).
     methods: List[str] = field(default_factory=lambda: [
         "plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
-    num_draft_tokens: int = 4  # k, the chain length (HF peers get the same k)
-    temperature: float = 0.0  # 0 means greedy (outputs are then checked against plain)
-    top_p: float = 1.0
-    ngram_max: int = 3  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)
-    ngram_min: int = 1
-    ngram_prefer: str = "last"  # which earlier occurrence to copy from: last (most recent) | first (HF's rule)
+    num_draft_tokens: int = checked(4, ge=1)  # k, the chain length (HF peers get the same k)
+    temperature: float = checked(0.0, ge=0.0)  # 0 means greedy (outputs are then checked against plain)
+    top_p: float = checked(1.0, gt=0.0, le=1.0)
+    ngram_max: int = checked(3, ge=1)  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)
+    ngram_min: int = checked(1, ge=1)
+    # which earlier occurrence to copy from: last (most recent) | first (HF's rule)
+    ngram_prefer: str = checked("last", choices=("last", "first"))
     # `untrained_draft`: a draft model used as it is, not trained here. An HF causal LM dir
     # with the target's vocab, or null: a copy of the target's first `truncate_layers` layers
     untrained_draft_path: Optional[str] = None
-    truncate_layers: Optional[int] = None  # layers of the truncated target copy; null: min(4, L // 4)
-    warmup: int = 1  # untimed runs of every method on the first prompt before measuring
-    warmup_tokens: int = 32  # new tokens per warm-up run
+    truncate_layers: Optional[int] = checked(None, ge=1)  # layers of the truncated target copy; null: min(4, L // 4)
+    warmup: int = checked(1, ge=0)  # untimed runs of every method on the first prompt before measuring
+    warmup_tokens: int = checked(32, ge=1)  # new tokens per warm-up run
     # trained drafter folders by drafter name (eval.drafter_dirs.eagle3=DIR), in any layout the
     # drafter reads; a trained method without one reads run_dir/train/drafter. Lets one evaluate
     # compare several recipes' drafters, or ours with one trained elsewhere.
@@ -130,7 +136,7 @@ class EvalConfig:
     # drafter reads): eval.extra_drafters=[published:DIR,mine_v2:DIR2]; each label is a method
     extra_drafters: List[str] = field(default_factory=list)
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
-    cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
+    cost_repeats: int = checked(3, ge=1)  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
 
 
@@ -148,27 +154,28 @@ class Tracker(str, Enum):
 @dataclass
 class TrainConfig:
     mode: TrainMode = TrainMode.online
-    epochs: float = 1.0
-    max_steps: Optional[int] = None  # optimizer steps; overrides epochs
-    batch_size: int = 4  # sequences per micro-batch
-    grad_accum: int = 1
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
-    max_grad_norm: float = 0.5
-    step_weight: float = 0.8  # loss weight of TTT step j is step_weight ** j
-    checkpoint_every: int = 50  # optimizer steps; 0 disables
-    keep_checkpoints: int = 2
+    epochs: float = checked(1.0, gt=0.0)
+    max_steps: Optional[int] = checked(None, ge=1)  # optimizer steps; overrides epochs
+    batch_size: int = checked(4, ge=1)  # sequences per micro-batch
+    grad_accum: int = checked(1, ge=1)
+    lr: float = checked(3e-4, gt=0.0)
+    min_lr_ratio: float = checked(0.1, ge=0.0, le=1.0)
+    warmup_ratio: float = checked(0.05, ge=0.0, lt=1.0)
+    weight_decay: float = checked(0.0, ge=0.0)
+    max_grad_norm: float = checked(0.5, gt=0.0)
+    step_weight: float = checked(0.8, gt=0.0)  # loss weight of TTT step j is step_weight ** j
+    checkpoint_every: int = checked(50, ge=0, note="0 disables")  # optimizer steps
+    keep_checkpoints: int = checked(2, ge=1)
     resume: bool = True  # continue from the newest checkpoint in run_dir/train
-    log_every: int = 5
+    log_every: int = checked(5, ge=1)
     tracker: Tracker = Tracker.wandb
     seed: int = 0
-    mixed_precision: str = "auto"  # auto (bf16 on GPU, none on CPU) | no | bf16
-    offline_shard_size: int = 64  # sequences per cached feature shard
+    # auto (bf16 on GPU, none on CPU) | no | bf16
+    mixed_precision: str = checked("auto", choices=("auto", "no", "bf16"))
+    offline_shard_size: int = checked(64, ge=1)  # sequences per cached feature shard
     # Also train on this many source conversations as written (not regenerated), taken from
     # the train split after the sampled ones; the KL target is the target model's either way.
-    source_conversations: int = 0
+    source_conversations: int = checked(0, ge=0)
     use_samples: bool = True  # false: train on the source conversations only (to compare the two)
     dry_run: bool = False  # build on the meta device, print sizes and memory, train nothing
 
@@ -193,7 +200,7 @@ class TrainerConfig:
     # Recompute activations in backward instead of keeping them (drafters that support it).
     gradient_checkpointing: bool = False
     # Dry runs only: the number of GPUs sharded state is spread over in the per-GPU estimate.
-    dry_run_gpus: int = 8
+    dry_run_gpus: int = checked(8, ge=1)
 
 
 @dataclass
@@ -203,8 +210,8 @@ class ExportConfig:
     drafter_dir: Optional[str] = None
     # k written into the speculators config; null: `best_k` from run_dir/eval/report.json
     # (measured on this machine), or `fallback_tokens` when no evaluation has run.
-    speculative_tokens: Optional[int] = None
-    fallback_tokens: int = 3
+    speculative_tokens: Optional[int] = checked(None, ge=1)
+    fallback_tokens: int = checked(3, ge=1)
     # what vLLM's short form `vllm serve DRAFT_DIR` loads as the target; null: the hub id
     # of a built-in target, else target.path
     verifier_name_or_path: Optional[str] = None
@@ -213,7 +220,7 @@ class ExportConfig:
 
 @dataclass
 class Config:
-    stage: str = "sample"  # set by the CLI: sample | train | evaluate | export | run
+    stage: str = checked("sample", choices=("sample", "train", "evaluate", "export", "run"))  # set by the CLI
     recipe_name: str = "default"
     run_dir: str = "runs/${recipe_name}"
     # where `sample` writes and `train` reads the conversations; null: run_dir/samples.

@@ -108,7 +108,10 @@ def estimate(cfg: DictConfig, config, size, target_params: int, layer_params: in
 def dry_run(cfg: DictConfig) -> dict:
     from transformers import AutoModelForCausalLM
 
+    from specforge_lite.validate import validate_config
+
     config = target_config(cfg.target.path)
+    validate_config(cfg, config)  # the fields bounded by the target (aux layer ids against its depth)
     with torch.device("meta"):
         target = AutoModelForCausalLM.from_config(config)
     target_params = sum(p.numel() for p in target.parameters())

@@ -18,6 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import ArtifactError, read_json_object, safetensors_header, write_failure
+
 log = logging.getLogger(__name__)
 
 
@@ -91,13 +94,13 @@ class FeatureCache:
         num_tokens = sum(len(r["input_ids"]) for r in samples)
         size = self.estimate_bytes(num_tokens, target.config.hidden_size, len(aux_layer_ids))
         num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
-        todo = [j for j in range(num_shards) if not self.shard_file(j).exists()]
+        todo = [j for j in range(num_shards) if not self._intact(self.shard_file(j))]
         log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s (%d of %d shards to write)",
                  len(samples), num_tokens, size / 1e9, self.dir, len(todo), num_shards)
         meta = self.dir / "meta.json"
-        cached = json.loads(meta.read_text()).get("aux_layer_ids") if meta.exists() else list(aux_layer_ids)
+        cached = read_json_object(meta).get("aux_layer_ids") if meta.exists() else list(aux_layer_ids)
         if cached != list(aux_layer_ids):
-            raise ValueError(f"{self.dir} caches aux layers {cached}, this drafter reads {list(aux_layer_ids)}: "
+            raise SpecforgeError(f"{self.dir} caches aux layers {cached}, this drafter reads {list(aux_layer_ids)}: "
                              "delete the folder to rebuild it")
         meta.write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
                                                         "aux_layer_ids": list(aux_layer_ids),
@@ -118,9 +121,28 @@ class FeatureCache:
                     tensors[f"last.{start + k}"] = last[k, :n].to(torch.bfloat16).cpu().contiguous()
                 bar.update(len(rows))
             tmp = self.dir / f".shard-{j:05d}.tmp"
-            save_file(tensors, str(tmp))
-            tmp.replace(self.shard_file(j))
+            try:
+                save_file(tensors, str(tmp))
+                tmp.replace(self.shard_file(j))
+            except Exception as err:
+                tmp.unlink(missing_ok=True)
+                if write_failure(err):
+                    raise SpecforgeError(f"cannot write {self.shard_file(j)} ({err}); the cache resumes at this "
+                                         "shard once there is room") from err
+                raise
         bar.close()
+
+    @staticmethod
+    def _intact(shard: Path) -> bool:
+        """A cached shard that exists and holds every byte its header lists (a damaged one is rebuilt)."""
+        if not shard.exists():
+            return False
+        try:
+            safetensors_header(shard)
+            return True
+        except ArtifactError as err:
+            log.warning("%s; rebuilding that shard", err)
+            return False
 
     def get(self, index: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One sequence's features, read through a memory map (random access is cheap)."""

@@ -42,20 +42,17 @@ def detect_drafter(directory) -> tuple[str, str]:
     """(drafter name, layout) of a drafter folder in any layout a registered drafter reads:
     our train folders, and the formats of speculators / vLLM, SGLang / SpecForge and Hugging
     Face. Raises SpecforgeError naming the folder when none does."""
-    import json
     from pathlib import Path
+
+    from specforge_lite.artifact_io import read_json_object
 
     directory = Path(directory)
     if not directory.is_dir():
         raise SpecforgeError(f"drafter folder {directory} does not exist")
     configs = []
     for name in ("drafter.json", "config.json"):  # a distilled student keeps an HF config.json beside drafter.json
-        path = directory / name
-        if path.exists():
-            try:
-                configs.append(json.loads(path.read_text()))
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise SpecforgeError(f"{directory.name}/{name} is not valid JSON ({err})") from err
+        if (directory / name).exists():
+            configs.append(read_json_object(directory / name))
     if not configs:
         raise SpecforgeError(f"{directory} holds no drafter (no config.json)")
     for config in configs:

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import ArtifactError, read_json, read_json_object, safetensors_header
 
 log = logging.getLogger(__name__)
 
@@ -162,24 +164,146 @@ BUILTINS = {
 }
 
 
-def resolve_target_path(path: str) -> str:
-    """A local directory or hub id for `path`, materialising a built-in if needed."""
+# what a hub id looks like: org/name, one slash (a deeper or dotted path is a local path)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def resolve_target_path(path: str, key: str = "target.path") -> str:
+    """A local directory or hub id for `path`, materialising a built-in if needed.
+
+    A path that is not a local directory is a hub id only if it has the form org/name and
+    its first part is not a local folder; a hub id must be in the local cache when the hub
+    is offline (HF_HUB_OFFLINE) and the hub must answer otherwise. Anything else fails at
+    once, naming `key`, instead of retrying a hub that has no such model.
+    """
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         if name not in BUILTINS:
             raise SpecforgeError(f"unknown built-in target {path!r}; known: "
                                  + ", ".join(f"builtin:{n}" for n in BUILTINS))
         return str(_materialise(name, BUILTINS[name]))
-    if path.startswith((".", "/", "~")) and not Path(path).expanduser().is_dir():
-        raise SpecforgeError(f"target.path {path!r} is not a directory")
-    return str(Path(path).expanduser()) if Path(path).expanduser().is_dir() else path
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return str(local)
+    if local.exists():
+        raise SpecforgeError(f"{key}={path!r} is a file; give the model's directory")
+    if path.startswith((".", "/", "~")) or not HUB_ID.fullmatch(path) or Path(path.split("/")[0]).is_dir():
+        raise SpecforgeError(f"{key}={path!r}: no such directory (relative to {Path.cwd()}); "
+                             "a hub id has the form org/name")
+    _check_hub_id(path, key)
+    return path
+
+
+def _check_hub_id(repo_id: str, key: str) -> None:
+    """A hub id is usable when cached, or when the hub answers (a short probe, so a machine
+    without network fails in seconds rather than after the hub client's retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise SpecforgeError(f"{key}={repo_id!r} is not a local directory, and as a hub id it is not in the "
+                             "local cache (the hub is offline: HF_HUB_OFFLINE)")
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=5).close()
+    except OSError as err:
+        raise SpecforgeError(f"{key}={repo_id!r} is not a local directory, and as a hub id it needs the hub, "
+                             f"which cannot be reached from here ({err})") from None
+
+
+# the JSON files of a model folder besides config.json, checked by name before a library reads them
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+def check_target_dir(path: Path, weights: bool = True) -> None:
+    """A local target folder: its config.json (present, valid JSON, a model_type) and, with
+    `weights`, every safetensors file it has or its index lists, complete. Errors name the file."""
+    config = read_json_object(Path(path) / "config.json")
+    if "model_type" not in config:
+        raise ArtifactError(Path(path) / "config.json", "no model_type: not a Hugging Face model config")
+    for name in TOKENIZER_JSON:
+        if (Path(path) / name).exists():
+            read_json(Path(path) / name)
+    if not weights:
+        return
+    index = Path(path) / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json_object(index, required=("weight_map",))["weight_map"]
+        files = sorted({Path(path) / name for name in weight_map.values()})
+    else:
+        files = sorted(Path(path).glob("*.safetensors"))
+    if not files and not list(Path(path).glob("pytorch_model*.bin")):
+        raise ArtifactError(Path(path), "no weights (model.safetensors or pytorch_model.bin)")
+    for file in files:
+        safetensors_header(file)
+
+
+def load_target_config(target_cfg):
+    """The target's HF config, after checking a local folder's files (config.json, and the
+    weight files' headers and sizes: cheap, no tensor is read); what validation reads."""
+    from transformers import AutoConfig
+
+    path = resolve_target_path(target_cfg.path)
+    if Path(path).is_dir():
+        check_target_dir(Path(path))
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SpecforgeError(f"target.path={target_cfg.path!r}: cannot read its config ({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def load_causal_lm(path: str, dtype, what: str, trust_remote_code: bool = False, strict: bool = False):
+    """`AutoModelForCausalLM.from_pretrained` with a local folder's files checked first (by
+    name) and its load report checked after: transformers only warns about a weight that is
+    missing (renamed, say) and leaves it random. `strict` also refuses unexpected weights."""
+    from transformers import AutoModelForCausalLM
+
+    from transformers.utils import logging as hf_logging
+
+    if Path(path).is_dir():
+        check_target_dir(Path(path))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report is checked below and said in one line
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise SpecforgeError(f"{what}: cannot load the model ({_first_line(err)})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(info.get("missing_keys") or ()) - tied)
+    unexpected = sorted(info.get("unexpected_keys") or ()) if strict else []
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get("mismatched_keys") or ())
+    if missing or unexpected or mismatched:
+        problems = [f"{label} {', '.join(keys[:5])}" for label, keys in
+                    (("missing", missing), ("unexpected", unexpected), ("misshapen", mismatched)) if keys]
+        raise SpecforgeError(f"{what}: its weights do not fit the model ({'; '.join(problems)})")
+    if strict:
+        bad = [n for n, p in model.named_parameters() if p.is_floating_point() and not bool(p.isfinite().all())]
+        if bad:
+            raise SpecforgeError(f"{what}: NaN or inf values in {', '.join(bad[:5])}")
+    return model
 
 
 def load_tokenizer(target_cfg):
     from transformers import AutoTokenizer
 
     path = resolve_target_path(target_cfg.path)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SpecforgeError(f"target.path={target_cfg.path!r}: cannot load its tokenizer ({_first_line(err)})") \
+            from None
     if target_cfg.chat_template:
         tokenizer.chat_template = target_cfg.chat_template
     if tokenizer.pad_token_id is None:
@@ -189,14 +313,11 @@ def load_tokenizer(target_cfg):
 
 def load_target(target_cfg, *, for_training: bool = False):
     """Return `(model, tokenizer)` on the configured device and dtype, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
     path = resolve_target_path(target_cfg.path)
     device = resolve_device(target_cfg.device)
     dtype = resolve_dtype(target_cfg.dtype, device)
     tokenizer = load_tokenizer(target_cfg)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, trust_remote_code=target_cfg.trust_remote_code)
+    model = load_causal_lm(path, dtype, f"target.path={target_cfg.path!r}", target_cfg.trust_remote_code)
     model.to(device)
     model.eval()
     if not for_training:

@@ -10,10 +10,12 @@ damage and the loss is reported.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import importlib.util
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,7 @@ class ReadStats:
     recovered: int = 0
     skipped: Counter = field(default_factory=Counter)
     repaired: Counter = field(default_factory=Counter)
+    undecodable_bytes: int = 0  # bytes that are not UTF-8, in the records skipped as invalid_utf8
 
     @property
     def num_skipped(self) -> int:
@@ -51,11 +54,12 @@ class ReadStats:
         reasons = ", ".join(f"{k}: {v}" for k, v in self.skipped.most_common())
         repaired = ", ".join(f"{k}: {v}" for k, v in self.repaired.most_common())
         return (f"{self.source}: recovered {self.recovered}, skipped {self.num_skipped}"
-                + (f" ({reasons})" if reasons else "") + (f"; repaired {repaired}" if repaired else ""))
+                + (f" ({reasons})" if reasons else "") + (f"; repaired {repaired}" if repaired else "")
+                + (f"; {self.undecodable_bytes} bytes not UTF-8" if self.undecodable_bytes else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "recovered": self.recovered, "skipped": dict(self.skipped),
-                "repaired": dict(self.repaired)}
+                "repaired": dict(self.repaired), "undecodable_bytes": self.undecodable_bytes}
 
 
 class BadRecord(ValueError):
@@ -79,13 +83,26 @@ def package_file(member: tuple[str, str, str]) -> Path:
 
 # --------------------------------------------------------------------------- raw records
 
-def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[int, Any]]:
+# bytes that are not UTF-8 decode (surrogateescape) to these code points, so a record that
+# held one is found after parsing; JSON's own \\u escapes never produce them in the raw text
+UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def decode_utf8(data: bytes) -> str:
+    """UTF-8 text (a leading BOM dropped) with undecodable bytes kept as U+DC80..U+DCFF."""
+    return data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+
+
+def iter_json_array(path: Path, stats: ReadStats, strict: bool = False) -> Iterator[tuple[int, Any]]:
     """Yield `(index, element)` of a top-level JSON array, element by element.
 
-    Stops at the first undecodable element (a truncated file) and counts the damaged
-    tail as one skipped record with reason `truncated_tail`.
+    An element that does not parse is skipped (`invalid_json`) and reading goes on after
+    it, found by bracket matching, so its valid neighbours are kept. One that runs to the
+    end of the file is the damaged tail of a truncated file (`truncated_tail`). An element
+    with bytes that are not UTF-8 is skipped as `invalid_utf8` and its bytes are counted.
     """
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = decode_utf8(path.read_bytes())
+    bad_bytes = [m.start() for m in UNDECODABLE.finditer(text)]
     decoder = json.JSONDecoder()
     pos = _skip_ws(text, 0)
     if pos >= len(text) or text[pos] != "[":
@@ -93,20 +110,99 @@ def iter_json_array(path: Path, stats: ReadStats) -> Iterator[tuple[int, Any]]:
     pos = _skip_ws(text, pos + 1)
     index = 0
     while pos < len(text) and text[pos] != "]":
+        start = pos
         try:
             obj, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
-            stats.skipped["truncated_tail"] += 1
-            log.warning("%s: damaged after element %d (%s); read %d elements before it",
-                        path, index, err.msg, index)
-            return
-        yield index, obj
+            end = _resync(text, start, decoder)
+            if end is None:
+                stats.skipped["truncated_tail"] += 1
+                log.warning("%s: damaged after element %d (%s); read %d elements before it",
+                            path, index, err.msg, index)
+                return
+            if strict:
+                raise SpecforgeError(f"{path}: record {index}: invalid JSON ({err.msg})") from None
+            log.warning("%s: record %d is not valid JSON (%s); skipped, reading on after it", path, index, err.msg)
+            stats.skipped["invalid_json"] += 1
+            pos = end
+        else:
+            undecodable = bisect.bisect_left(bad_bytes, pos) - bisect.bisect_left(bad_bytes, start)
+            if undecodable:
+                _undecodable(path, f"record {index}", undecodable, stats, strict)
+            else:
+                yield index, obj
         index += 1
         pos = _skip_ws(text, pos)
         if pos < len(text) and text[pos] == ",":
             pos = _skip_ws(text, pos + 1)
     if pos >= len(text):  # ended cleanly between elements but without ']'
         log.warning("%s: array not closed; read %d elements", path, index)
+
+
+# keys only a whole record has (not one of its turns): how a resynchronised read knows it
+# landed on the next record rather than inside the damaged one
+RECORD_KEYS = {"conversations", "messages", "turns", "prompt"}
+NEXT_OBJECT = re.compile(r",\s*(?=\{)")
+
+
+def _resync(text: str, start: int, decoder: json.JSONDecoder) -> int | None:
+    """Where reading resumes after the damaged element starting at `start`: the `,` or `]`
+    that ends it. First by bracket matching (exact when its brackets balance, checked by
+    the next element parsing); else the first later `, {` that opens a whole record. None
+    when nothing valid follows (a truncated tail)."""
+    end = _element_end(text, start)
+    if end is not None and (text[end] == "]" or _parses_at(text, _skip_ws(text, end + 1), decoder)):
+        return end
+    for match in NEXT_OBJECT.finditer(text, start + 1):
+        try:
+            obj, after = decoder.raw_decode(text, match.end())
+        except json.JSONDecodeError:
+            continue
+        after = _skip_ws(text, after)
+        if isinstance(obj, dict) and RECORD_KEYS & set(obj) and after < len(text) and text[after] in ",]":
+            return match.start()
+    return None
+
+
+def _parses_at(text: str, pos: int, decoder: json.JSONDecoder) -> bool:
+    try:
+        decoder.raw_decode(text, pos)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def _element_end(text: str, pos: int) -> int | None:
+    """Where the array element starting at `pos` ends (the `,` or `]` after it), matching
+    brackets outside strings; None when it runs to the end of the text."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(pos, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            if depth == 0 and ch == "]":
+                return i
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            return i
+    return None
+
+
+def _undecodable(path: Path, where: str, count: int, stats: ReadStats, strict: bool) -> None:
+    if strict:
+        raise SpecforgeError(f"{path}: {where}: {count} bytes that are not UTF-8")
+    stats.skipped["invalid_utf8"] += 1
+    stats.undecodable_bytes += count
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -116,9 +212,16 @@ def _skip_ws(text: str, pos: int) -> int:
 
 
 def iter_jsonl(path: Path, stats: ReadStats, strict: bool) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    """Yield `(line number, object)` of a JSON-lines file; a line that is not JSON is skipped
+    (`invalid_json`), one with bytes that are not UTF-8 too (`invalid_utf8`, bytes counted)."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = decode_utf8(raw)
             if not line.strip():
+                continue
+            undecodable = len(UNDECODABLE.findall(line))
+            if undecodable:
+                _undecodable(path, f"line {lineno}", undecodable, stats, strict)
                 continue
             try:
                 yield lineno, json.loads(line)
@@ -206,7 +309,7 @@ def read_conversations(source: str, fmt: str = "auto", strict: bool = False) -> 
     elif path.suffix == ".jsonl":
         raw_iter = iter_jsonl(path, stats, strict)
     elif path.suffix == ".json":
-        raw_iter = iter_json_array(path, stats)
+        raw_iter = iter_json_array(path, stats, strict)
     else:
         raise SpecforgeError(f"{path}: unknown data format (expected .json, .jsonl or a datasets directory)")
     if fmt not in ("auto", "sharegpt", "messages", "hf_disk"):
@@ -269,28 +372,60 @@ def heldout_split(records: list[dict], fraction: float, seed: int) -> tuple[list
 def read_eval_prompts(source: str, strict: bool = False) -> list[dict[str, Any]]:
     """Evaluation prompts as `{"id", "category", "turns": [user message, ...]}`.
 
-    `builtin:mt_bench` reads the 80 MT-Bench questions; a JSONL path takes lines with
-    `turns` (list of strings) or `prompt` (one string), and optional `category` and `id`.
+    `builtin:mt_bench` reads the 80 MT-Bench questions; a `.jsonl` file (or a `.json` array)
+    takes records with `turns` (a list of non-empty strings) or `prompt` (one string), and
+    optional `category` (a string) and `id`. Bad records are skipped and counted by reason
+    like training data (`strict`: the first one is an error naming file and record).
     """
     if source == "builtin:mt_bench":
         path = package_file(MT_BENCH_MEMBER)
     else:
         path = Path(source).expanduser()
-        if not path.exists():
-            raise SpecforgeError(f"eval.dataset {source!r} does not exist")
+        if not path.is_file():
+            raise SpecforgeError(f"eval.dataset {source!r} does not exist" if not path.exists()
+                                 else f"eval.dataset {source!r} is not a file")
     stats = ReadStats(source=source)
+    if path.suffix == ".json":
+        raw_iter = iter_json_array(path, stats, strict)
+    elif path.suffix == ".jsonl":
+        raw_iter = iter_jsonl(path, stats, strict)
+    else:
+        raise SpecforgeError(f"eval.dataset {source!r}: expected a .jsonl (or .json) file of prompts")
     prompts = []
-    for lineno, raw in iter_jsonl(path, stats, strict):
-        turns = raw.get("turns", [raw["prompt"]] if isinstance(raw.get("prompt"), str) else None) \
-            if isinstance(raw, dict) else None
-        if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+    for index, raw in raw_iter:
+        try:
+            prompts.append(eval_prompt(raw, fallback_id=str(index)))
+        except BadRecord as bad:
             if strict:
-                raise SpecforgeError(f"{path}: line {lineno}: needs 'turns' (list of strings) or 'prompt'")
-            stats.skipped["missing_key"] += 1
-            continue
-        prompts.append({"id": str(raw.get("question_id", raw.get("id", lineno))),
-                        "category": str(raw.get("category", "all")), "turns": list(turns)})
+                raise SpecforgeError(f"{path}: record {index}: {bad.reason}: {bad}") from None
+            stats.skipped[bad.reason] += 1
     stats.recovered = len(prompts)
     if stats.num_skipped:
         log.warning("%s", stats.summary())
     return prompts
+
+
+def eval_prompt(raw: Any, fallback_id: str) -> dict[str, Any]:
+    """One raw evaluation prompt record to `{"id", "category", "turns"}`."""
+    if not isinstance(raw, dict):
+        raise BadRecord("not_an_object", "record is not a JSON object")
+    if "turns" in raw:
+        turns = raw["turns"]
+        if not isinstance(turns, list):
+            raise BadRecord("turns_not_a_list", f"'turns' is a {type(turns).__name__}, not a list of strings")
+    elif "prompt" in raw:
+        turns = [raw["prompt"]]
+    else:
+        raise BadRecord("missing_key", "record has neither 'turns' nor 'prompt'")
+    if not turns:
+        raise BadRecord("empty_conversation", "no turns")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str):
+            raise BadRecord("non_string_turn", f"turn {i} is {type(turn).__name__}, not a string")
+        if not turn.strip():
+            raise BadRecord("empty_turn", f"turn {i} is empty")
+    category = raw.get("category", "all")
+    if not isinstance(category, str):
+        raise BadRecord("non_string_category", f"category is {type(category).__name__}, not a string")
+    record_id = raw.get("question_id", raw.get("id", fallback_id))
+    return {"id": str(record_id), "category": category, "turns": list(turns)}

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import DAMAGED, ArtifactError
 
 SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -46,10 +47,15 @@ def write_shard(data_dir: Path, index: int, rows: list[dict[str, Any]], stats: d
     for path, write in ((stats_path(data_dir, index), lambda p: p.write_text(json.dumps(stats))),
                         (final, lambda p: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), p))):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            write(tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as err:  # a full disk: no temporary file left, the shard stays to do
+            tmp.unlink(missing_ok=True)
+            raise SpecforgeError(f"cannot write {path} ({err.strerror or err}); run the same command again "
+                                 "once there is room: it resumes at this shard") from err
     return final
 
 
@@ -64,8 +70,32 @@ def load_samples(samples_dir: Path):
     """The samples as one `datasets.Dataset` (shards in order)."""
     import datasets
 
+    return datasets.Dataset.from_parquet(readable_shards(samples_dir))
+
+
+def readable_shards(samples_dir: Path) -> list[str]:
+    """The shard files that hold rows, each checked readable (an error names a damaged one).
+
+    A shard whose prompts were all skipped holds no rows; it stays on disk (it marks the
+    shard done for a resume) and is left out here."""
     data_dir = Path(samples_dir) / "data"
-    files = [str(shard_path(data_dir, i)) for i in completed_shards(data_dir)]
-    if not files:
+    shards = completed_shards(data_dir)
+    if not shards:
         raise SpecforgeError(f"no sample shards under {data_dir}; run the sample stage first")
-    return datasets.Dataset.from_parquet(files)
+    files = [str(path) for path in (shard_path(data_dir, i) for i in shards) if shard_rows(path)]
+    if not files:
+        raise SpecforgeError(f"the samples in {samples_dir} hold no conversations: every prompt was skipped "
+                             f"(see skipped in {Path(samples_dir) / 'meta.json'}); sample with other settings")
+    return files
+
+
+def shard_rows(path: Path) -> int:
+    """Rows of a shard, read from its parquet footer (a damaged shard is an error naming it)."""
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ArtifactError(path, f"not a readable parquet file ({err}); {DAMAGED}; delete it and run the "
+                            "sample stage again to rewrite that shard") from None
+    if not parquet.schema_arrow.equals(SCHEMA, check_metadata=False):
+        raise ArtifactError(path, "not a samples shard (its columns differ from the samples schema)")
+    return parquet.metadata.num_rows

@@ -184,12 +184,11 @@ def load_untrained_draft(eval_cfg, target):
     """The `untrained_draft` method's LM: eval.untrained_draft_path or a truncated copy
     of the target (eval.truncate_layers; null picks min(4, L // 4), at least 1)."""
     if eval_cfg.untrained_draft_path:
-        from transformers import AutoModelForCausalLM
+        from specforge_lite.targets import load_causal_lm, resolve_target_path
 
-        from specforge_lite.targets import resolve_target_path
-
-        path = resolve_target_path(eval_cfg.untrained_draft_path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype).to(target.device).eval()
+        path = resolve_target_path(eval_cfg.untrained_draft_path, "eval.untrained_draft_path")
+        model = load_causal_lm(path, target.dtype, f"eval.untrained_draft_path={eval_cfg.untrained_draft_path!r}")
+        model = model.to(target.device).eval()
         model.requires_grad_(False)
         draft_vocab = model.get_output_embeddings().weight.shape[0]
         target_vocab = target.get_output_embeddings().weight.shape[0]

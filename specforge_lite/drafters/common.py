@@ -98,12 +98,39 @@ def save_drafter(directory: Path, kind: str, weights: dict[str, torch.Tensor], c
 
 
 def drafter_info(directory: Path) -> dict:
-    """What a train/drafter folder says about itself (`drafter.json`, else config.json), or {}."""
+    """What a train/drafter folder says about itself (`drafter.json`, else config.json), or {}
+    when it has neither; a damaged one is an `ArtifactError` naming the file."""
+    from specforge_lite.artifact_io import read_json_object
+
     directory = Path(directory)
     for name in ("drafter.json", "config.json"):
         path = directory / name
         if path.exists():
-            info = json.loads(path.read_text())
+            info = read_json_object(path)
             if info.get("drafter"):
                 return info
     return {}
+
+
+def load_drafter_dir(directory: Path, build, frozen: set[str] = frozenset()):
+    """A drafter module from a train/drafter folder written by `save_drafter`.
+
+    build(config dict) -> module. Every file is checked by name: config.json (valid JSON
+    that describes the drafter), model.safetensors (complete, every name and shape the
+    module has but the `frozen` ones, finite values). The `frozen` weights are left as
+    built (the caller copies them from the target)."""
+    from specforge_lite.artifact_io import ArtifactError, check_weights, load_safetensors, read_json_object
+
+    directory = Path(directory)
+    config = read_json_object(directory / "config.json")
+    try:
+        module = build(config)
+    except (TypeError, ValueError, KeyError, RuntimeError) as err:
+        raise ArtifactError(directory / "config.json", f"does not describe a {config.get('drafter', 'drafter')} "
+                            f"drafter ({err})") from None
+    weights = load_safetensors(directory / "model.safetensors")
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in frozen}
+    check_weights(directory / "model.safetensors", weights, expected)
+    module.load_state_dict(weights, strict=False)
+    return module
+

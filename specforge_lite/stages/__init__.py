@@ -4,12 +4,12 @@ work and writes its artifact under `run_dir`; `run` chains them in order."""
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
 
 
@@ -25,6 +25,12 @@ MODULES = {
 
 
 def run_stage(cfg: DictConfig) -> None:
+    """Validate the config (then again against the target's own config, for the stages that
+    build a drafter) and run the stage, or all of them in order for `run`."""
+    from specforge_lite.validate import validate_config, validate_for_target
+
+    validate_config(cfg)
+    validate_for_target(cfg)
     if cfg.stage != "run":
         importlib.import_module(MODULES[cfg.stage]).run(cfg)
         return
@@ -39,7 +45,7 @@ def run_stage(cfg: DictConfig) -> None:
             lines.append(f"  {what:<8} {path}")
     report = run_dir / "eval" / "report.json"
     if report.exists():
-        methods = json.loads(report.read_text()).get("methods", {})
+        methods = read_json_object(report).get("methods", {})
         for method, entry in methods.items():
             lines.append(f"  {method:<17} tau {entry.get('tau', 0):.2f}  {entry.get('tokens_per_s', 0):6.1f} tok/s  "
                          f"speedup {entry.get('speedup', 0):.2f}x")

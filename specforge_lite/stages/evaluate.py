@@ -17,7 +17,6 @@ the same text for every method.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import statistics
 from collections import defaultdict
@@ -28,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
@@ -51,12 +51,12 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
     """Eval prompts as {"id", "category", "system", "turns": [user message, ...]}."""
     dataset = cfg.eval.dataset
     if dataset != "heldout":
-        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset)]
+        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset, cfg.data.strict)]
     else:
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
         split = samples_dir(cfg) / "split.json"
         if split.exists():
-            ids = set(json.loads(split.read_text())["heldout_ids"])
+            ids = set(read_json_object(split, required=("heldout_ids",))["heldout_ids"])
             heldout = [r for r in records if r["id"] in ids]
             if ids and not heldout:
                 raise SpecforgeError(f"none of the held-out ids in {split} are in {cfg.data.source}: "
@@ -207,7 +207,6 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
 
 def run(cfg: DictConfig) -> None:
     ecfg = cfg.eval
-    out = stage_dir(cfg, "evaluate")
     methods = check_methods(ecfg)
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
     prompts = select_prompts(load_prompts(cfg), ecfg.max_prompts)
@@ -216,6 +215,7 @@ def run(cfg: DictConfig) -> None:
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
     decoders, drafters = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling)
+    out = stage_dir(cfg, "evaluate")  # once every input has loaded
     log.info("evaluating %s on %d prompts of %s (k=%d, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              ecfg.num_draft_tokens, "greedy" if sampling.greedy else f"T={sampling.temperature}")
 

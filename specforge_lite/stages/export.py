@@ -5,7 +5,9 @@ engine loads for that drafter: EAGLE-3 in the speculators format (plus SGLang's 
 with `export.sglang=true`), Medusa in vLLM's Medusa format (vLLM <= 0.32), a draft
 model as a plain HF directory with the target's tokenizer. Each gets a README with the
 serve command; the stage reloads what it wrote strictly and checks that the reloaded
-drafter computes the trained drafter's logits.
+drafter computes the trained drafter's logits. Everything is written into a temporary
+folder beside `export/` and renamed into place only once that check has passed, so a
+failed export leaves the previous one, and its `export.json`, untouched.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, stage_dir, write_provenance
+from specforge_lite.artifact_io import read_json_object, write_failure
+from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, write_provenance
 from specforge_lite.registry import DRAFTERS, detect_drafter
 from specforge_lite.targets import HUB_IDS, load_target, resolve_target_path
 
@@ -31,7 +35,7 @@ def chosen_k(cfg: DictConfig) -> tuple[int, str]:
         return int(cfg.export.speculative_tokens), "export.speculative_tokens"
     report = Path(cfg.run_dir) / "eval" / "report.json"
     if report.exists():
-        best = json.loads(report.read_text()).get("best_k")
+        best = read_json_object(report).get("best_k")
         if isinstance(best, int) and best > 0:
             return best, f"best_k measured by evaluate ({report})"
     return int(cfg.export.fallback_tokens), "export.fallback_tokens (no evaluation report found)"
@@ -43,33 +47,37 @@ def run(cfg: DictConfig) -> None:
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first (or set export.drafter_dir)")
     kind, found = detect_drafter(trained)
     log.info("exporting the %s drafter in %s (%s layout)", kind, trained, found)
-    out = stage_dir(cfg, "export")
+    final = Path(cfg.run_dir) / STAGE_DIRS["export"]
     target, tokenizer = load_target(cfg.target)
     k, k_source = chosen_k(cfg)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
-    # written and strictly checked in a temporary folder, then swapped in: a failed check
-    # leaves an earlier export (and its export.json) as it was
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # written whole into a temporary folder, checked strictly there, then renamed into place:
+    # a failure leaves the previous export (and its export.json) as it was
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
-        info = DRAFTERS[kind].export(cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
-        info.update({key: str(out / info[key]) for key in ("path", "sglang") if info.get(key)})  # final places
         write_provenance(tmp, cfg)
+        try:
+            info = DRAFTERS[kind].export(cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
+        except ValueError as err:  # a strict check of what was written
+            raise SpecforgeError(f"export failed its strict check, nothing replaced: {err}") from None
+        except Exception as err:
+            if write_failure(err):  # a full disk
+                raise SpecforgeError(f"cannot write the export ({err}); nothing replaced") from err
+            raise
+        info.update({key: str(final / info[key]) for key in ("path", "sglang") if info.get(key)})  # final places
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
                                                 "verifier": verifier, "strict_reload": "passed"})
-        replace_dir(tmp, out)
+        replace_folder(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
 
 
-def replace_dir(new: Path, old: Path) -> None:
-    """Put folder `new` where `old` is: `old` is renamed aside first and removed after, so
-    either the old or the new folder is in place at every moment."""
-    aside = old.parent / f".{old.name}.old"
-    shutil.rmtree(aside, ignore_errors=True)
-    if old.exists():
-        os.replace(old, aside)
-    os.replace(new, old)
-    shutil.rmtree(aside, ignore_errors=True)
+def replace_folder(new: Path, final: Path) -> None:
+    """Put folder `new` at `final` by renames (the old one, if any, is removed after)."""
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(new, final)
+    shutil.rmtree(old, ignore_errors=True)

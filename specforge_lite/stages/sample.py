@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, package_versions, stage_dir, write_provenance
+from specforge_lite.artifact_io import read_json_object
+from specforge_lite.artifacts import atomic_write_json, package_versions, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
@@ -188,8 +189,8 @@ def _rank_and_world(sample_cfg) -> tuple[int, int]:
     return rank, world
 
 
-def fingerprint(cfg: DictConfig) -> str:
-    """What decides the content of the shards; a resume with another value is refused."""
+def fingerprint_keys(cfg: DictConfig) -> dict:
+    """What decides the content of the shards (`fingerprint` hashes it)."""
     keys = {
         "target": cfg.target.path, "chat_template": cfg.target.chat_template,
         "data": OmegaConf.to_container(cfg.data, resolve=True),
@@ -197,12 +198,41 @@ def fingerprint(cfg: DictConfig) -> str:
                    ("max_new_tokens", "max_prompt_length", "temperature", "top_p", "turns", "shard_size", "seed")},
     }
     keys["data"].pop("strict", None)
-    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return json.loads(json.dumps(keys, default=str))
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """What decides the content of the shards; a resume with another value is refused."""
+    return hashlib.sha256(json.dumps(fingerprint_keys(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def stale_samples(cfg: DictConfig, meta: dict, folder: Path) -> str | None:
+    """Why the samples described by `meta` (a samples folder's meta.json) were not made with
+    this config's settings, naming the keys that differ; None when they were."""
+    stamp = fingerprint(cfg)
+    if meta.get("fingerprint") == stamp:
+        return None
+    then, now = _flatten(meta.get("fingerprint_keys") or {}), _flatten(fingerprint_keys(cfg))
+    differ = [f"{k}={then.get(k)!r} then, {now.get(k)!r} now" for k in sorted(set(then) | set(now))
+              if then.get(k) != now.get(k)] if then else []
+    return (f"{folder} holds samples made with other settings ("
+            + ("; ".join(differ[:4]) if differ else f"fingerprint {meta.get('fingerprint')}, now {stamp}")
+            + "); use another samples_dir (or run_dir), or delete that folder to sample again")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        name = "target.path" if prefix == "" and key == "target" else \
+            "target.chat_template" if prefix == "" and key == "chat_template" else f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def run(cfg: DictConfig) -> None:
-    out = stage_dir(cfg, "sample")
-    data_dir = out / "data"
     rank, world = _rank_and_world(cfg.sample)
     sample_cfg = cfg.sample
 
@@ -212,21 +242,15 @@ def run(cfg: DictConfig) -> None:
         train = train[: cfg.data.max_samples]
     if not train:
         raise SpecforgeError(f"no training conversations left from {cfg.data.source}")
+    out = samples_dir(cfg)  # created once the source has been read and the target loaded
+    data_dir = out / "data"
 
     stamp = fingerprint(cfg)
     meta_path = out / "meta.json"
-    if meta_path.exists():
-        previous = json.loads(meta_path.read_text()).get("fingerprint")
-        if previous != stamp and completed_shards(data_dir):
-            raise SpecforgeError(
-                f"{out} holds samples made with other settings (fingerprint {previous}, now {stamp}); "
-                "use another samples_dir (or run_dir) or delete that folder to start over")
-    if rank == 0:
-        write_provenance(out, cfg)
-        atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
-                                               "num_train": len(train), "read": read_stats.to_dict()})
-        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=False)
-
+    if meta_path.exists() and completed_shards(data_dir):
+        problem = stale_samples(cfg, read_json_object(meta_path), out)
+        if problem:
+            raise SpecforgeError(problem)
     shard_size = sample_cfg.shard_size
     num_shards = (len(train) + shard_size - 1) // shard_size
     mine = [j for j in range(num_shards) if j % world == rank]
@@ -236,7 +260,7 @@ def run(cfg: DictConfig) -> None:
     if len(todo) < len(mine):
         log.info("resuming: %d of this rank's %d shards already written", len(mine) - len(todo), len(mine))
 
-    if todo:
+    if todo:  # the target loads before anything is written
         tokenizer = None
         if sample_cfg.backend == "vllm":
             from specforge_lite.targets import load_tokenizer
@@ -247,6 +271,14 @@ def run(cfg: DictConfig) -> None:
             model, tokenizer = load_target(cfg.target)
             backend = HFBackend(model, tokenizer, sample_cfg)
         require_chat_template(tokenizer)
+    if rank == 0:
+        stage_dir(cfg, "sample")
+        write_provenance(out, cfg)
+        atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
+                                               "num_train": len(train), "read": read_stats.to_dict()})
+        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=False)
+
+    if todo:
         started, generated = time.perf_counter(), 0
         bar = tqdm(total=sum(size(j) for j in mine), initial=sum(size(j) for j in mine if j in done),
                    desc=f"sample rank {rank}/{world}", unit="conv", dynamic_ncols=True)
@@ -272,6 +304,9 @@ def run(cfg: DictConfig) -> None:
         meta = _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=True)
         log.info("samples: %d conversations, %d assistant tokens in %s (skipped: %s)", meta["num_rows"],
                  meta["num_loss_tokens"], data_dir, meta["skipped"] or "none")
+        if not meta["num_rows"]:
+            log.warning("every prompt was skipped (%s): these samples hold no conversation to train on",
+                        meta["skipped"] or "no reason recorded")
     elif rank == 0:
         log.info("rank 0 done; %d shards of %d written so far (other ranks still working)",
                  len(completed_shards(data_dir)), num_shards)
@@ -284,7 +319,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
         import pyarrow.parquet as pq
 
         for j in completed_shards(data_dir):
-            stats = json.loads(stats_path(data_dir, j).read_text())
+            stats = read_json_object(stats_path(data_dir, j))
             skipped.update(stats["skipped"])
             generated += stats["generated_tokens"]
             table = pq.read_table(shard_path(data_dir, j), columns=["input_ids", "loss_mask"])
@@ -293,7 +328,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
                 num_tokens += len(ids)
                 num_loss += sum(mask)
     meta = {
-        "complete": complete, "fingerprint": stamp,
+        "complete": complete, "fingerprint": stamp, "fingerprint_keys": fingerprint_keys(cfg),
         "target": cfg.target.path,
         "sampling": {k: v for k, v in OmegaConf.to_container(cfg.sample, resolve=True).items()
                      if k not in ("rank", "world_size", "vllm")},

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -27,11 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
-from specforge_lite.data.samples import load_samples
+from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.features import FeatureCache, collate, target_hidden
-from specforge_lite.checkpoints import latest_checkpoint
+from specforge_lite.checkpoints import resume
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.strategies import build_strategy
 
@@ -105,19 +107,26 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
 def ensure_samples(cfg: DictConfig) -> None:
     """Train needs the sampled conversations (unless train.use_samples=false): when they are
     missing or incomplete, a single-process run samples them first (the sample stage resumes
-    what exists)."""
+    what exists). Complete samples made with other data / sample settings are refused, as the
+    sample stage refuses to resume them: training on them would silently learn from stale data."""
     if not cfg.train.use_samples:
         return
-    meta = samples_dir(cfg) / "meta.json"
-    if meta.exists() and json.loads(meta.read_text()).get("complete"):
-        return
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SpecforgeError(f"no complete samples in {samples_dir(cfg)}; run the sample stage before a "
-                             "multi-process train (python -m specforge_lite sample ... on the same ranks)")
-    log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
     from specforge_lite.stages import sample
 
-    sample.run(cfg)
+    meta_path = samples_dir(cfg) / "meta.json"
+    meta = read_json_object(meta_path) if meta_path.exists() else {}
+    if meta.get("complete"):
+        problem = sample.stale_samples(cfg, meta, samples_dir(cfg)) if cfg.train.use_samples else None
+        if problem:
+            raise SpecforgeError(f"train: {problem}")
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SpecforgeError(f"no complete samples in {samples_dir(cfg)}; run the sample stage before a "
+                             "multi-process train (python -m specforge_lite sample ... on the same ranks)")
+    else:
+        log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
+        sample.run(cfg)
+    if cfg.train.use_samples:
+        readable_shards(samples_dir(cfg))  # some hold rows, none is damaged: before anything is written
 
 
 # what decides the trained weights (not logging, tracking or checkpoint cadence)
@@ -135,7 +144,7 @@ def fingerprint(cfg: DictConfig) -> str:
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in UNTRACKED_TRAIN_KEYS}
     drafter = {k: v for k, v in OmegaConf.to_container(cfg.drafter, resolve=True).items()
                if k not in module.UNTRACKED_OPTIONS}
-    samples = json.loads(meta.read_text()).get("fingerprint") if cfg.train.use_samples and meta.exists() else None
+    samples = read_json_object(meta).get("fingerprint") if cfg.train.use_samples and meta.exists() else None
     keys = {"target": OmegaConf.to_container(cfg.target, resolve=True),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
             "samples": samples, "drafter": drafter, "train": train}
@@ -148,7 +157,11 @@ def already_trained(cfg: DictConfig, stamp: str) -> bool:
     from specforge_lite.drafters.common import drafter_info
 
     folder = Path(cfg.run_dir) / "train" / "drafter"
-    info = drafter_info(folder)
+    try:
+        info = drafter_info(folder)
+    except ArtifactError as err:
+        log.warning("%s; training again replaces it", err)
+        return False
     if info.get("fingerprint") == stamp and RENAMED.get(info.get("drafter"), info.get("drafter")) == cfg.drafter.name:
         log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
                  "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
@@ -240,9 +253,10 @@ def run(cfg: DictConfig) -> None:
 
     ckpt_dir = out / "checkpoints"
     start = 0
-    if tcfg.resume and (latest := latest_checkpoint(ckpt_dir)) is not None:
-        start = strategy.load_checkpoint(latest)
-        log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
+    if tcfg.resume:  # the newest intact checkpoint (a damaged one is reported and skipped)
+        start, latest = resume(ckpt_dir, strategy.load_checkpoint)
+        if latest is not None:
+            log.info("resuming from %s (step %d of %d)", latest, start, total_steps)
 
     tracker = Tracker(cfg, out, accelerator.is_main_process)
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -316,13 +330,34 @@ def run(cfg: DictConfig) -> None:
     raw = strategy.full_drafter()  # every rank takes part in gathering; rank 0 gets the module
     if accelerator.is_main_process:
         final = out / "drafter"
-        module.save(raw, final, extra={"trained_steps": total_steps, "history": history,
-                                       "fingerprint": stamp})
+        save_atomically(final, lambda tmp: module.save(raw, tmp, extra={
+            "trained_steps": total_steps, "history": history, "fingerprint": stamp}))
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
+
+
+def save_atomically(final: Path, write) -> None:
+    """`write(folder)` into a temporary folder beside `final`, then rename it into place; a
+    failure (a full disk) removes the temporary folder and leaves `final` as it was."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        write(tmp)
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except Exception as err:
+        if write_failure(err):
+            raise SpecforgeError(f"cannot write {final} ({err}); nothing was replaced") from err
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def empty_window() -> dict:

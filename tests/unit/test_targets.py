@@ -46,7 +46,7 @@ def test_missing_asset_package_names_the_install_command(tmp_path, monkeypatch):
 
 
 def test_missing_local_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(SpecforgeError, match="is not a directory"):
+    with pytest.raises(SpecforgeError, match="no such directory"):
         targets.resolve_target_path(str(tmp_path / "nope"))
 
 

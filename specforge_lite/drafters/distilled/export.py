@@ -26,8 +26,7 @@ def max_logit_difference(a: nn.Module, b: nn.Module, vocab_size: int) -> float:
 def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
     """Copy the student to `out/draft_model` with the target's tokenizer, reload it strictly
     (same keys and shapes, same logits) and write a README with the vLLM command."""
-    from safetensors.torch import load_file
-
+    from specforge_lite.artifact_io import load_safetensors
     from specforge_lite.artifacts import atomic_write_text
 
     trained_model = load(trained, target)
@@ -38,7 +37,7 @@ def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: s
     reloaded = load_student(str(directory), target, tokenizer).to(target.device).eval()
     written = {}
     for f in sorted(directory.glob("*.safetensors")):
-        written.update(load_file(str(f)))
+        written.update(load_safetensors(f))
     expected = {k: tuple(v.shape) for k, v in trained_model.state_dict().items()}
     bad = [k for k in written if k not in expected or tuple(written[k].shape) != expected[k]]
     untied_missing = [k for k in expected if k not in written and k != "lm_head.weight"]

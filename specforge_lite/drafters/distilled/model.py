@@ -74,12 +74,12 @@ def truncated_student(target, num_layers: int) -> nn.Module:
 
 def load_student(path: str, target, tokenizer=None) -> nn.Module:
     """An HF causal LM from a dir or hub id; refuses a vocabulary other than the target's."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from specforge_lite.targets import resolve_target_path
+    from specforge_lite.targets import load_causal_lm, resolve_target_path
 
-    resolved = resolve_target_path(path)
-    student = AutoModelForCausalLM.from_pretrained(resolved, dtype=target.dtype)
+    resolved = resolve_target_path(path, "drafter.student")
+    student = load_causal_lm(resolved, target.dtype, f"draft model {path}", strict=True)
     ours = student.get_output_embeddings().weight.shape[0]
     theirs = target.get_output_embeddings().weight.shape[0]
     if ours != theirs:

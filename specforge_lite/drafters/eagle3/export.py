@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
@@ -163,7 +163,7 @@ def check_speculators_dir(directory: Path, strict: bool = True) -> tuple[dict[st
         "hidden_size": layer_config.hidden_size, "vocab_size": layer_config.vocab_size,
         "num_attention_heads": layer_config.num_attention_heads, "num_key_value_heads": layer_config.num_key_value_heads,
         "head_dim": layer_config.head_dim, "intermediate_size": layer_config.intermediate_size}}),
-        config["draft_vocab_size"])
+        config["draft_vocab_size"], layer_config.vocab_size)
     return config, weights
 
 
@@ -179,43 +179,39 @@ def llama_layer_config(layer: dict):
 
 
 def read_json(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError as err:
-        raise SpecforgeError(f"{Path(path).parent.name}/{Path(path).name} is missing") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SpecforgeError(f"{Path(path).parent.name}/{Path(path).name} is not valid JSON ({err})") from err
+    from specforge_lite.artifact_io import read_json_object
+
+    return read_json_object(path)
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors files, floating ones as float32."""
+    """Every tensor of the folder's safetensors files (each checked by name), floating ones as float32."""
+    from specforge_lite.artifact_io import ArtifactError, load_safetensors
+
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
-        raise SpecforgeError(f"{Path(directory).name}: no .safetensors weights")
+        raise ArtifactError(Path(directory), "holds no .safetensors weights")
     weights = {}
     for path in files:
-        try:
-            weights.update(load_file(str(path)))
-        except Exception as err:  # safetensors raises its own error types for damaged files
-            raise SpecforgeError(f"{Path(directory).name}/{path.name} cannot be read ({err})") from err
+        weights.update(load_safetensors(path))
     return {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
 
 
-def check_weights(directory: Path, weights: dict, expected: dict, draft_vocab_size: int) -> None:
-    where = f"{Path(directory).name}/model.safetensors"
-    missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected) - {FROZEN})
-    if missing or extra:
-        raise SpecforgeError(f"{where}: missing {missing}, unexpected {extra}")
-    for key, shape in expected.items():
-        if tuple(weights[key].shape) != shape:
-            raise SpecforgeError(f"{where}: {key} has shape {tuple(weights[key].shape)}, expected {shape}")
+def check_weights(directory: Path, weights: dict, expected: dict, draft_vocab_size: int, vocab_size: int) -> None:
+    """Names, shapes and finite values (an embedding of the target's shape may come along),
+    then the draft-vocab maps."""
+    from specforge_lite.artifact_io import check_weights as check_names_and_shapes
+
+    where = Path(directory) / "model.safetensors"
+    if FROZEN in weights:
+        expected = {**expected, FROZEN: (vocab_size, expected["fc.weight"][0])}
+    check_names_and_shapes(where, weights, expected)
     if "d2t" in weights:
         if weights["d2t"].dtype != torch.int64 or weights["t2d"].dtype != torch.bool:
-            raise SpecforgeError(f"{where}: d2t must be int64 and t2d bool")
+            raise SpecforgeError(f"{where.parent.name}/{where.name}: d2t must be int64 and t2d bool")
         ids = torch.arange(draft_vocab_size) + weights["d2t"]
         if int(weights["t2d"].sum()) != draft_vocab_size or not bool(weights["t2d"][ids].all()):
-            raise SpecforgeError(f"{where}: d2t and t2d disagree")
+            raise SpecforgeError(f"{where.parent.name}/{where.name}: d2t and t2d disagree")
 
 
 def build_loaded(config: dict, layer: dict, weights: dict, target) -> Eagle3Drafter:
@@ -269,7 +265,7 @@ def load_sglang_dir(directory: Path, target) -> Eagle3Drafter:
         "hidden_size": layer_config.hidden_size, "vocab_size": layer_config.vocab_size,
         "num_attention_heads": layer_config.num_attention_heads, "num_key_value_heads": layer_config.num_key_value_heads,
         "head_dim": layer_config.head_dim, "intermediate_size": layer_config.intermediate_size}}),
-        config["draft_vocab_size"])
+        config["draft_vocab_size"], layer_config.vocab_size)
     return build_loaded(ours, layer, weights, target)
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
+from specforge_lite.schema import checked
+
 
 @dataclass
 class Eagle3Options:
     name: str = "eagle3"
     # the lm_head predicts over the draft vocab (the most frequent loss-masked target ids);
     # a value >= the target vocab keeps the full vocabulary
-    draft_vocab_size: int = 8192
-    aux_layer_ids: Optional[List[int]] = None  # null: [2, L//2, L-3]
-    ttt_steps: int = 3  # training-time test unroll
+    draft_vocab_size: int = checked(8192, ge=1)
+    # null: [2, L//2, L-3]; HF output_hidden_states ids, each below the target's layer count
+    aux_layer_ids: Optional[List[int]] = checked(None, length=3, ge=0, below_target="num_hidden_layers")
+    ttt_steps: int = checked(3, ge=1)  # training-time test unroll
     # the residual stream starts from hidden_norm(fused features), as speculators trains and vLLM
     # assumes by default; measured better on SmolLM2 (docs/BENCHMARKS.md "EAGLE-3 training options").
     # SGLang's layout cannot express it: train with false to export for SGLang

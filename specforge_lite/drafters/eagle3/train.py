@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
-                                            stepwise_loss)
+from specforge_lite.drafters.common import (draft_vocab_preparer, load_drafter_dir, save_drafter, select_weights,
+                                            shifted_targets, stepwise_loss)
 from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
 
 
@@ -105,18 +104,11 @@ def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> 
 
 
 def load(directory: Path, target) -> Eagle3Drafter:
-    """A drafter saved by `save`, with the target's embedding, on the target's device."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
-    fields = {f for f in Eagle3Config.__dataclass_fields__}
-    drafter = Eagle3Drafter(Eagle3Config(**{k: v for k, v in raw.items() if k in fields}))
-    missing, unexpected = drafter.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    if unexpected or set(missing) != {FROZEN}:
-        raise SpecforgeError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    """A drafter saved by `save`, with the target's embedding, on the target's device; every
+    file is checked by name (`common.load_drafter_dir`)."""
+    fields = set(Eagle3Config.__dataclass_fields__)
+    drafter = load_drafter_dir(directory, lambda raw: Eagle3Drafter(Eagle3Config(
+        **{k: v for k, v in raw.items() if k in fields})), FROZEN_WEIGHTS)
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
     return drafter.to(target.device).eval()
-
-

@@ -69,8 +69,9 @@ def layout(config: dict) -> str | None:
 
 def load_any(directory: Path, target) -> MedusaHeads:
     """Medusa heads from our train folder or a vLLM Medusa folder."""
-    config = json.loads((Path(directory) / "config.json").read_text())
-    found = layout(config)
+    from specforge_lite.artifact_io import read_json_object
+
+    found = layout(read_json_object(Path(directory) / "config.json"))
     if found == "ours":
         return load(directory, target)
     if found == "vllm":
@@ -82,10 +83,10 @@ def load_any(directory: Path, target) -> MedusaHeads:
 def load_vllm_dir(directory: Path, target) -> MedusaHeads:
     """Strict reload of an exported directory: typed config fields, every key and shape,
     nothing missing or extra (vLLM itself skips unknown names and never reports missing ones)."""
-    from safetensors.torch import load_file
+    from specforge_lite.artifact_io import load_safetensors, read_json_object
 
     directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_json_object(directory / "config.json")
     types = {"model_type": str, "hidden_size": int, "vocab_size": int, "num_heads": int, "num_hidden_layers": int,
              "truncated_vocab_size": int, "medusa_fc_bias": bool}
     for key, kind in types.items():
@@ -93,7 +94,7 @@ def load_vllm_dir(directory: Path, target) -> MedusaHeads:
             raise SpecforgeError(f"{directory}/config.json: {key} should be a {kind.__name__}, got {config.get(key)!r}")
     if config["model_type"] != "medusa":
         raise SpecforgeError(f"{directory}/config.json: model_type {config['model_type']!r}, expected 'medusa'")
-    weights = load_file(str(directory / "model.safetensors"))
+    weights = load_safetensors(directory / "model.safetensors")
     expected = expected_shapes(config)
     missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     wrong = [f"{k} {tuple(weights[k].shape)} != {expected[k]}" for k in expected if k in weights

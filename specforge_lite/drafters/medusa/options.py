@@ -5,15 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from specforge_lite.schema import checked
+
 
 @dataclass
 class MedusaOptions:
     name: str = "medusa"
     # each head's lm_head predicts over the draft vocab (the most frequent loss-masked target
     # ids); a value >= the target vocab keeps the full vocabulary
-    draft_vocab_size: int = 8192
-    num_heads: int = 4  # head i predicts the token i + 2 ahead
-    num_layers: int = 1  # residual blocks per head
+    draft_vocab_size: int = checked(8192, ge=1)
+    num_heads: int = checked(4, ge=1)  # head i predicts the token i + 2 ahead
+    num_layers: int = checked(1, ge=1)  # residual blocks per head
     # start from trained heads: our train folder or a vLLM Medusa folder (its heads, blocks and
     # draft vocab replace the options above)
     init_from: Optional[str] = None

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.common import (draft_vocab_preparer, save_drafter, select_weights, shifted_targets,
-                                            stepwise_loss)
+from specforge_lite.drafters.common import (draft_vocab_preparer, load_drafter_dir, save_drafter, select_weights,
+                                            shifted_targets, stepwise_loss)
 from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
 
 
@@ -67,14 +66,7 @@ def save(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> None
 
 
 def load(directory: Path, target) -> MedusaHeads:
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
-    heads = MedusaHeads(MedusaConfig(**{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__}))
-    missing, unexpected = heads.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    if missing or unexpected:
-        raise SpecforgeError(f"{directory}: weights do not fit (missing {missing}, unexpected {unexpected})")
+    """Heads saved by `save`, every file checked by name (`common.load_drafter_dir`)."""
+    heads = load_drafter_dir(directory, lambda raw: MedusaHeads(MedusaConfig(
+        **{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__})))
     return heads.to(target.device).eval()
-
-

@@ -1,0 +1,205 @@
+"""One validation pass over the composed config, before any stage loads anything.
+
+Hydra's typed schema already rejects an unknown key and a value of the wrong type. This
+pass adds what a type cannot say:
+
+- the ranges and allowed values declared next to each field (`config.checked`, dataclass
+  field metadata), walked over whatever dataclass each config node was built from, so a
+  new options dataclass is covered by declaring its rules;
+- keys that are not in the schema: `+key=value` adds a key past Hydra's struct check, and
+  a key that nothing reads is a setting silently ignored;
+- a few rules between fields (`cross_field_problems`);
+- once the target's own HF config is known (`validate_config(cfg, target_config)`), the
+  fields bounded by it (`below_target`, such as `drafter.aux_layer_ids` against its depth).
+
+Every problem names the key, the value given and what is allowed; all are reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from specforge_lite import SpecforgeError
+
+# the stages that build a drafter for the target, and so check it against the target's config
+TARGET_STAGES = ("train", "run")
+
+
+def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
+    """Raise one `SpecforgeError` listing every problem of `cfg` (see the module docstring)."""
+    problems = config_problems(cfg, target_config)
+    if problems:
+        head = "invalid setting" if len(problems) == 1 else f"{len(problems)} invalid settings"
+        raise SpecforgeError((f"{head}: " + problems[0]) if len(problems) == 1
+                             else f"{head}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
+    problems: list[str] = []
+    _walk(cfg, "", problems, target_config)
+    if not problems:  # cross-field rules assume every single value is sane
+        problems += cross_field_problems(cfg)
+    return problems
+
+
+def validate_for_target(cfg: DictConfig) -> None:
+    """The second pass, before a stage writes anything: the target's folder is checked (its
+    config.json and weight files, by name) and its config read; the stages that build a
+    drafter then check the fields bounded by it (such as aux layer ids against its depth)."""
+    if cfg.stage == "train" and cfg.train.dry_run:
+        return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
+    from specforge_lite.targets import load_target_config, resolve_target_path
+
+    target_config = load_target_config(cfg.target)
+    if cfg.stage in TARGET_STAGES:
+        validate_config(cfg, target_config)
+    # the other models a stage will load: paths resolved now (a missing one fails at once)
+    if cfg.stage in TARGET_STAGES and cfg.drafter.get("student"):
+        resolve_target_path(cfg.drafter.student, "drafter.student")
+    if cfg.stage in ("evaluate", "run") and cfg.eval.untrained_draft_path and \
+            {"untrained_draft", "hf_assisted"} & set(cfg.eval.methods):
+        resolve_target_path(cfg.eval.untrained_draft_path, "eval.untrained_draft_path")
+
+
+# --------------------------------------------------------------------------- walking the schema
+
+def _walk(node: DictConfig, prefix: str, problems: list[str], target_config: Any) -> None:
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields and not (prefix == "" and key == "hydra"):
+            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            problems.append(f"{prefix}{key}={_shown(node, key)}: unknown key ({schema.__name__} has no such field"
+                            + (f"; did you mean {prefix}{hint[0]}?" if hint else "") + ")")
+    for name, spec in fields.items():
+        full = f"{prefix}{name}"
+        if name not in node:
+            continue
+        if OmegaConf.is_missing(node, name):
+            problems.append(f"{full} is not set; give it on the command line ({full}=...)")
+            continue
+        try:
+            value = node[name]
+        except Exception as err:  # an interpolation that does not resolve
+            problems.append(f"{full}: cannot resolve its value ({err})")
+            continue
+        if isinstance(value, DictConfig):
+            _walk(value, f"{full}.", problems, target_config)
+        elif spec.metadata and _applies(node, spec.metadata.get("when")):
+            problem = check_value(full, _plain(value), spec.metadata, target_config)
+            if problem:
+                problems.append(problem)
+
+
+def _shown(node: DictConfig, key: str) -> str:
+    try:
+        return str(_plain(node[key]))
+    except Exception:
+        return "..."
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return getattr(value, "value", value)  # enums compare by their value
+
+
+def _applies(node: DictConfig, when: dict | None) -> bool:
+    """`when`: sibling values under which a field's rules apply (a missing sibling: they apply)."""
+    return all(key not in node or _plain(node[key]) == value for key, value in (when or {}).items())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_value(key: str, value: Any, rules: dict, target_config: Any = None) -> str | None:
+    """The first rule `value` breaks, as a message naming `key`, the value and what is allowed."""
+    if value is None:
+        return None
+    shown = f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+    if "choices" in rules and value not in rules["choices"]:
+        return f"{shown}: choose one of {', '.join(map(str, rules['choices']))}"
+    if "pattern" in rules and not (isinstance(value, str) and re.fullmatch(rules["pattern"], value)):
+        return f"{shown}: allowed: {rules.get('allowed', rules['pattern'])}"
+    if "length" in rules and isinstance(value, list) and len(value) != rules["length"]:
+        return f"{shown}: needs exactly {rules['length']} values, got {len(value)}"
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if not _number(item):
+            continue
+        for rule, ok, says in (("ge", item >= rules.get("ge", item), ">="), ("gt", "gt" not in rules
+                               or item > rules["gt"], ">"), ("le", item <= rules.get("le", item), "<="),
+                               ("lt", "lt" not in rules or item < rules["lt"], "<")):
+            if rule in rules and not ok:
+                note = f" ({rules['note']})" if "note" in rules else ""
+                return f"{shown}: {'every value must be' if isinstance(value, list) else 'must be'} " \
+                       f"{says} {rules[rule]}{note}"
+        bound = rules.get("below_target")
+        if bound and target_config is not None and getattr(target_config, bound, None) is not None:
+            limit = getattr(target_config, bound)
+            if item >= limit:
+                return (f"{shown}: the target has {bound}={limit}, so "
+                        f"{'every value' if isinstance(value, list) else 'it'} must be below {limit}")
+    return None
+
+
+# --------------------------------------------------------------------------- rules between fields
+
+def cross_field_problems(cfg: DictConfig) -> list[str]:
+    """Rules no single field can state."""
+    problems = []
+    sample, ecfg, tcfg = cfg.sample, cfg.eval, cfg.train
+    if sample.rank is not None and sample.world_size is not None and sample.rank >= sample.world_size:
+        problems.append(f"sample.rank={sample.rank} with sample.world_size={sample.world_size}: "
+                        "the rank must be below the world size")
+    if ecfg.ngram_min > ecfg.ngram_max:
+        problems.append(f"eval.ngram_min={ecfg.ngram_min} is above eval.ngram_max={ecfg.ngram_max}")
+    from specforge_lite.registry import RENAMED
+
+    known = known_eval_methods()
+    labels = [str(item).partition(":")[0] for item in ecfg.extra_drafters]
+    for method in ecfg.methods:
+        if method in RENAMED:
+            problems.append(f"eval.methods: {method} was renamed: untrained_draft (a draft model used as it is) or "
+                            f"{RENAMED[method]} (one trained here)")
+    unknown = [m for m in ecfg.methods if m not in known and m not in RENAMED]
+    if unknown:
+        problems.append(f"eval.methods={list(ecfg.methods)}: unknown {unknown}; known: {', '.join(known)}")
+    if ecfg.best_k_method is not None and ecfg.best_k_method not in [*ecfg.methods, *labels]:
+        problems.append(f"eval.best_k_method={ecfg.best_k_method!r} is not one of eval.methods {list(ecfg.methods)}"
+                        + (f" or eval.extra_drafters labels {labels}" if labels else ""))
+    init_from = cfg.drafter.get("init_from")
+    if init_from:
+        from pathlib import Path
+
+        if not Path(init_from).is_dir():
+            problems.append(f"drafter.init_from={init_from!r}: no such folder")
+    if not tcfg.use_samples and tcfg.source_conversations == 0:
+        problems.append("train.use_samples=false with train.source_conversations=0 leaves nothing to train on: "
+                        "set train.source_conversations > 0")
+    strategy = getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
+    if cfg.trainer.deepspeed_config and strategy.startswith("deepspeed"):
+        from pathlib import Path
+
+        if not Path(cfg.trainer.deepspeed_config).is_file():
+            problems.append(f"trainer.deepspeed_config={cfg.trainer.deepspeed_config!r}: no such file")
+    for key in ("target.path", "data.source", "eval.dataset", "run_dir"):
+        if not str(OmegaConf.select(cfg, key)).strip():
+            problems.append(f"{key} is empty")
+    return problems
+
+
+def known_eval_methods() -> list[str]:
+    from specforge_lite.decoding.drafters import BUILTIN
+    from specforge_lite.registry import DRAFTERS
+    from specforge_lite.stages.evaluate import HF_METHODS
+
+    return ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS]
