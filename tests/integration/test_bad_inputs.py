@@ -21,7 +21,7 @@ import pytest
 from specforge_lite.__main__ import main
 from tests.conftest import REPO, compose, run_cli
 
-SMOKE_DATA = REPO / "data" / "smoke_conversations.jsonl"
+SMOKE_DATA = REPO / "specforge_lite" / "assets" / "smoke_conversations.jsonl"
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
@@ -139,7 +139,7 @@ def test_a_user_error_from_a_real_interpreter_is_one_line_and_status_2(tmp_path)
 PLUS_CASES = [
     (["+sample.foo=1"], "sample.foo=1: unknown key (SampleConfig has no such field)"),
     (["+bar=2"], "bar=2: unknown key (Config has no such field)"),
-    (["+drafter.x.y=3"], "drafter.x={'y': 3}: unknown key (DrafterConfig has no such field)"),
+    (["+drafter.x.y=3"], "drafter.x={'y': 3}: unknown key (Eagle3Options has no such field)"),
     (["+train.batchsize=4"], "did you mean train.batch_size?"),
     (["+eval.drafter_dirs.eagle=x"], "did you mean eval.drafter_dirs.eagle3?"),
 ]
