@@ -176,7 +176,8 @@ class DrafterConfig:
     # draft_model (token-level distillation of a small causal LM)
     student: Optional[str] = None  # an HF dir / hub id with the target's vocab; null: truncated target
     # layers of the truncated copy (first n layers, final norm, lm_head)
-    student_layers: int = checked(4, ge=1, below_target="num_hidden_layers", when={"name": "draft_model", "student": None})
+    student_layers: int = checked(4, ge=1, below_target="num_hidden_layers",
+                                  when={"name": "draft_model", "student": None})
     loss: DistillLoss = DistillLoss.forward_kl
     temperature: float = checked(1.0, gt=0.0)  # applied to both distributions; the loss is scaled by T^2
     lora: bool = False  # train LoRA adapters (merged into the weights at save) instead of all weights
