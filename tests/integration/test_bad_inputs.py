@@ -191,7 +191,8 @@ EMPTY_SHARD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,prompts,overrides,code,message", EMPTY_SHARD_CASES, ids=[c[0] for c in EMPTY_SHARD_CASES])
+@pytest.mark.parametrize("name,prompts,overrides,code,message", EMPTY_SHARD_CASES,
+                         ids=[c[0] for c in EMPTY_SHARD_CASES])
 def test_shards_whose_prompts_were_all_skipped_do_not_break_train(capsys, tmp_path, name, prompts, overrides,
                                                                    code, message):
     source = write_jsonl(tmp_path / "prompts.jsonl", [conversation(i, p) for i, p in enumerate(prompts)])
@@ -242,7 +243,8 @@ def eval_turns_string(path: Path) -> Path:
 
 READER_CASES = [  # (name, writer, file name, kept ids, skipped reason, strict message)
     ("non_utf8_jsonl", non_utf8_jsonl, "d.jsonl", ["c0", "c2"], "invalid_utf8", "line 2: 2 bytes that are not UTF-8"),
-    ("non_utf8_json", non_utf8_json_array, "d.json", ["c0", "c2"], "invalid_utf8", "record 1: 1 bytes that are not UTF-8"),
+    ("non_utf8_json", non_utf8_json_array, "d.json", ["c0", "c2"], "invalid_utf8",
+     "record 1: 1 bytes that are not UTF-8"),
     ("bad_json_element", bad_element_json_array, "d.json", ["c0", "c2"], "invalid_json", "record 1: invalid JSON"),
     ("eval_turns_string", eval_turns_string, "p.jsonl", ["a", "c"], "turns_not_a_list", "record 2: turns_not_a_list"),
 ]

@@ -17,10 +17,15 @@ from specforge_lite.checkpoints import latest_checkpoint
 from tests.conftest import REPO, run_cli
 
 
+# longer answers than the smoke recipe's; every train call says so too (train refuses samples
+# made with other sample.* settings)
+SAMPLED = "sample.max_new_tokens=48"
+
+
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sampled")
-    run_cli("sample", "+recipe=smoke", f"run_dir={run_dir}", "sample.max_new_tokens=48", check=True)
+    run_cli("sample", "+recipe=smoke", f"run_dir={run_dir}", SAMPLED, check=True)
     return run_dir
 
 
@@ -36,7 +41,7 @@ def weights(run_dir):
 
 def test_train_writes_drafter_metrics_and_checkpoints(sampled, tmp_path):
     run_dir = fresh_run(sampled, tmp_path, "a")
-    run_cli("train", "+recipe=smoke", f"run_dir={run_dir}", check=True)
+    run_cli("train", "+recipe=smoke", SAMPLED, f"run_dir={run_dir}", check=True)
     out = run_dir / "train"
     config = json.loads((out / "drafter" / "config.json").read_text())
     assert config["drafter"] == "eagle3" and config["draft_vocab_size"] == 128
@@ -54,8 +59,8 @@ def test_train_writes_drafter_metrics_and_checkpoints(sampled, tmp_path):
 def test_offline_mode_matches_online_closely(sampled, tmp_path):
     online = fresh_run(sampled, tmp_path, "on")
     offline = fresh_run(sampled, tmp_path, "off")
-    run_cli("train", "+recipe=smoke", f"run_dir={online}", check=True)
-    proc = run_cli("train", "+recipe=smoke", f"run_dir={offline}", "train.mode=offline", check=True)
+    run_cli("train", "+recipe=smoke", SAMPLED, f"run_dir={online}", check=True)
+    proc = run_cli("train", "+recipe=smoke", SAMPLED, f"run_dir={offline}", "train.mode=offline", check=True)
     assert "about" in proc.stdout + proc.stderr and "GB on disk" in proc.stdout + proc.stderr
     assert list((offline / "train" / "features").glob("shard-*.safetensors"))
     a, b = weights(online), weights(offline)
@@ -67,7 +72,7 @@ def test_offline_mode_matches_online_closely(sampled, tmp_path):
 def test_kill_and_resume_gives_identical_weights(sampled, tmp_path):
     args = ["train.max_steps=150", "train.checkpoint_every=5", "train.log_every=50"]
     killed = fresh_run(sampled, tmp_path, "killed")
-    proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", "+recipe=smoke",
+    proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", "+recipe=smoke", SAMPLED,
                              f"run_dir={killed}", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpts = killed / "train" / "checkpoints"
@@ -80,11 +85,11 @@ def test_kill_and_resume_gives_identical_weights(sampled, tmp_path):
     proc.wait()
     at_kill = latest_checkpoint(ckpts).name
     assert not (killed / "train" / "drafter").exists() and at_kill < "step-0000150"
-    resumed = run_cli("train", "+recipe=smoke", f"run_dir={killed}", *args, check=True)
+    resumed = run_cli("train", "+recipe=smoke", SAMPLED, f"run_dir={killed}", *args, check=True)
     assert "resuming from" in resumed.stdout + resumed.stderr
 
     clean = fresh_run(sampled, tmp_path, "clean")
-    run_cli("train", "+recipe=smoke", f"run_dir={clean}", *args, check=True)
+    run_cli("train", "+recipe=smoke", SAMPLED, f"run_dir={clean}", *args, check=True)
     got, want = weights(killed), weights(clean)
     assert set(got) == set(want)
     for name in want:
@@ -93,7 +98,7 @@ def test_kill_and_resume_gives_identical_weights(sampled, tmp_path):
 
 def test_wandb_offline_run_is_recorded(sampled, tmp_path):
     run_dir = fresh_run(sampled, tmp_path, "wandb")
-    run_cli("train", "+recipe=smoke", f"run_dir={run_dir}", "train.tracker=wandb", "train.max_steps=4",
+    run_cli("train", "+recipe=smoke", SAMPLED, f"run_dir={run_dir}", "train.tracker=wandb", "train.max_steps=4",
             "train.log_every=2", check=True)
     runs = list((run_dir / "train" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "an offline wandb run with its data file"
@@ -101,7 +106,7 @@ def test_wandb_offline_run_is_recorded(sampled, tmp_path):
 
 def test_a_finished_run_is_not_trained_again_unless_settings_change(sampled, tmp_path):
     run_dir = fresh_run(sampled, tmp_path, "again")
-    args = ["+recipe=smoke", f"run_dir={run_dir}", "train.max_steps=4", "train.checkpoint_every=0"]
+    args = ["+recipe=smoke", f"run_dir={run_dir}", SAMPLED, "train.max_steps=4", "train.checkpoint_every=0"]
     run_cli("train", *args, check=True)
     before = weights(run_dir)
     proc = run_cli("train", *args, "train.log_every=1", check=True)  # logging does not change the weights
