@@ -198,3 +198,176 @@ class VllmSampleBackend:
 
     def close(self) -> None:
         self.engine.close()
+
+
+# --------------------------------------------------------------------------- evaluate methods
+
+VLLM_METHODS = ("vllm_plain", "vllm_eagle3", "vllm_ngram", "vllm_draft_model", "vllm_distilled", "vllm_medusa")
+OUR_METHOD = {"vllm_plain": "plain", "vllm_eagle3": "eagle3", "vllm_ngram": "ngram", "vllm_draft_model": "draft_model",
+              "vllm_distilled": "distilled", "vllm_medusa": "medusa"}
+CONVENTIONS = {
+    "vllm_mean_acceptance_length": "vLLM's own figure (what its metrics logger prints): 1 + accepted draft tokens / "
+                                   "drafts, over the steps that drafted; a step with no draft (an n-gram miss) is left "
+                                   "out",
+    "vllm_per_position_rate": "vLLM's accepted-per-position counter / drafts: P(position i accepted), unconditional",
+    "per_position_acceptance": "P(position i accepted | positions < i accepted) = accepted[i] / accepted[i-1] "
+                               "(accepted[0] = drafts): our engine's definition",
+    "tau": "our definition on vLLM's counters: (tokens emitted - 1 per answer) / decoding target forwards, where "
+           "decoding forwards = engine iterations - 1 prefill iteration per answer (batch 1); plain = 1.00",
+    "tokens_per_s": "tokens emitted / wall time of vLLM's generate call for one prompt (prefill included), batch 1, "
+                    "after one warm-up call; vLLM methods run one after another after our interleaved methods",
+}
+
+
+def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | None = None) -> dict | None:
+    """The speculative_config a user would pass to serve this method (None: plain)."""
+    ecfg = cfg.eval
+    k = ecfg.num_draft_tokens
+    export_dir = Path(ecfg.vllm.export_dir or Path(cfg.run_dir) / "export")
+
+    def exported(sub: str, stage_hint: str) -> str:
+        path = export_dir / sub
+        if not (path / "config.json").exists():
+            raise SpecforgeError(f"{name} serves {path}, which does not exist: {stage_hint} "
+                                 "(or set eval.vllm.export_dir to another run's export folder)")
+        return str(path)
+
+    if name == "vllm_plain":
+        return None
+    if name == "vllm_eagle3":
+        return {"method": "eagle3", "model": exported("speculators", "export an EAGLE-3 drafter first"),
+                "num_speculative_tokens": k}
+    if name == "vllm_medusa":
+        return {"method": "medusa", "model": exported("medusa", "export a Medusa drafter first"),
+                "num_speculative_tokens": k}
+    if name == "vllm_distilled":
+        return {"method": "draft_model", "model": exported("draft_model", "export a distilled draft model first"),
+                "num_speculative_tokens": k}
+    if name == "vllm_ngram":
+        return {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_max": ecfg.ngram_max, "prompt_lookup_min": ecfg.ngram_min}
+    if name == "vllm_draft_model":  # the same untrained draft model as our `draft_model` method
+        if ecfg.draft_model:
+            return {"method": "draft_model", "model": ecfg.draft_model, "num_speculative_tokens": k}
+        from specforge_lite.decoding.drafters import load_draft_model
+
+        path = out / "vllm_draft_model"
+        load_draft_model(ecfg, model).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}
+    raise SpecforgeError(f"unknown vLLM method {name}; known: {', '.join(VLLM_METHODS)}")
+
+
+def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: list[int], model, tokenizer,
+                out: Path, seed_of) -> dict:
+    """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1.
+
+    Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"}.
+    """
+    ecfg = cfg.eval
+    dtype = str(model.dtype).removeprefix("torch.")
+    from specforge_lite.targets import resolve_target_path
+
+    target = resolve_target_path(cfg.target.path)
+    results = {}
+    for name in methods:
+        spec = speculative_config(name, cfg, model, tokenizer, out)
+        kwargs = engine_kwargs(target, dtype, ecfg.vllm, cfg.seed, spec)
+        with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
+            warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
+                                   eos_ids, [seed_of("warmup")])
+            for _ in range(ecfg.warmup):
+                engine.generate(requests[:1], warm, one_at_a_time=True)
+            seeds = [seed_of(i, name) for i in range(len(requests))]
+            params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, eos_ids, seeds)
+            reply = engine.generate(requests, params, one_at_a_time=True)
+        results[name] = {"outputs": reply["outputs"], "load_s": engine.load_s, "speculative_config": spec,
+                         "vllm_version": engine.version}
+        log.info("%s: %d answers in %.1f s (engine load %.1f s)", name, len(requests), reply["seconds"], engine.load_s)
+    return results
+
+
+def report_section(results: dict, report: dict, plain_tokens: list[list[int]], cfg) -> dict:
+    """vLLM's numbers next to our engine's for the same prompts (report["vllm"])."""
+    k = cfg.eval.num_draft_tokens
+    greedy = cfg.eval.temperature == 0
+    ours = report["methods"]
+    vllm_plain = results.get("vllm_plain")
+    entries = {}
+    for name, result in results.items():
+        outputs = result["outputs"]
+        tokens = sum(len(o["token_ids"]) for o in outputs)
+        seconds = sum(o["seconds"] for o in outputs)
+        counters = {key: sum(o["counters"][key] for o in outputs)
+                    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "iterations")}
+        per_pos = [0] * k
+        for o in outputs:
+            for i, n in enumerate(o["counters"]["accepted_per_position"][:k]):
+                per_pos[i] += n
+        drafts = counters["num_drafts"]
+        forwards = counters["iterations"] - len(outputs)
+        entry = {
+            "speculative_config": result["speculative_config"], "engine_load_s": result["load_s"],
+            "num_answers": len(outputs), "num_tokens": tokens, "wall_s": seconds,
+            "tokens_per_s": tokens / seconds if seconds else None,
+            "counters": {**counters, "accepted_per_position": per_pos},
+            "vllm_mean_acceptance_length": 1 + counters["num_accepted_tokens"] / drafts if drafts else None,
+            "vllm_per_position_rate": [n / drafts for n in per_pos] if drafts else [],
+            "per_position_acceptance": ([n / prev if prev else None for n, prev in zip(per_pos, [drafts] + per_pos)]
+                                        if drafts else []),
+            "acceptance_rate": (counters["num_accepted_tokens"] / counters["num_draft_tokens"]
+                                if counters["num_draft_tokens"] else None),
+            "decoding_forwards": forwards,
+            "tau": (tokens - len(outputs)) / forwards if forwards > 0 else None,
+            "speedup_vs_our_plain": None, "speedup_vs_vllm_plain": None,
+        }
+        if entry["tokens_per_s"]:
+            entry["speedup_vs_our_plain"] = entry["tokens_per_s"] / ours["plain"]["tokens_per_s"]
+            if vllm_plain is not None:
+                base = sum(len(o["token_ids"]) for o in vllm_plain["outputs"]) / sum(
+                    o["seconds"] for o in vllm_plain["outputs"])
+                entry["speedup_vs_vllm_plain"] = entry["tokens_per_s"] / base
+        if greedy:
+            same = [o["token_ids"] == p for o, p in zip(outputs, plain_tokens)]
+            entry["identical_to_plain"] = all(same)
+            entry["identical_answers"] = f"{sum(same)}/{len(same)}"
+            if vllm_plain is not None:
+                entry["identical_to_vllm_plain"] = all(o["token_ids"] == p["token_ids"]
+                                                       for o, p in zip(outputs, vllm_plain["outputs"]))
+        mirror = OUR_METHOD[name]
+        if mirror in ours:
+            entry["ours"] = {"method": mirror, "tau": ours[mirror]["tau"], "tokens_per_s": ours[mirror]["tokens_per_s"],
+                             "per_position_acceptance": ours[mirror]["per_position_acceptance"]}
+            if entry["tau"] is not None and ours[mirror]["tau"] is not None:
+                entry["tau_difference"] = entry["tau"] - ours[mirror]["tau"]
+        entries[name] = entry
+    first = next(iter(results.values()))
+    return {"vllm_version": first["vllm_version"], "threads": _threads(cfg.eval.vllm),
+            "conventions": CONVENTIONS, "methods": entries}
+
+
+def _threads(vcfg) -> str:
+    if on_gpu():
+        return "GPU"
+    return f"{vcfg.cpu_threads} (VLLM_CPU_OMP_THREADS_BIND)" if vcfg.cpu_threads else "1 (vLLM's CPU default)"
+
+
+def markdown(section: dict, k: int) -> str:
+    f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    lines = ["", f"## vLLM {section['vllm_version']} (worker threads: {section['threads']})", "",
+             "Same prompts (and turns) as above, batch 1, greedy outputs compared with our plain loop's. "
+             "tau is ours (emitted tokens / decoding forwards, bonus included) computed from vLLM's counters; "
+             "vLLM's mean acceptance length is 1 + accepted / drafts.", "",
+             "| method | tau | our tau (same drafter) | vLLM mean acceptance length | "
+             + " | ".join(f"a{i}" for i in range(1, k + 1))
+             + " | tokens/s | our tokens/s (same drafter) | vs vLLM plain | identical to our plain |",
+             "|---|---:|---:|---:|" + "---:|" * k + "---:|---:|---:|:---:|"]
+    for name, m in section["methods"].items():
+        alphas = m["per_position_acceptance"] or [None] * k
+        ours = m.get("ours", {})
+        identical = {True: "yes", False: f"NO ({m.get('identical_answers')})", None: "n/a"}[m.get("identical_to_plain")]
+        lines.append(f"| {name} | {f(m['tau'])} | {f(ours.get('tau'))} | {f(m['vllm_mean_acceptance_length'])} | "
+                     + " | ".join(f(a) for a in alphas)
+                     + f" | {f(m['tokens_per_s'], '.1f')} | {f(ours.get('tokens_per_s'), '.1f')} | "
+                     f"{f(m['speedup_vs_vllm_plain'])}x | {identical} |")
+    return "\n".join(lines) + "\n"
