@@ -262,7 +262,9 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: lis
                 out: Path, seed_of) -> dict:
     """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1.
 
-    Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"}.
+    Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"},
+    or {"error": message} for a method vLLM could not load or run (the others still run;
+    `raise_failures` fails the stage once the report is written).
     """
     ecfg = cfg.eval
     dtype = str(model.dtype).removeprefix("torch.")
@@ -273,14 +275,19 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: lis
     for name in methods:
         spec = speculative_config(name, cfg, model, tokenizer, out)
         kwargs = engine_kwargs(target, dtype, ecfg.vllm, cfg.seed, spec)
-        with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
-            warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
-                                   eos_ids, [seed_of("warmup")])
-            for _ in range(ecfg.warmup):
-                engine.generate(requests[:1], warm, one_at_a_time=True)
-            seeds = [seed_of(i, name) for i in range(len(requests))]
-            params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, eos_ids, seeds)
-            reply = engine.generate(requests, params, one_at_a_time=True)
+        try:
+            with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
+                warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
+                                       eos_ids, [seed_of("warmup")])
+                for _ in range(ecfg.warmup):
+                    engine.generate(requests[:1], warm, one_at_a_time=True)
+                seeds = [seed_of(i, name) for i in range(len(requests))]
+                params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, eos_ids, seeds)
+                reply = engine.generate(requests, params, one_at_a_time=True)
+        except SpecforgeError as err:
+            log.error("%s failed: %s", name, err)
+            results[name] = {"error": str(err).split("\n--- last lines")[0], "speculative_config": spec}
+            continue
         results[name] = {"outputs": reply["outputs"], "load_s": engine.load_s, "speculative_config": spec,
                          "vllm_version": engine.version}
         log.info("%s: %d answers in %.1f s (engine load %.1f s)", name, len(requests), reply["seconds"], engine.load_s)
@@ -292,6 +299,8 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]], c
     k = cfg.eval.num_draft_tokens
     greedy = cfg.eval.temperature == 0
     ours = report["methods"]
+    failed = {name: r for name, r in results.items() if "error" in r}
+    results = {name: r for name, r in results.items() if name not in failed}
     vllm_plain = results.get("vllm_plain")
     entries = {}
     for name, result in results.items():
@@ -341,9 +350,17 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]], c
             if entry["tau"] is not None and ours[mirror]["tau"] is not None:
                 entry["tau_difference"] = entry["tau"] - ours[mirror]["tau"]
         entries[name] = entry
-    first = next(iter(results.values()))
-    return {"vllm_version": first["vllm_version"], "threads": _threads(cfg.eval.vllm),
-            "conventions": CONVENTIONS, "methods": entries}
+    first = next(iter(results.values()), {})
+    return {"vllm_version": first.get("vllm_version"), "threads": _threads(cfg.eval.vllm),
+            "conventions": CONVENTIONS, "methods": entries, "failed": failed}
+
+
+def raise_failures(section: dict | None, log_path: Path) -> None:
+    """After the report is written: a vLLM method that failed fails the stage."""
+    if section and section["failed"]:
+        raise SpecforgeError("vLLM methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in
+                                                                 section["failed"].items())
+                             + f" (the rest is in the report; vLLM's log: {log_path})")
 
 
 def _threads(vcfg) -> str:
@@ -370,4 +387,6 @@ def markdown(section: dict, k: int) -> str:
                      + " | ".join(f(a) for a in alphas)
                      + f" | {f(m['tokens_per_s'], '.1f')} | {f(ours.get('tokens_per_s'), '.1f')} | "
                      f"{f(m['speedup_vs_vllm_plain'])}x | {identical} |")
+    for name, failure in section["failed"].items():
+        lines.append(f"\n{name} failed: {failure['error']}")
     return "\n".join(lines) + "\n"

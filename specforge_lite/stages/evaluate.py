@@ -240,6 +240,7 @@ def run(cfg: DictConfig) -> None:
                  "-" if entry["vllm_mean_acceptance_length"] is None else f"{entry['vllm_mean_acceptance_length']:.2f}",
                  entry["tokens_per_s"], "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS")
     log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
+    vllm_engine.raise_failures(report.get("vllm"), out / "vllm.log")
 
 
 def _messages(prompt: dict, replies: list[str], turn: int) -> list[dict]:
