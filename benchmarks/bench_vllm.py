@@ -143,13 +143,16 @@ def main() -> None:
     args = parser.parse_args()
 
     report, command = decoding(args)
+    load_after_decoding = os.getloadavg()
     sample = None if args.skip_sampling else sampling(args)
     sample_command = "python -m benchmarks.bench_vllm " + shlex.join(sys.argv[1:])
     keep = {k: report[k] for k in ("target", "dataset", "dtype", "device", "torch_threads", "settings",
                                    "num_prompts", "num_answers", "prompts", "vllm")}
     keep["methods"] = {m: {k: v for k, v in e.items() if k != "per_category"} for m, e in report["methods"].items()}
     path = write_results("vllm", {"command": command, "bench_command": sample_command, "decoding": keep,
-                                  "sampling": sample})
+                                  "sampling": sample,
+                                  "load_average_after_decoding": load_after_decoding,
+                                  "load_average_after_sampling": os.getloadavg()})
     update_doc_section("vllm", markdown(report, command, sample, sample_command, args.note))
     print(f"wrote {path} and docs/BENCHMARKS.md section 'vllm'")
 
