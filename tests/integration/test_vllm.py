@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # |vLLM's tau - our engine's tau| for the same EAGLE-3 export on the same prompts, both in fp32
 # with identical greedy outputs: the two engines verify the same drafts, so only a draft whose
-# argmax flips between their fp32 kernels can move it (docs/BENCHMARKS.md "vLLM in the loop").
+# argmax flips between their fp32 kernels can move it. Measured: 0.000 in this test and on 8
+# MT-Bench prompts x 128 tokens (docs/BENCHMARKS.md "vLLM in the loop"); 0.05 is the goal.
 TAU_TOLERANCE = 0.05
 
 # SmolLM2, a few short answers, an EAGLE-3 drafter trained for a few steps: its readout
