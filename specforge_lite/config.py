@@ -68,9 +68,17 @@ class DataConfig:
 
 @dataclass
 class VllmConfig:
+    # the interpreter that has vLLM; null: $SPECFORGE_LITE_VLLM_PYTHON, else this one if it
+    # imports vllm, else .venv-vllm/bin/python (what `make vllm` installs on CPU-only machines)
+    python: Optional[str] = None
     tensor_parallel_size: int = checked(1, ge=1)
     gpu_memory_utilization: float = checked(0.9, gt=0.0, le=1.0)
     max_model_len: Optional[int] = checked(None, ge=1)
+    enforce_eager: Optional[bool] = None  # null: true on CPU (no graph capture there), false on GPU
+    cpu_threads: Optional[int] = checked(None, ge=1)  # CPU only: cores vLLM's worker binds; null: vLLM's default (one)
+    cpu_kvcache_gib: int = checked(1, ge=1)  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    # evaluate only: the export folder whose drafters the vllm_* methods serve; null: run_dir/export
+    export_dir: Optional[str] = None
 
 
 @dataclass
@@ -111,7 +119,8 @@ class EvalConfig:
     max_new_tokens: int = checked(128, ge=1)
     # Decoders measured side by side. Ours: plain, ngram, untrained_draft, and every trained
     # drafter by its name (eagle3, medusa, distilled); Hugging Face's: hf_generate,
-    # hf_prompt_lookup, hf_assisted (with the untrained draft model below as assistant).
+    # hf_prompt_lookup, hf_assisted (with the untrained draft model below as assistant);
+    # vLLM's: vllm_plain, vllm_<drafter> (needs vLLM installed: `make vllm`).
     # `plain` is always run (the speedup baseline and the reference output).
     methods: List[str] = field(default_factory=lambda: [
         "plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
@@ -138,6 +147,9 @@ class EvalConfig:
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = checked(3, ge=1)  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
+    # the vllm_* methods (vllm_plain, vllm_eagle3, vllm_ngram, vllm_draft_model, vllm_distilled,
+    # vllm_medusa): real vLLM in a child process; see specforge_lite/serving/vllm_engine.py
+    vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
 class TrainMode(str, Enum):

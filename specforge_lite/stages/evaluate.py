@@ -38,6 +38,8 @@ from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.registry import DRAFTERS, RENAMED, detect_drafter
+from specforge_lite.serving import vllm_engine
+from specforge_lite.serving.vllm_engine import VLLM_METHODS
 from specforge_lite.targets import eos_token_ids, load_target
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ def select_prompts(prompts: list[dict], max_prompts: int | None) -> list[dict]:
 # --------------------------------------------------------------------------- decoders
 
 def check_methods(eval_cfg) -> list[str]:
-    known = ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS]
+    known = ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS, *VLLM_METHODS]
     methods = list(eval_cfg.methods)
     if renamed := [m for m in methods if m in RENAMED]:
         raise SpecforgeError(f"eval.methods: {renamed[0]} was renamed: untrained_draft (a draft model used as it "
@@ -208,6 +210,8 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
 def run(cfg: DictConfig) -> None:
     ecfg = cfg.eval
     methods = check_methods(ecfg)
+    served = [m for m in methods if m in VLLM_METHODS]  # real vLLM, run after ours (serving/vllm_engine.py)
+    methods = [m for m in methods if m not in served]
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
     prompts = select_prompts(load_prompts(cfg), ecfg.max_prompts)
 
@@ -227,12 +231,15 @@ def run(cfg: DictConfig) -> None:
 
     # 2. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
+    requests, plain_tokens = [], []  # every prompt and turn, for the vLLM methods
     for prompt in tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True):
         replies: list[str] = []
         for turn in range(len(prompt["turns"])):
             ids = prompt_ids(tokenizer, _messages(prompt, replies, turn))
             gens = {name: decoders[name](ids, ecfg.max_new_tokens, _seed(cfg.seed, prompt["id"], turn, name))
                     for name in methods}
+            requests.append(ids)
+            plain_tokens.append(gens["plain"].tokens)
             for name, gen in gens.items():
                 identical = gen.tokens == gens["plain"].tokens if sampling.greedy else None
                 answers.append({"prompt": prompt, "turn": turn, "method": name, "gen": gen, "identical": identical})
@@ -246,11 +253,18 @@ def run(cfg: DictConfig) -> None:
 
     report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
     report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
+    if served:
+        results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
+                                          lambda *parts: _seed(cfg.seed, "vllm", *parts) & 0x7FFFFFFF)
+        report["vllm"] = vllm_engine.report_section(results, report, plain_tokens, cfg)
     atomic_write_json(out / "report.json", report)
     if ecfg.plots:
         report["plots"] = write_plots(report, out)
         atomic_write_json(out / "report.json", report)
-    atomic_write_text(out / "report.md", render_markdown(report))
+    markdown = render_markdown(report)
+    if "vllm" in report:
+        markdown += vllm_engine.markdown(report["vllm"], ecfg.num_draft_tokens)
+    atomic_write_text(out / "report.md", markdown)
     write_provenance(out, cfg)
     for name, entry in report["methods"].items():
         log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx%s", name, entry["tau"] or 0, entry["tokens_per_s"],
@@ -258,7 +272,13 @@ def run(cfg: DictConfig) -> None:
     rec = report["recommendation"]
     log.info("recommendation: deploy %s (%s)%s", rec["deploy"], "; ".join(rec["reasons"]),
              "".join(f"\n  - {line}" for line in rec["alternatives"]))
+    for name, entry in report.get("vllm", {}).get("methods", {}).items():
+        log.info("%-17s tau %.2f (ours %s)  vLLM mean acceptance length %s  %.2f tokens/s%s", name, entry["tau"] or 0,
+                 "-" if "ours" not in entry else f"{entry['ours']['tau']:.2f}",
+                 "-" if entry["vllm_mean_acceptance_length"] is None else f"{entry['vllm_mean_acceptance_length']:.2f}",
+                 entry["tokens_per_s"], "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS")
     log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
+    vllm_engine.raise_failures(report.get("vllm"), out / "vllm.log")
 
 
 def _messages(prompt: dict, replies: list[str], turn: int) -> list[dict]:

@@ -32,7 +32,7 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
-from specforge_lite.targets import eos_token_ids, load_target, resolve_dtype, resolve_target_path
+from specforge_lite.targets import eos_token_ids, load_target, resolve_target_path
 
 log = logging.getLogger(__name__)
 
@@ -91,32 +91,6 @@ class HFBackend:
                                 past_key_values=cache, use_cache=True).logits[:, -1]
             next_position = next_position + 1
         return list(zip(generated, finish))
-
-
-class VllmBackend:
-    """vLLM offline engine (tensor parallel for big targets); same output as HFBackend."""
-
-    def __init__(self, model_path: str, target_cfg, sample_cfg):
-        try:
-            from vllm import LLM, SamplingParams
-        except ImportError as err:
-            raise SpecforgeError("sample.backend=vllm needs vLLM on a GPU machine: "
-                                 "pip install 'specforge_lite[vllm]'") from err
-        dtype = resolve_dtype(target_cfg.dtype, torch.device("cuda"))
-        self.llm = LLM(model=model_path, dtype=str(dtype).removeprefix("torch."),
-                       tensor_parallel_size=sample_cfg.vllm.tensor_parallel_size,
-                       gpu_memory_utilization=sample_cfg.vllm.gpu_memory_utilization,
-                       max_model_len=sample_cfg.vllm.max_model_len, seed=sample_cfg.seed,
-                       trust_remote_code=target_cfg.trust_remote_code)
-        greedy = sample_cfg.temperature <= 0
-        self.params = SamplingParams(max_tokens=sample_cfg.max_new_tokens,
-                                     temperature=0.0 if greedy else sample_cfg.temperature,
-                                     top_p=1.0 if greedy else sample_cfg.top_p)
-
-    def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params, use_tqdm=False)
-        return [(list(o.outputs[0].token_ids), "stop" if o.outputs[0].finish_reason == "stop" else "length")
-                for o in outputs]
 
 
 # --------------------------------------------------------------------------- work
@@ -262,11 +236,13 @@ def run(cfg: DictConfig) -> None:
 
     if todo:  # the target loads before anything is written
         tokenizer = None
-        if sample_cfg.backend == "vllm":
+        if sample_cfg.backend == "vllm":  # real vLLM in a child process (specforge_lite/serving)
+            from specforge_lite.serving.vllm_engine import VllmSampleBackend
             from specforge_lite.targets import load_tokenizer
 
             tokenizer = load_tokenizer(cfg.target)
-            backend = VllmBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg)
+            backend = VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer,
+                                        out / f"vllm-rank{rank}.log")
         else:
             model, tokenizer = load_target(cfg.target)
             backend = HFBackend(model, tokenizer, sample_cfg)
@@ -297,6 +273,8 @@ def run(cfg: DictConfig) -> None:
             bar.update(len(chunk))
         bar.close()
         elapsed = time.perf_counter() - started
+        if hasattr(backend, "close"):
+            backend.close()
         log.info("rank %d generated %d tokens in %.1f s (%.1f tokens/s)", rank, generated, elapsed,
                  generated / max(elapsed, 1e-9))
 

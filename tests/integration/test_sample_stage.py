@@ -106,15 +106,11 @@ def test_resume_with_other_settings_is_refused(tmp_path):
 
 
 def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path):
-    pytest.importorskip("torch")
-    try:
-        import vllm  # noqa: F401
-        pytest.skip("vLLM is installed here; the error path cannot be reached")
-    except ImportError:
-        pass
-    proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "sample.backend=vllm")
+    missing = tmp_path / "no-venv" / "bin" / "python"
+    proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "sample.backend=vllm",
+                   f"sample.vllm.python={missing}")
     assert proc.returncode == 2
-    assert "sample.backend=vllm needs vLLM" in proc.stderr
+    assert f"the vLLM interpreter {missing} does not exist" in proc.stderr and "make vllm" in proc.stderr
 
 
 def test_later_stage_without_its_input_fails_clearly_or_makes_it(tmp_path):

@@ -21,6 +21,7 @@ from specforge_lite.drafters.distilled.train import (NAME, batch_preparer, build
 
 UNTRACKED_OPTIONS: tuple[str, ...] = ("simulated_k",)  # only what the training log reports
 SERVING_NOTE = None
+VLLM_SERVING = ("draft_model", "draft_model")  # vLLM speculative method, export subfolder
 
 
 def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
@@ -61,5 +62,5 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         frozen_bytes=total * 2 if dcfg.lora else 0)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

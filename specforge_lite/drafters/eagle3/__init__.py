@@ -22,6 +22,7 @@ from specforge_lite.drafters.eagle3.train import (FROZEN, batch_preparer, build,
 NAME = "eagle3"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = None
+VLLM_SERVING = ("eagle3", "speculators")  # vLLM speculative method, export subfolder
 
 
 def decoder(drafter: Eagle3Drafter) -> Eagle3DecodeDrafter:
@@ -49,5 +50,5 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         activation_bytes=activations, target_logits_bytes=batch * seq * vd * 4, aux_layers=3)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

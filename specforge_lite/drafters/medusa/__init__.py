@@ -21,6 +21,7 @@ from specforge_lite.drafters.medusa.train import (batch_preparer, build, describ
 NAME = "medusa"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = "vLLM serves Medusa only up to 0.32 (0.33 removed it)"
+VLLM_SERVING = ("medusa", "medusa")  # vLLM speculative method, export subfolder
 
 
 def decoder(heads: MedusaHeads) -> MedusaDecodeDrafter:
@@ -44,5 +45,5 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         target_logits_bytes=batch * seq * vd * 4)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

@@ -1,0 +1,129 @@
+"""vLLM's offline engine behind a JSON-lines pipe; run by the interpreter that has vLLM.
+
+    python vllm_runner.py       (started by specforge_lite.serving.vllm, not by hand)
+
+Standard library and vLLM only: this file runs in an environment that may not have
+specforge_lite's dependencies. Protocol, one JSON object per line:
+
+- first line in: {"engine": LLM keyword arguments}; out: {"ok", "load_s", "vllm_version"}
+- then {"op": "generate", "prompts": [[token ids], ...], "params": SamplingParams
+  keyword arguments, "one_at_a_time": bool}; out: {"ok", "outputs": [{"token_ids",
+  "finish_reason", "seconds", "counters"}], "seconds"}. With one_at_a_time each prompt is
+  its own `generate` call (batch 1) and carries its own deltas of vLLM's counters
+  (spec-decode drafts, draft tokens, accepted tokens and accepted tokens per position,
+  engine iterations); otherwise all prompts go in one call (vLLM batches them).
+- {"op": "close"}: exit.
+
+Replies go to the process's original stdout; everything else (vLLM's logs, its
+workers' output) is sent to stderr so it cannot corrupt a reply.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+# run as a script, this file's folder heads sys.path: keep it from shadowing any package
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+    "vllm:generation_tokens": "generation_tokens",
+    "vllm:prompt_tokens": "prompt_tokens",
+}
+
+
+def read_counters(llm) -> dict:
+    """vLLM's cumulative counters we read: spec decode, tokens, engine iterations."""
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_position": [],
+           "generation_tokens": 0, "prompt_tokens": 0, "iterations": 0}
+    for metric in llm.get_metrics():
+        if metric.name in COUNTERS:
+            out[COUNTERS[metric.name]] += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            values = list(metric.values)
+            old = out["accepted_per_position"]
+            out["accepted_per_position"] = [a + b for a, b in zip(values, old + [0] * len(values))]
+        elif metric.name == "vllm:iteration_tokens_total":  # a histogram with one entry per engine step
+            out["iterations"] += metric.count
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    out = {}
+    for key, value in after.items():
+        if isinstance(value, list):
+            old = before[key] + [0] * (len(value) - len(before[key]))
+            out[key] = [a - b for a, b in zip(value, old)]
+        else:
+            out[key] = value - before[key]
+    return out
+
+
+def generate(llm, request: dict) -> dict:
+    from vllm import SamplingParams
+
+    prompts = request["prompts"]
+    params = request["params"]
+    seeds = params.pop("seeds", None)  # one seed per prompt (sampling), so results do not depend on batching
+
+    def params_for(i):
+        return SamplingParams(**params, seed=None if seeds is None else seeds[i])
+
+    def pack(output, seconds=None, counters=None):
+        completion = output.outputs[0]
+        return {"token_ids": list(completion.token_ids), "finish_reason": completion.finish_reason,
+                "seconds": seconds, "counters": counters}
+
+    started = time.perf_counter()
+    if request.get("one_at_a_time"):
+        outputs = []
+        for i, ids in enumerate(prompts):
+            before = read_counters(llm)
+            t0 = time.perf_counter()
+            (output,) = llm.generate([{"prompt_token_ids": ids}], params_for(i), use_tqdm=False)
+            seconds = time.perf_counter() - t0
+            outputs.append(pack(output, seconds, delta(read_counters(llm), before)))
+    else:
+        results = llm.generate([{"prompt_token_ids": ids} for ids in prompts],
+                               [params_for(i) for i in range(len(prompts))], use_tqdm=False)
+        outputs = [pack(o) for o in results]
+    return {"ok": True, "outputs": outputs, "seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # from here on, anything printed (by vLLM or its workers) goes to stderr
+    sys.stdout = sys.stderr
+
+    def reply(obj):
+        replies.write(json.dumps(obj) + "\n")
+        replies.flush()
+
+    try:
+        first = json.loads(sys.stdin.readline())
+        import vllm
+        from vllm import LLM
+
+        started = time.perf_counter()
+        llm = LLM(**first["engine"])
+        reply({"ok": True, "load_s": time.perf_counter() - started, "vllm_version": vllm.__version__})
+    except Exception as err:  # noqa: BLE001  reported to the parent, which raises it
+        reply({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
+        return
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("op") == "close":
+            break
+        try:
+            reply(generate(llm, request))
+        except Exception as err:  # noqa: BLE001
+            reply({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
+
+
+if __name__ == "__main__":  # vLLM's CPU backend spawns its worker, which re-imports this file
+    main()
