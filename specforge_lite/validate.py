@@ -200,6 +200,7 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
 def known_eval_methods() -> list[str]:
     from specforge_lite.decoding.drafters import BUILTIN
     from specforge_lite.registry import DRAFTERS
+    from specforge_lite.serving.vllm_engine import VLLM_METHODS
     from specforge_lite.stages.evaluate import HF_METHODS
 
-    return ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS]
+    return ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS, *VLLM_METHODS]

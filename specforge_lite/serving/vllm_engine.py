@@ -97,6 +97,8 @@ class VllmEngine:
     def __init__(self, kwargs: dict, vcfg, log_path: Path | None = None):
         python = require_python(vcfg.python)
         self.log_path = log_path
+        if log_path:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         stderr = open(log_path, "a") if log_path else subprocess.DEVNULL  # noqa: SIM115
         log.info("starting vLLM (%s) for %s%s", python, kwargs["model"],
                  f" with {kwargs['speculative_config']}" if "speculative_config" in kwargs else "")

@@ -20,7 +20,8 @@ from specforge_lite.drafters.medusa.train import (batch_preparer, build, describ
 
 NAME = "medusa"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()
-SERVING_NOTE = "vLLM serves Medusa only up to 0.32 (0.33 removed it)"
+SERVING_NOTE = ("vLLM serves Medusa only up to 0.32 (0.33 removed it), and 0.32 only with the full vocabulary "
+                "(drafter.draft_vocab_size at least the target's)")
 VLLM_SERVING = ("medusa", "medusa")  # vLLM speculative method, export subfolder
 
 

