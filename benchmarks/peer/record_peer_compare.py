@@ -62,7 +62,10 @@ def main() -> None:
         "report": report})
     prompts = ", ".join(p["id"] for p in report["prompts"])
     val = peer["val_metrics"]
-    val_text = ", ".join(f"{k} {v:.3f}" for k, v in val.items() if isinstance(v, (int, float))) or "n/a"
+    val_text = ", ".join(f"{k.removesuffix('_epoch')} {val[k]:.3f}" for k in
+                         ("full_acc_0_epoch", "full_acc_1_epoch", "full_acc_2_epoch", "loss_epoch") if k in val) or "n/a"
+    m = report["methods"]
+    ranked = " > ".join(f"{name} {m[name]['tau']:.2f}" for name in sorted(("ours", "speculators"), key=lambda n: -m[n]["tau"]))
     update_doc_section("peer_compare", f"""## A drafter trained here next to one trained by speculators (SmolLM2, CPU)
 
 Issue 15's measure: one `evaluate` that decodes, with our engine, an EAGLE-3 drafter trained
@@ -78,6 +81,11 @@ Evaluation: {report['num_prompts']} MT-Bench first turns (ids {prompts}), greedy
 k = {report['settings']['num_draft_tokens']}, up to {report['settings']['max_new_tokens']} new tokens, batch 1, methods interleaved per prompt.
 
 {methods_table(report)}
+
+Tau at this budget: {ranked}; neither drafter pays for its draft step on this CPU (both
+slower than plain; ngram is the best method here), and both keep the output identical to
+plain decoding. 8 prompts of up to 128 tokens are a small sample: the gap between the two
+is a few hundredths of tau.
 
 Data, both trainers: the first 100 training-split ShareGPT conversations as our recipe
 reads them (`+recipe=eagle_smollm2 train.use_samples=false train.source_conversations=100`:
@@ -98,8 +106,9 @@ requires (it trains on exactly the same 100).
   Versions: {args.peer_versions}.
 
 Differences between the two trainings, all the peer's defaults or what a CPU needs: its
-optimizer (Muon), schedule, precision (bf16) and EAGLE-3.1 norms; it packs several
-conversations into one 512-token step (fewer, fuller steps); on this CPU it runs with its
+optimizer (Muon), schedule, precision (bf16) and EAGLE-3.1 norms; it packs conversations
+into 512-token windows ({peer['steps']} steps here against our {ours['steps']} one-conversation steps: most
+rows are already 512 tokens long); on this CPU it runs with its
 own `--loss-implementation eager` (its fused loss needs Triton) and `--draft-attn-impl sdpa`
 (instead of its flex-attention default; both are speculators' options) and two run-time patches (device "cpu", no accelerator sync;
 `benchmarks/peer/train_speculators.py`). The budget is small on purpose (2 shared cores,
