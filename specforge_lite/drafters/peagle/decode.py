@@ -36,13 +36,11 @@ class PEagleDecodeDrafter:
         self.last_hidden = None  # final hidden of the newest anchor (a call that brings no new position)
 
     def _attention(self, layer_index: int, q, k, v):
-        """New rows' keys join the layer's cache; causal over cache + new rows."""
+        """New rows' keys join the layer's cache; causal over cache + new rows (`self.allowed`)."""
         cache = self.caches[layer_index]
         cache.append(k, v)
         keys, values = cache.view()
-        m, total = q.shape[2], keys.shape[2]
-        allowed = torch.ones(1, m, total, dtype=torch.bool, device=q.device).tril(total - m)
-        return attend(q, keys, values, allowed, self.drafter.scale)
+        return attend(q, keys, values, self.allowed, self.drafter.scale)
 
     @torch.inference_mode()
     def propose(self, ctx, k: int):
@@ -71,20 +69,24 @@ class PEagleDecodeDrafter:
         return DraftProposal(tokens, probs)
 
     def _forward(self, ids: list[int], aux: torch.Tensor, masks: int) -> torch.Tensor:
-        """One pass of every layer over the new anchors and `masks` mask rows -> their final hidden [1, n + masks, H]."""
+        """One pass of every layer over the new anchors and `masks` mask rows -> their final hidden
+        [1, n + masks, H]. The inputs are `entry_inputs`' built directly (no per-row select)."""
         d = self.drafter
         n = aux.shape[1]
         device, dtype = d.fc.weight.device, d.fc.weight.dtype
         anchor = len(ids) - 2  # the newest committed position
         first = anchor + 1 - n
-        tokens = torch.tensor([ids[first + 1:] + [0] * masks], device=device)
-        features = torch.cat([aux.to(dtype), aux.new_zeros(1, masks, aux.shape[-1]).to(dtype)], dim=1)
-        is_mask = torch.arange(n + masks, device=device)[None] >= n
-        embeds, hidden = d.entry_inputs(tokens, features, is_mask)
-        positions = torch.arange(first, anchor + 1 + masks, device=device)[None]
+        embeds = d.embed_tokens(torch.tensor([ids[first + 1:] + [d.config.mask_token_id] * masks], device=device))
+        features = aux.to(dtype)
+        if masks:
+            features = torch.cat([features, d.mask_hidden.to(dtype).expand(1, masks, -1)], dim=1)
+        hidden = d.fuse(features)
+        cos, sin = d.rotation(torch.arange(first, anchor + 1 + masks, device=device)[None], dtype)
+        rows, total = n + masks, self.caches[0].length + n + masks
+        self.allowed = torch.ones(1, rows, total, dtype=torch.bool, device=device).tril(total - rows)
         committed = [cache.length for cache in self.caches]
         for index in range(len(d.layers)):
-            hidden = d.layer_forward(index, embeds, hidden, positions, self._attention)
+            hidden = d.layer_forward(index, embeds, hidden, cos, sin, self._attention)
         for cache, length in zip(self.caches, committed):
             cache.length = length + n  # keep the anchors' keys, drop the mask rows'
         return hidden

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from specforge_lite.drafters.eagle3.model import Eagle3DecoderLayer, RMSNorm, default_aux_layers, rope
+from specforge_lite.drafters.eagle3.model import RMSNorm, default_aux_layers
 
 
 @dataclass
@@ -83,6 +83,19 @@ class PEagleConfig:
         return asdict(self)
 
 
+def rotary(positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [B, 1, N, D] of Llama's rotate-half rotary embedding at positions [B, N]; computed
+    once per forward and shared by every layer (the same numbers as `eagle3.model.rope`)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    angles = positions[:, None, :, None].float() * inv_freq
+    return torch.cat([angles.cos()] * 2, dim=-1).to(dtype), torch.cat([angles.sin()] * 2, dim=-1).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 class Attention(nn.Module):
     """Llama attention over inputs of `width` (2H for the first layer, H after)."""
 
@@ -94,14 +107,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """q [B, heads, N, D], k and v [B, heads, N, D] (kv heads repeated), rotary applied."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [B, heads, N, D], k and v [B, heads, N, D] (kv heads repeated), rotary (`rotary`) applied."""
         cfg = self.cfg
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         groups = cfg.num_attention_heads // cfg.num_key_value_heads
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -110,6 +123,34 @@ class Attention(nn.Module):
     def output(self, attended: torch.Tensor) -> torch.Tensor:
         b, _, n, _ = attended.shape
         return self.o_proj(attended.transpose(1, 2).reshape(b, n, -1))
+
+
+class FirstLayer(nn.Module):
+    """Layer 0: EAGLE-3's decoder layer (`eagle3.model.Eagle3DecoderLayer`, same weight names):
+    attention over `cat(input_layernorm(embeds), hidden_norm(features))`, 2H wide."""
+
+    def __init__(self, cfg: PEagleConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, 2 * cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm_before_residual = cfg.norm_before_residual
+        self.mlp = nn.ModuleDict({
+            "gate_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
+            "up_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
+            "down_proj": nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False),
+        })
+
+    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        normed = self.hidden_norm(hidden)
+        return (torch.cat([self.input_layernorm(embeds), normed], dim=-1),
+                normed if self.norm_before_residual else hidden)
+
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        hidden = residual + attn_out
+        x = self.post_attention_layernorm(hidden)
+        return hidden + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
 
 
 class LlamaLayer(nn.Module):
@@ -156,7 +197,7 @@ class PEagleDrafter(nn.Module):
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * h))
         # layer 0 is EAGLE-3's layer (same weight names; `init_from_eagle3` copies it)
-        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)] + [LlamaLayer(cfg) for _ in range(cfg.num_layers - 1)])
+        self.layers = nn.ModuleList([FirstLayer(cfg)] + [LlamaLayer(cfg) for _ in range(cfg.num_layers - 1)])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -212,12 +253,15 @@ class PEagleDrafter(nn.Module):
         features = torch.where(is_mask[..., None], self.mask_hidden.to(features.dtype), features)
         return self.embed_tokens(tokens), self.fuse(features)
 
-    def layer_forward(self, index: int, embeds, hidden, positions, attention) -> torch.Tensor:
+    def rotation(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rotary(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def layer_forward(self, index: int, embeds, hidden, cos, sin, attention) -> torch.Tensor:
         """Decoder layer `index`; `attention(layer_index, q, k, v) -> attended` supplies the keys
         (training: this forward's own under a mask; decoding: a cache plus the new ones)."""
         layer = self.layers[index]
         x, residual = layer.attention_input(embeds, hidden) if index == 0 else layer.attention_input(hidden)
-        q, k, v = layer.self_attn.project(x, positions)
+        q, k, v = layer.self_attn.project(x, cos, sin)
         return layer.finish(residual, layer.self_attn.output(attention(index, q, k, v)))
 
     # ------------------------------------------------------------------ training
@@ -233,7 +277,7 @@ class PEagleDrafter(nn.Module):
         next_tokens = F.pad(input_ids[:, 1:], (0, 1)).gather(1, anchor)  # x[t+1] at anchor t
         features = aux_hidden.gather(1, anchor[..., None].expand(-1, -1, aux_hidden.shape[-1]))
         embeds, hidden = self.entry_inputs(next_tokens, features, depth > 0)
-        positions = anchor + depth.clamp(min=0)
+        cos, sin = self.rotation(anchor + depth.clamp(min=0), hidden.dtype)
         allowed = parallel_attention_mask(anchor, depth)
 
         def attention(_, q, k, v):
@@ -241,10 +285,10 @@ class PEagleDrafter(nn.Module):
 
         for index in range(len(self.layers)):
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                hidden = checkpoint(self.layer_forward, index, embeds, hidden, positions, attention,
+                hidden = checkpoint(self.layer_forward, index, embeds, hidden, cos, sin, attention,
                                     use_reentrant=False)
             else:
-                hidden = self.layer_forward(index, embeds, hidden, positions, attention)
+                hidden = self.layer_forward(index, embeds, hidden, cos, sin, attention)
         return self.logits(hidden[loss_rows])
 
 
