@@ -7,12 +7,13 @@ Adding a drafter is a folder under `drafters/`, a `conf/drafter/NAME.yaml` and o
 from __future__ import annotations
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters import distilled, eagle3, medusa
+from specforge_lite.drafters import distilled, eagle3, medusa, peagle
 
 DRAFTERS = {
     "eagle3": eagle3,
     "medusa": medusa,
     "distilled": distilled,
+    "peagle": peagle,
 }
 
 # names of earlier versions, and what they are called now
