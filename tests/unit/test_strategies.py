@@ -8,7 +8,7 @@ import pytest
 
 from specforge_lite import SpecforgeError
 from specforge_lite.strategies import STRATEGIES, deepspeed_config
-from tests.conftest import CONF_DIR
+from tests.conftest import CONF_DIR, REPO
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "trainer").glob("*.yaml")))
@@ -63,7 +63,7 @@ def test_deepspeed_config_conflicts_name_the_key(compose_cfg, tmp_path, content,
 
 
 def test_recipe_deepspeed_files_match_their_stage(compose_cfg):
-    files = sorted((CONF_DIR.parent / "recipes").glob("*/ds_zero*.json"))
+    files = sorted((REPO / "recipes").glob("*/ds_zero*.json"))
     assert files, "the multi-GPU recipes ship DeepSpeed configs"
     for path in files:
         stage = int(path.stem[-1])
