@@ -141,7 +141,7 @@ PLUS_CASES = [
     (["+bar=2"], "bar=2: unknown key (Config has no such field)"),
     (["+drafter.x.y=3"], "drafter.x={'y': 3}: unknown key (Eagle3Options has no such field)"),
     (["+train.batchsize=4"], "did you mean train.batch_size?"),
-    (["+eval.drafter_dirs.eagle=x"], "did you mean eval.drafter_dirs.eagle3?"),
+    (["+eval.drafter_dirs.eagle3x=x"], "did you mean eval.drafter_dirs.eagle3?"),
 ]
 
 
