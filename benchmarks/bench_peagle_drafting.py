@@ -60,8 +60,16 @@ def main() -> None:
             for name, drafter in drafters.items():
                 results[name][k].append(step_ms(drafter, k, model.config.hidden_size))
     medians = {name: {k: statistics.median(v) for k, v in by_k.items()} for name, by_k in results.items()}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # where P-EAGLE's step goes, at k = 4
+        step_ms(drafters["peagle"], 4, model.config.hidden_size)
+    ops = prof.key_averages()
+    mm_share = sum(e.self_cpu_time_total for e in ops if e.key in ("aten::mm", "aten::addmm")) \
+        / sum(e.self_cpu_time_total for e in ops)
     command = f"python -m benchmarks.bench_peagle_drafting {args.peagle_run} {args.eagle3_run}"
-    write_results("peagle_drafting", {"command": command, "ms_per_step": results, "median_ms_per_step": medians})
+    write_results("peagle_drafting", {"command": command, "ms_per_step": results, "median_ms_per_step": medians,
+                                      "peagle_k4_matmul_share": mm_share})
     rows = "\n".join(f"| {k} | {medians['peagle'][k]:.1f} | {medians['eagle3'][k]:.1f} | "
                      f"{medians['peagle'][k] / medians['eagle3'][k]:.2f} |" for k in ks)
     update_doc_section("peagle_drafting", f"""## P-EAGLE drafting time by k (SmolLM2 shapes, CPU)
@@ -74,9 +82,10 @@ after a 120-token context, median over steps, then over {args.repeats} interleav
 {rows}
 
 P-EAGLE runs its 2 layers once over the new positions plus k - 1 mask rows whatever k;
-EAGLE-3 runs one layer and its lm_head k times. In a profile of P-EAGLE's step, 83% of the
-time is matrix multiplications over 2-6 rows, which this CPU runs far below its
-matrix-vector rate (docs/BENCHMARKS.md, decoding: 1 to 2 tokens leaves the fast path), so
+EAGLE-3 runs one layer and its lm_head k times. In a profile of P-EAGLE's steps at k = 4 (same
+command), {mm_share:.0%} of the time is matrix multiplications over 2-6 rows, which this CPU runs far below its
+matrix-vector rate (the target itself, in the `peagle` section's evaluate: 44 ms for a 1-token
+forward, 79 ms for 2 tokens), so
 halving EAGLE-3's cost would need fewer or thinner layers, not fewer calls.
 """)
     print(rows)

@@ -80,7 +80,8 @@ def methods_table(report: dict) -> str:
         rows.append(f"| {m} | {fmt(e['tau'])} | " + " | ".join(fmt(a) for a in acc[:k])
                     + f" | {fmt(e.get('draft_ms_per_step'), '{:.1f}')} | {fmt(e.get('draft_time_share'), '{:.0%}')}"
                     f" | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x | {best.get('best_k', '-')}"
-                    f" | {fmt(best.get('expected_speedup'), '{:.2f}x')} | {'yes' if e['identical_to_plain'] else 'NO'} |")
+                    f" | {fmt(best.get('expected_speedup'), '{:.2f}x')}"
+                    f" | {'yes' if e['identical_to_plain'] else 'NO'} |")
     return (f"| method | tau | {' | '.join(f'a{i + 1}' for i in range(k))} | draft ms/step | draft share | tokens/s "
             f"| speedup at k={k} | best k | expected speedup at best k | identical to plain |\n"
             f"|---|---:|{'---:|' * k}---:|---:|---:|---:|---:|---:|:---:|\n" + "\n".join(rows) + "\n")

@@ -35,7 +35,8 @@ def build(cfg, target, token_counts: torch.Tensor) -> PEagleDrafter:
                              "(vLLM loads it as EAGLE-3, which enforces it)")
     for layer_id in draft_cfg.aux_layer_ids:
         if not 0 <= layer_id < target.config.num_hidden_layers:
-            raise SpecforgeError(f"drafter.aux_layer_ids: {layer_id} is outside 0..{target.config.num_hidden_layers - 1}")
+            raise SpecforgeError(f"drafter.aux_layer_ids: {layer_id} is outside "
+                                 f"0..{target.config.num_hidden_layers - 1}")
     if draft_cfg.num_layers < 1 or draft_cfg.num_depths < 1:
         raise SpecforgeError("drafter.num_layers and drafter.num_depths must be >= 1")
     if not 0 <= draft_cfg.mask_token_id < draft_cfg.vocab_size:
