@@ -29,9 +29,10 @@ from specforge_lite.drafters.eagle3.train import FROZEN, load, trained_weights
 log = logging.getLogger(__name__)
 
 
-def transformer_layer_config(cfg: Eagle3Config) -> dict[str, Any]:
+def transformer_layer_config(cfg: Eagle3Config, num_layers: int = 1) -> dict[str, Any]:
+    """The Llama config of the draft decoder layers (`num_layers` of them; EAGLE-3 has one)."""
     return {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": num_layers,
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
@@ -54,13 +55,19 @@ def speculators_config(cfg: Eagle3Config, speculative_tokens: int, verifier: str
         "fc_norm": bool(cfg.fc_norm),
         "norm_output": bool(cfg.norm_output),
         "transformer_layer_config": transformer_layer_config(cfg),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
-        },
+        "speculators_config": proposal_config("eagle3", speculative_tokens, verifier, verifier_architectures),
+    }
+
+
+def proposal_config(algorithm: str, speculative_tokens: int, verifier: str,
+                    verifier_architectures: list[str]) -> dict[str, Any]:
+    """speculators' `speculators_config`: one greedy proposal of k tokens and the verifier."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
     }
 
 

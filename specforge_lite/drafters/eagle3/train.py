@@ -22,13 +22,7 @@ def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
     draft_cfg = Eagle3Config.from_target(target.config, cfg.drafter)
     if draft_cfg.norm_before_fc and draft_cfg.fc_norm:
         raise SpecforgeError("drafter.norm_before_fc and drafter.fc_norm exclude each other: set one of them")
-    if len(draft_cfg.aux_layer_ids) != 3:
-        raise SpecforgeError(f"drafter.aux_layer_ids={draft_cfg.aux_layer_ids}: EAGLE-3 takes exactly 3 aux layers "
-                             "(vLLM enforces it)")
-    for layer_id in draft_cfg.aux_layer_ids:
-        if not 0 <= layer_id < target.config.num_hidden_layers:
-            raise SpecforgeError(f"drafter.aux_layer_ids: {layer_id} is outside 0..{target.config.num_hidden_layers - 1}"
-                                 " (the target's decoder layers)")
+    check_aux_layers(draft_cfg.aux_layer_ids, target.config, "drafter.aux_layer_ids")
     draft_vocab = target_draft_vocab(target, token_counts, draft_cfg.draft_vocab_size)
     torch.manual_seed(cfg.train.seed)
     drafter = Eagle3Drafter(draft_cfg)
@@ -41,6 +35,18 @@ def build(cfg, target, token_counts: torch.Tensor) -> Eagle3Drafter:
     return drafter.to(target.device)
 
 
+def check_aux_layers(aux_layer_ids: list[int], target_config, where: str) -> None:
+    """Exactly 3 aux layers (vLLM enforces it for EAGLE-3 and the drafters it loads as EAGLE-3),
+    each one of the target's decoder layers; `where` names the setting in the message."""
+    if len(aux_layer_ids) != 3:
+        raise SpecforgeError(f"{where}: aux layers {list(aux_layer_ids)}; EAGLE-3 drafters take exactly 3 aux layers "
+                             "(vLLM enforces it)")
+    layers = target_config.num_hidden_layers
+    for layer_id in aux_layer_ids:
+        if not 0 <= layer_id < layers:
+            raise SpecforgeError(f"{where}: aux layer {layer_id} is outside the target's decoder layers 0..{layers - 1}")
+
+
 def warm_start(cfg, target) -> Eagle3Drafter:
     """`drafter.init_from=DIR`: continue training a drafter from a folder in any layout we read;
     its architecture (draft vocab, aux layers, norm switches) comes from the folder, its
@@ -48,10 +54,7 @@ def warm_start(cfg, target) -> Eagle3Drafter:
     from specforge_lite.drafters.eagle3.export import load_any
 
     drafter = load_any(cfg.drafter.init_from, target)
-    for layer_id in drafter.config.aux_layer_ids:
-        if not 0 <= layer_id < target.config.num_hidden_layers:
-            raise SpecforgeError(f"drafter.init_from={cfg.drafter.init_from}: aux layer {layer_id} is outside the "
-                                 f"target's 0..{target.config.num_hidden_layers - 1}")
+    check_aux_layers(drafter.config.aux_layer_ids, target.config, f"drafter.init_from={cfg.drafter.init_from}")
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
     drafter.train()

@@ -24,21 +24,11 @@ from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
+from specforge_lite.drafters.eagle3.export import proposal_config, transformer_layer_config
 from specforge_lite.drafters.peagle.model import PEagleConfig, PEagleDrafter, drop_token_layout
 from specforge_lite.drafters.peagle.train import load
 
 log = logging.getLogger(__name__)
-
-
-def transformer_layer_config(cfg: PEagleConfig) -> dict[str, Any]:
-    return {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": cfg.num_layers,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
-        "hidden_act": cfg.hidden_act, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
-    }
 
 
 def speculators_config(cfg: PEagleConfig, speculative_tokens: int, verifier: str,
@@ -56,14 +46,8 @@ def speculators_config(cfg: PEagleConfig, speculative_tokens: int, verifier: str
         "norm_output": False,
         "embed_requires_grad": True,
         "mask_token_id": int(cfg.mask_token_id),
-        "transformer_layer_config": transformer_layer_config(cfg),
-        "speculators_config": {
-            "algorithm": "peagle",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
-        },
+        "transformer_layer_config": transformer_layer_config(cfg, cfg.num_layers),
+        "speculators_config": proposal_config("peagle", speculative_tokens, verifier, verifier_architectures),
     }
 
 

@@ -25,18 +25,13 @@ def default_mask_token(token_counts: torch.Tensor) -> int:
 def build(cfg, target, token_counts: torch.Tensor) -> PEagleDrafter:
     """A drafter for `target`: draft vocab from loss-masked token counts (or the EAGLE-3 folder's
     with `drafter.init_from_eagle3`), depth 0 started as the read-out of the top aux layer."""
+    from specforge_lite.drafters.eagle3.train import check_aux_layers
     from specforge_lite.drafters.vocab import target_draft_vocab
 
     opts = cfg.drafter
     mask_token = opts.mask_token_id if opts.mask_token_id is not None else default_mask_token(token_counts)
     draft_cfg = PEagleConfig.from_target(target.config, opts, mask_token)
-    if len(draft_cfg.aux_layer_ids) != 3:
-        raise SpecforgeError(f"drafter.aux_layer_ids={draft_cfg.aux_layer_ids}: P-EAGLE takes exactly 3 aux layers "
-                             "(vLLM loads it as EAGLE-3, which enforces it)")
-    for layer_id in draft_cfg.aux_layer_ids:
-        if not 0 <= layer_id < target.config.num_hidden_layers:
-            raise SpecforgeError(f"drafter.aux_layer_ids: {layer_id} is outside "
-                                 f"0..{target.config.num_hidden_layers - 1}")
+    check_aux_layers(draft_cfg.aux_layer_ids, target.config, "drafter.aux_layer_ids")
     if draft_cfg.num_layers < 1 or draft_cfg.num_depths < 1:
         raise SpecforgeError("drafter.num_layers and drafter.num_depths must be >= 1")
     if not 0 <= draft_cfg.mask_token_id < draft_cfg.vocab_size:
