@@ -112,6 +112,16 @@ DrafterDirs = _drafter_dirs_schema()
 
 
 @dataclass
+class BootstrapConfig:
+    # 95% intervals of tau and speedup in the evaluate report: prompts resampled with
+    # replacement (all turns of a prompt together), the same prompts for every method
+    # (specforge_lite/decoding/stats.py); seeded, so a report's intervals can be recomputed
+    resamples: int = checked(2000, ge=100)
+    seed: int = 0
+    level: float = checked(0.95, gt=0.0, lt=1.0)
+
+
+@dataclass
 class EvalConfig:
     dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
     max_prompts: Optional[int] = checked(None, ge=1)  # a subset spread over the categories (round robin)
@@ -147,6 +157,7 @@ class EvalConfig:
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
     cost_repeats: int = checked(3, ge=1)  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     # the vllm_* methods (vllm_plain, vllm_eagle3, vllm_ngram, vllm_draft_model, vllm_distilled,
     # vllm_medusa): real vLLM in a child process; see specforge_lite/serving/vllm_engine.py
     vllm: VllmConfig = field(default_factory=VllmConfig)

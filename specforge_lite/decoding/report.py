@@ -4,26 +4,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specforge_lite.decoding.stats import bootstrap_settings, prompt_totals, speed_ratio_interval
+
 
 def _fmt(value, spec: str = ".2f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def _with_interval(value, interval, unit: str = "") -> str:
+    """"1.23x [1.10, 1.37]"; the value alone for reports written before intervals existed."""
+    text = _fmt(value) + (unit if value is not None else "")
+    return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
 def methods_table(report: dict) -> str:
-    """One row per method: the table to paste into docs."""
+    """One row per method: the table to paste into docs, with each method's bootstrap
+    intervals and the prompts / tokens / target forwards behind its figures."""
     k = report["settings"]["num_draft_tokens"]
-    lines = ["| method | tau | accept rate | " + " | ".join(f"a{i}" for i in range(1, k + 1))
-             + " | tokens/s | speedup | identical to plain | draft / verify time | loop overhead ms/step |",
-             "|---|---:|---:|" + "---:|" * k + "---:|---:|:---:|---:|---:|"]
+    level = f"{bootstrap_settings(report['settings'])['level']:.0%}"
+    lines = [f"| method | tau [{level} CI] | accept rate | " + " | ".join(f"a{i}" for i in range(1, k + 1))
+             + f" | tokens/s | speedup [{level} CI] | prompts / tokens / forwards | identical to plain "
+             "| draft / verify time | loop overhead ms/step |",
+             "|---|---:|---:|" + "---:|" * k + "---:|---:|---:|:---:|---:|---:|"]
     for name, m in report["methods"].items():
         alphas = m["per_position_acceptance"] or [None] * k
         share = (f"{100 * m['draft_time_share']:.0f}% / {100 * m['verify_time_share']:.0f}%"
                  if m["draft_time_share"] is not None else "-")
         identical = {True: "yes", False: f"NO ({m['identical_answers']})", None: "n/a"}[m["identical_to_plain"]]
-        lines.append(f"| {name} | {_fmt(m['tau'])} | {_fmt(m['acceptance_rate'])} | "
+        counts = " / ".join(str(value) for value in (m.get("num_prompts", report.get("num_prompts", "-")),
+                                                     m.get("num_tokens", "-"), m.get("num_target_forwards", "-")))
+        lines.append(f"| {name} | {_with_interval(m['tau'], m.get('tau_ci'))} | {_fmt(m['acceptance_rate'])} | "
                      + " | ".join(_fmt(a) for a in alphas)
-                     + f" | {_fmt(m['tokens_per_s'], '.1f')} | {_fmt(m['speedup'])}x | {identical} | {share} | "
-                     f"{_fmt(m['overhead_ms_per_step'], '.2f')} |")
+                     + f" | {_fmt(m['tokens_per_s'], '.1f')} | {_with_interval(m['speedup'], m.get('speedup_ci'), 'x')}"
+                     f" | {counts} | {identical} | {share} | {_fmt(m['overhead_ms_per_step'], '.2f')} |")
     return "\n".join(lines)
 
 
@@ -43,6 +56,18 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
     tokens/s. `alternatives`: when another method is worth preferring, each with the numbers
     behind it: a higher tau (on a GPU, where a draft step costs little next to a big target's
     forward, tau decides), categories where another method is faster, and serving limits.
+
+    Whether the winner is clear: `runner_up` is the next fastest lossless method (HF's plain
+    `generate` left out: it is plain decoding too) and `speed_ratio_ci` the paired-bootstrap
+    interval over prompts (stats.speed_ratio_interval, the report's bootstrap settings) of
+    deploy's tokens/s over runner_up's, recomputed from the report's per-answer rows.
+    `clear_winner` is True when that interval lies above 1.0; when it includes 1.0 the reasons
+    say there is no clear winner between the two on this prompt set (a paired ratio, not an
+    overlap of the two speedup intervals: both methods answered the same prompts, and
+    prompt-to-prompt spread common to both cancels in the ratio). `clear_winner` is None when
+    the report has no per-answer timings (reports written before intervals existed). Apart
+    from that, when the fastest speculative method's `speedup_ci` includes 1.0 the reasons say
+    its gain over plain decoding is not clear.
     """
     methods = report["methods"]
     lossless = {n: m for n, m in methods.items() if m.get("identical_to_plain") is not False}
@@ -52,9 +77,24 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
                f"({best['speedup']:.2f}x plain, tau {best['tau']:.2f})"]
     if deploy == "plain":
         reasons.append("no drafter beats plain decoding on this machine and prompt set")
+    ranked = sorted((n for n in lossless if n not in (deploy, "hf_generate")),
+                    key=lambda n: -lossless[n]["tokens_per_s"])
+    runner_up = ranked[0] if ranked else None
+    speculative = {n: m for n, m in lossless.items() if n not in ("plain", "hf_generate")}
+    fastest_speculative = max(speculative, key=lambda n: speculative[n]["tokens_per_s"]) if speculative else None
+    ratio_ci, num_prompts = _winner_interval(report, deploy, runner_up)
+    clear_winner = None if ratio_ci is None else ratio_ci[0] > 1.0
+    if ratio_ci is not None:
+        reasons.append(_winner_wording(deploy, runner_up, ratio_ci, num_prompts, _level(report)))
+    # the fastest speculative method against plain, unless the sentence above already said it
+    said_for_plain = clear_winner is False and "plain" in (deploy, runner_up)
+    gain_ci = speculative.get(fastest_speculative, {}).get("speedup_ci")
+    if (gain_ci and gain_ci[0] <= 1.0 <= gain_ci[1]
+            and not (said_for_plain and fastest_speculative in (deploy, runner_up))):
+        reasons.append(f"the gain of {fastest_speculative} over plain decoding is not clear: the "
+                       f"{_level(report)} interval of its speedup, {_interval(gain_ci)}, includes 1.00")
     notes = {**SERVING_NOTES, **(notes or {})}
     alternatives = []
-    speculative = {n: m for n, m in lossless.items() if n not in ("plain", "hf_generate")}
     if speculative:
         top_tau = max(speculative, key=lambda n: speculative[n]["tau"])
         if top_tau != deploy and speculative[top_tau]["tau"] > best["tau"]:
@@ -70,12 +110,49 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
                 alternatives.append(f"for {category} prompts {winner} is faster ({rates[winner]:.2f}x vs "
                                     f"{rates.get(deploy, 0):.2f}x plain)")
     if deploy in notes:
-        ranked = sorted((n for n in lossless if n not in (deploy, "hf_generate")),
-                        key=lambda n: -lossless[n]["tokens_per_s"])
         nxt = next((n for n in ranked if n not in notes), None)
         note = notes[deploy]
         alternatives.append(note + (f"; the next fastest is {nxt} ({lossless[nxt]['speedup']:.2f}x)" if nxt else ""))
-    return {"deploy": deploy, "reasons": reasons, "alternatives": alternatives}
+    return {"deploy": deploy, "reasons": reasons, "alternatives": alternatives, "runner_up": runner_up,
+            "speed_ratio_ci": ratio_ci, "clear_winner": clear_winner}
+
+
+def _level(report: dict) -> str:
+    return f"{bootstrap_settings(report.get('settings'))['level']:.0%}"
+
+
+def _interval(ci: list[float]) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _winner_interval(report: dict, deploy: str, runner_up: str | None) -> tuple[list[float] | None, int]:
+    """(paired-bootstrap interval of deploy's tokens/s over runner_up's, prompts behind it), from
+    report["answers"]; (None, 0) without a runner-up or without per-answer forwards and timings."""
+    rows = [row for row in report.get("answers", []) if row.get("method") in (deploy, runner_up)]
+    if runner_up is None or not rows or any("total_s" not in row or "num_forwards" not in row for row in rows):
+        return None, 0
+    totals = prompt_totals(rows)
+    boot = bootstrap_settings(report.get("settings"))
+    return speed_ratio_interval(totals[deploy], totals[runner_up], **boot), totals[deploy].num_prompts
+
+
+def _winner_wording(deploy: str, runner_up: str, ratio_ci: list[float], num_prompts: int, level: str) -> str:
+    """The reason saying whether deploy is clearly faster than runner_up (ratio_ci of their speeds)."""
+    interval, behind = _interval(ratio_ci), f"{num_prompts} prompts, paired bootstrap"
+    if ratio_ci[0] > 1.0:
+        return (f"{deploy} is clearly faster than {runner_up}: the {level} interval of its speed over "
+                f"{runner_up}'s is {interval} ({behind})")
+    relation = "includes 1.00" if ratio_ci[1] >= 1.0 else "lies below 1.00"  # below: only by bootstrap skew
+    if runner_up == "plain":  # the ratio is deploy's speedup: one sentence says both things
+        return (f"no clear winner between {deploy} and plain decoding on this prompt set: the gain over plain "
+                f"decoding is not clear (the {level} interval of {deploy}'s speedup, {interval}, {relation}; "
+                f"{behind})")
+    if deploy == "plain":
+        return (f"no clear winner between plain decoding and {runner_up} on this prompt set: the gain of "
+                f"{runner_up} over plain decoding is not clear (the {level} interval of plain's speed over "
+                f"{runner_up}'s, {interval}, {relation}; {behind})")
+    return (f"no clear winner between {deploy} and {runner_up} on this prompt set: the {level} interval of "
+            f"{deploy}'s speed over {runner_up}'s, {interval}, {relation} ({behind})")
 
 
 def render_markdown(report: dict) -> str:
@@ -94,9 +171,11 @@ def render_markdown(report: dict) -> str:
     if rec:
         out += ["## Recommendation", "", f"Deploy **{rec['deploy']}**: " + "; ".join(rec["reasons"]) + "."]
         out += [f"- {line}" for line in rec["alternatives"]] + [""]
+    conventions = report["conventions"]
     out += [
-        "tau: " + report["conventions"]["tau"] + ". a_i: " + report["conventions"]["per_position_acceptance"]
-        + ". Speedup: " + report["conventions"]["speedup"] + ".", "",
+        "tau: " + conventions["tau"] + ". a_i: " + conventions["per_position_acceptance"]
+        + ". Speedup: " + conventions["speedup"] + "."
+        + (" Intervals: " + conventions["intervals"] + "." if "intervals" in conventions else ""), "",
         "## tau by category", "",
         "| category | " + " | ".join(methods) + " |",
         "|---|" + "---:|" * len(methods),

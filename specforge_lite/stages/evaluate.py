@@ -5,7 +5,8 @@ source, or a prompts JSONL), runs every method of `eval.methods` on every prompt
 (methods interleaved per prompt, so a noisy machine hurts them alike), with batch 1,
 after warm-up, and writes `run_dir/eval/`:
 
-- `report.json`: per method tau, tokens/s, speedup against our plain loop,
+- `report.json`: per method tau, tokens/s, speedup against our plain loop, 95%
+  bootstrap intervals of tau and speedup with the prompts and tokens behind them,
   per-position acceptance, time shares, `identical_to_plain` (greedy), per-category
   numbers, the prompt subset used, and `best_k` (the export stage reads it);
 - `report.md`: the same at a glance; PNG plots; `config.yaml` + `versions.json`.
@@ -36,6 +37,7 @@ from specforge_lite.decoding.engine import TargetRunner, generate_plain, generat
 from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
+from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.registry import DRAFTERS, RENAMED, detect_drafter
 from specforge_lite.serving import vllm_engine
@@ -300,6 +302,15 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
     plain = summarise([a["gen"] for a in by_method["plain"]])
     plain_cat = {c: summarise(g) for c, g in by_method_cat["plain"].items()}
     hf_plain = summarise([a["gen"] for a in by_method["hf_generate"]]) if "hf_generate" in by_method else None
+    answer_rows = [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
+                    "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
+                    "num_tokens": len(a["gen"].tokens), "num_forwards": a["gen"].num_forwards,
+                    "total_s": a["gen"].total_s, "finish": a["gen"].finish, "tau": a["gen"].tau,
+                    "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s, "identical_to_plain": a["identical"]}
+                   for a in answers]
+    # intervals from the rows report.json keeps, so that they can be recomputed from the report alone
+    boot = ecfg.bootstrap
+    intervals = method_intervals(prompt_totals(answer_rows), "plain", boot.resamples, boot.seed, boot.level)
 
     entries = {}
     for name in methods:
@@ -307,6 +318,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
         entry = summarise([a["gen"] for a in rows], k if name in drafters else 0)
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
         entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
+        entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts
         same = [a["identical"] for a in rows]
         entry["identical_to_plain"] = all(same) if greedy else None
         entry["identical_answers"] = f"{sum(same)}/{len(same)}" if greedy else None
@@ -334,6 +346,9 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
                                        "allowed >= i drafts; a position the drafter left empty counts as rejected",
             "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
             "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
+            "intervals": f"{boot.level:.0%} percentile bootstrap over prompts ({boot.resamples} resamples, seed "
+                         f"{boot.seed}): prompts drawn with replacement, all turns of a prompt together, the same "
+                         "prompts for every method (paired); tau and speedup recomputed on each resample as above",
         },
         "num_prompts": len(prompts), "num_answers": len(by_method["plain"]),
         "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
@@ -342,11 +357,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
                              for cat in categories},
         "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()}},
         "best_k": best, "best_k_method": best_method,
-        "answers": [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
-                     "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
-                     "num_tokens": len(a["gen"].tokens), "finish": a["gen"].finish,
-                     "tau": a["gen"].tau, "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s,
-                     "identical_to_plain": a["identical"]} for a in answers],
+        "answers": answer_rows,
     }
 
 

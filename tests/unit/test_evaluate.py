@@ -13,7 +13,8 @@ from specforge_lite.stages import evaluate
 from tests.conftest import compose, run_cli
 
 METHOD_KEYS = {"tau", "tokens_per_s", "speedup", "per_position_acceptance", "identical_to_plain",
-               "acceptance_rate", "draft_time_share", "verify_time_share", "overhead_ms_per_step", "per_category"}
+               "acceptance_rate", "draft_time_share", "verify_time_share", "overhead_ms_per_step", "per_category",
+               "tau_ci", "speedup_ci", "num_prompts", "num_tokens", "num_target_forwards"}
 
 
 def test_cli_smoke_run_writes_report(tmp_path):
@@ -30,15 +31,25 @@ def test_cli_smoke_run_writes_report(tmp_path):
         assert METHOD_KEYS <= set(entry), name
         assert entry["identical_to_plain"] is True, name  # greedy, float32: lossless
         assert entry["tau"] >= 1.0 - 1e-9
+        # bootstrap intervals over the same prompts hold the point estimates (same ratios of sums)
+        for key in ("tau", "speedup"):
+            low, high = entry[f"{key}_ci"]
+            assert low - 1e-9 <= entry[key] <= high + 1e-9, (name, key)
+        assert entry["num_prompts"] == report["num_prompts"] and entry["num_tokens"] > 0
     plain = report["methods"]["plain"]
     assert plain["tau"] == 1.0 and plain["speedup"] == 1.0
+    assert plain["tau_ci"] == [1.0, 1.0] and plain["speedup_ci"] == [1.0, 1.0]
+    assert report["settings"]["bootstrap"] == {"resamples": 2000, "seed": 0, "level": 0.95}
+    assert report["recommendation"]["clear_winner"] in (True, False)
     assert len(report["methods"]["ngram"]["per_position_acceptance"]) == report["settings"]["num_draft_tokens"]
     assert isinstance(report["best_k"], int) and report["best_k_method"] == "eagle3"
     assert 1 <= report["best_k"] <= report["settings"]["num_draft_tokens"]
     assert report["prompts"] and all({"id", "category", "turns"} <= set(p) for p in report["prompts"])
     assert report["per_category_tau"]["heldout"]["plain"] == 1.0
     assert report["answers"] and {a["method"] for a in report["answers"]} == set(report["methods"])
-    assert "| ngram |" in (out / "report.md").read_text()
+    assert {"num_forwards", "total_s"} <= set(report["answers"][0])
+    markdown = (out / "report.md").read_text()
+    assert "| ngram |" in markdown and "| tau [95% CI] |" in markdown and "prompts / tokens / forwards" in markdown
     exported = json.loads((tmp_path / "export" / "export.json").read_text())
     assert exported["speculative_tokens"] == report["best_k"] and exported["strict_reload"] == "passed"
 
@@ -146,3 +157,86 @@ def test_recommendation_when_medusa_or_nothing_wins():
     assert any("0.33 removed it" in a and "next fastest is eagle3 (1.20x)" in a for a in rec["alternatives"])
     rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3": _entry(1.2, 7.0, 10.0)}})
     assert rec["deploy"] == "plain" and "no drafter beats plain" in rec["reasons"][1]
+
+
+def _timed_report(seconds: dict[str, list[float]], tokens: int = 21, forwards: dict[str, int] | None = None) -> dict:
+    """A report as build_report writes it, by hand: per method the wall seconds of its answer
+    to each prompt (every answer `tokens` long), entries and intervals from the same rows."""
+    from specforge_lite.decoding import stats
+
+    rows = [{"prompt_id": f"p{i}", "method": name, "num_tokens": tokens,
+             "num_forwards": (forwards or {}).get(name, tokens - 1), "total_s": s}
+            for name, per_prompt in seconds.items() for i, s in enumerate(per_prompt)]
+    totals = stats.prompt_totals(rows)
+    intervals = stats.method_intervals(totals, resamples=1000, seed=0)
+    plain_rate = float(stats.tokens_per_s(totals["plain"]))
+    methods = {name: {**_entry(float(stats.tau(t)), float(stats.tokens_per_s(t)), plain_rate),
+                      **intervals[name], "num_tokens": int(t.tokens.sum()), "num_target_forwards": int(t.forwards.sum())}
+               for name, t in totals.items()}
+    return {"methods": methods, "answers": rows, "num_prompts": len(seconds["plain"]),
+            "settings": {"num_draft_tokens": 2, "bootstrap": {"resamples": 1000, "seed": 0, "level": 0.95}}}
+
+
+def test_recommendation_says_no_clear_winner_when_the_paired_interval_includes_one():
+    from specforge_lite.decoding.report import recommend
+
+    # eagle3 and ngram trade places prompt by prompt; neither is clearly ahead of plain either
+    report = _timed_report({"plain": [2.0] * 6, "eagle3": [1.0, 3.0, 1.0, 3.0, 1.0, 2.9],
+                            "ngram": [3.0, 1.0, 3.0, 1.0, 2.95, 1.0]}, forwards={"eagle3": 10, "ngram": 12})
+    rec = recommend(report)
+    assert rec["deploy"] == "eagle3" and rec["runner_up"] == "ngram"
+    assert rec["clear_winner"] is False and rec["speed_ratio_ci"][0] < 1.0 < rec["speed_ratio_ci"][1]
+    assert any(r.startswith("no clear winner between eagle3 and ngram on this prompt set: the 95% interval of "
+                            "eagle3's speed over ngram's") and "6 prompts, paired bootstrap" in r
+               for r in rec["reasons"])
+    assert any(r.startswith("the gain of eagle3 over plain decoding is not clear") for r in rec["reasons"])
+    assert rec["reasons"][0].startswith("eagle3: highest measured speed")  # the fields kept their meaning
+
+    # a drafter ahead of plain on average, but not on every resample: one sentence says both
+    rec = recommend(_timed_report({"plain": [2.0] * 6, "eagle3": [1.0, 2.5, 1.2, 2.6, 1.9, 2.4]}))
+    assert rec["runner_up"] == "plain" and rec["clear_winner"] is False
+    assert [r for r in rec["reasons"] if "not clear" in r] == [
+        next(r for r in rec["reasons"] if r.startswith("no clear winner between eagle3 and plain decoding on this "
+                                                       "prompt set: the gain over plain decoding is not clear"))]
+
+    # plain fastest by a hair: the drafter's gain (a loss here) is not clear either way
+    rec = recommend(_timed_report({"plain": [2.0] * 6, "ngram": [1.5, 2.6, 1.6, 2.5, 1.7, 2.2]}))
+    assert rec["deploy"] == "plain" and rec["clear_winner"] is False
+    assert "no drafter beats plain" in rec["reasons"][1]
+    assert rec["reasons"][2].startswith("no clear winner between plain decoding and ngram on this prompt set: "
+                                        "the gain of ngram over plain decoding is not clear")
+    assert len(rec["reasons"]) == 3
+
+
+def test_recommendation_names_a_clear_winner():
+    from specforge_lite.decoding.report import recommend
+
+    report = _timed_report({"plain": [2.0, 2.2, 1.8, 2.1], "eagle3": [1.0, 1.1, 0.9, 1.0],
+                            "ngram": [1.5, 1.6, 1.4, 1.5]}, forwards={"eagle3": 8, "ngram": 12})
+    rec = recommend(report)
+    assert rec["deploy"] == "eagle3" and rec["runner_up"] == "ngram" and rec["clear_winner"] is True
+    assert rec["speed_ratio_ci"][0] > 1.0
+    assert any(r.startswith("eagle3 is clearly faster than ngram: the 95% interval") for r in rec["reasons"])
+    assert not any("not clear" in r or "no clear winner" in r for r in rec["reasons"])
+    # reports without per-answer timings (written before intervals) get no verdict
+    assert recommend({"methods": report["methods"]})["clear_winner"] is None
+
+
+def test_methods_table_shows_intervals_and_counts():
+    from specforge_lite.decoding.report import methods_table
+
+    report = _timed_report({"plain": [2.0, 2.2, 1.8, 2.1], "eagle3": [1.0, 1.1, 0.9, 1.0]}, forwards={"eagle3": 8})
+    for entry in report["methods"].values():
+        entry.update({"acceptance_rate": None, "per_position_acceptance": [], "draft_time_share": None,
+                      "overhead_ms_per_step": None, "identical_answers": "4/4"})
+    table = methods_table(report)
+    header, _, plain, eagle3 = table.splitlines()
+    assert "| tau [95% CI] |" in header and "| speedup [95% CI] | prompts / tokens / forwards |" in header
+    tau_ci, speedup_ci = report["methods"]["eagle3"]["tau_ci"], report["methods"]["eagle3"]["speedup_ci"]
+    assert f"| eagle3 | 2.50 [{tau_ci[0]:.2f}, {tau_ci[1]:.2f}] |" in eagle3
+    assert f"x [{speedup_ci[0]:.2f}, {speedup_ci[1]:.2f}] | 4 / 84 / 32 |" in eagle3
+    assert "| plain | 1.00 [1.00, 1.00] |" in plain and "| 1.00x [1.00, 1.00] | 4 / 84 / 80 |" in plain
+    # a report written before intervals existed still renders
+    for entry in report["methods"].values():
+        del entry["tau_ci"], entry["speedup_ci"], entry["num_prompts"]
+    assert "| eagle3 | 2.50 |" in methods_table(report)
