@@ -155,6 +155,10 @@ class EvalConfig:
     # drafter reads): eval.extra_drafters=[published:DIR,mine_v2:DIR2]; each label is a method
     extra_drafters: List[str] = field(default_factory=list)
     best_k_method: Optional[str] = None  # whose acceptance sets `best_k`; null: first speculative method
+    # the target's forward in our decoders: auto (the fastest of those below, measured at
+    # start-up) | compiled (static KV cache, torch.compile graphs per width 1..k+1, built
+    # before timing; minutes on a CPU) | static (the same forward, eager) | hf (transformers')
+    engine: str = checked("auto", choices=("auto", "compiled", "static", "hf"))
     cost_repeats: int = checked(3, ge=1)  # timed target forwards per width when measuring verify costs for best k
     plots: bool = True
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)

@@ -84,10 +84,11 @@ def summarise(generations: Sequence[Generation], max_k: int = 0) -> dict:
 
 @torch.inference_mode()
 def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int = 3,
-                          vocab_size: int | None = None, seed: int = 0) -> dict[int, float]:
+                          vocab_size: int | None = None, seed: int = 0, runner=None) -> dict[int, float]:
     """Median seconds of one target forward over t = 1..max_tokens new tokens after a
-    `context_len`-token cache (random ids: the cost does not depend on the content)."""
-    runner = TargetRunner(model)
+    `context_len`-token cache (random ids: the cost does not depend on the content), with
+    the forward the run decoded with (`runner`; Hugging Face's by default)."""
+    runner = runner or TargetRunner(model)
     runner.reset()
     vocab = vocab_size or model.get_output_embeddings().weight.shape[0]
     rng = torch.Generator().manual_seed(seed)

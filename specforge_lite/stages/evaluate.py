@@ -33,7 +33,8 @@ from specforge_lite.artifacts import atomic_write_json, atomic_write_text, sampl
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
-from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
+from specforge_lite.decoding.engine import generate_plain, generate_speculative
+from specforge_lite.decoding.fast_target import TargetForward, build_target_engine
 from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
@@ -133,8 +134,9 @@ def labelled_drafters(eval_cfg) -> dict[str, str]:
 
 
 def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_ids: list[int],
-                   sampling: SamplingParams) -> tuple[dict, dict]:
-    """name -> decode(prompt_ids, max_new_tokens, seed) -> Generation, and our drafters."""
+                   sampling: SamplingParams, capacity: int = 0) -> tuple[dict, dict, TargetForward]:
+    """name -> decode(prompt_ids, max_new_tokens, seed) -> Generation, our drafters, and the
+    target forward they decode with (`eval.engine`; `capacity`: positions its cache holds)."""
     ecfg = cfg.eval
     k = ecfg.num_draft_tokens
     device = model.device
@@ -150,11 +152,8 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
             prepare_assistant(assistant, k)
         return assistant
 
-    plain_runner = TargetRunner(model)
-    decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
-                                                             plain_runner)}
     labelled = labelled_drafters(ecfg)
-    for name in methods:
+    for name in methods:  # load every drafter first: the target engine serves their hidden layers
         if name in BUILTIN or name in DRAFTERS or name in labelled:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())
@@ -167,8 +166,15 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
                 log.info("%s: %s drafter in %s (%s layout)", name, kind, labelled[name], layout)
                 drafter = DRAFTERS[kind].decoder(DRAFTERS[kind].load(Path(labelled[name]), model))
             drafters[name] = drafter
-
-            def decode(ids, n, seed, drafter=drafter, runner=TargetRunner(model, drafter.hidden_state_layers)):
+    layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
+    target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,
+                                 layers, k + 1)
+    plain_runner = target.runner()
+    decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
+                                                             plain_runner)}
+    for name in methods:
+        if name in drafters:
+            def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers)):
                 return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
             decoders[name] = decode
         elif name in HF_METHODS:
@@ -182,7 +188,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
                 torch.manual_seed(seed)  # HF samples from the global generator
                 return generate_hf(model, ids, n, sampling, eos_ids, tokenizer.pad_token_id, **extra)
             decoders[name] = decode
-    return decoders, drafters
+    return decoders, drafters, target
 
 
 def _seed(base: int, *parts) -> int:
@@ -220,7 +226,8 @@ def run(cfg: DictConfig) -> None:
     model, tokenizer = load_target(cfg.target)
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
-    decoders, drafters = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling)
+    capacity = cache_capacity(tokenizer, prompts, ecfg, model.config)
+    decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity)
     out = stage_dir(cfg, "evaluate")  # once every input has loaded
     log.info("evaluating %s on %d prompts of %s (k=%d, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              ecfg.num_draft_tokens, "greedy" if sampling.greedy else f"T={sampling.temperature}")
@@ -251,9 +258,11 @@ def run(cfg: DictConfig) -> None:
     # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
     plain_gens = [a["gen"] for a in answers if a["method"] == "plain"]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
-    costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats)
+    costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats,
+                                  runner=target.runner())
 
     report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
+    report["settings"]["engine"] = target.info
     report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
     if served:
         results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
@@ -281,6 +290,19 @@ def run(cfg: DictConfig) -> None:
                  entry["tokens_per_s"], "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS")
     log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
     vllm_engine.raise_failures(report.get("vllm"), out / "vllm.log")
+
+
+def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
+    """KV-cache positions a static target engine needs for these prompts: the longest
+    conversation's user turns, each answer's max_new_tokens plus room for re-tokenising
+    it in the next turn, and one verification's k + 1; rounded up to 64."""
+    longest = 0
+    for prompt in prompts:
+        turns = len(prompt["turns"])
+        ids = prompt_ids(tokenizer, _messages(prompt, [""] * (turns - 1), turns - 1))
+        longest = max(longest, len(ids) + turns * (ecfg.max_new_tokens + 16))
+    need = longest + ecfg.num_draft_tokens + 1
+    return min(-(-need // 64) * 64, getattr(config, "max_position_embeddings", None) or need)
 
 
 def _messages(prompt: dict, replies: list[str], turn: int) -> list[dict]:

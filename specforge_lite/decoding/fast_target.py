@@ -1,0 +1,347 @@
+"""A static-cache forward for Llama-family targets, eager or compiled.
+
+Hugging Face's forward is general: every call builds masks and cache objects and walks
+output dataclasses, and its products run eager kernels that on a CPU are slow at the
+widths speculative decoding uses (2-9 rows). `StaticLlama` does only the arithmetic,
+on the same weights (q/k/v and gate/up fused into one product each):
+
+- the KV cache is one preallocated buffer per layer written in place at explicit
+  positions, so rejecting drafts is a change of one integer (`FastRunner.crop`);
+- attention always spans the whole cache with a mask built from the positions, so
+  the shapes of a forward depend only on its width and one compiled graph serves
+  every decoding step of that width;
+- rotary tables come from the model's own rotary module (every RoPE variant
+  transformers implements), computed once for the cache length.
+
+`FastEngine` owns one `StaticLlama` for a run and, when compiled, one graph per
+decoding width 1..max_width (`torch.compile` with inductor: weights frozen and
+pre-packed, products autotuned between inductor's C++ micro-kernels and the BLAS
+library). Wider forwards (prefill) run the same module eagerly. Graphs are cached on
+disk by inductor (under `cache_root()/inductor` unless TORCHINDUCTOR_CACHE_DIR is
+set), so a second run of the same model and widths compiles in seconds.
+
+Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) with
+the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine
+then keeps Hugging Face's forward.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+ENGINES = ("auto", "compiled", "static", "hf")
+
+
+def unsupported_reason(config) -> str | None:
+    """None when `StaticLlama` can run a model with this HF config, else why not."""
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"model_type {kind!r} (the static forward covers {', '.join(SUPPORTED_TYPES)})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "a sliding attention window"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    return None
+
+
+def _frozen(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor.detach().contiguous(), requires_grad=False)
+
+
+class _Layer(nn.Module):
+    def __init__(self, layer, capacity: int, num_kv_heads: int, head_dim: int, dtype, device):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.input_norm = _frozen(layer.input_layernorm.weight)
+        self.post_norm = _frozen(layer.post_attention_layernorm.weight)
+        self.qkv = _frozen(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        self.qkv_bias = None
+        if attn.q_proj.bias is not None:
+            self.qkv_bias = _frozen(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        self.o = _frozen(attn.o_proj.weight)
+        self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        self.down = _frozen(mlp.down_proj.weight)
+        shape = (1, num_kv_heads, capacity, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+
+class StaticLlama(nn.Module):
+    """The target's forward over t new tokens at explicit cache positions (batch 1).
+
+    forward(ids [t], positions [t]) writes the tokens' keys and values at `positions`,
+    attends over every cache slot at or before each token's position, and returns
+    logits [t, V] and the hidden states [t, H] of `hidden_layers` (transformers'
+    numbering: 0 = embeddings, i = output of decoder layer i, the last index after the
+    final norm) in that order.
+    """
+
+    def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = ()):
+        super().__init__()
+        config = model.config
+        reason = unsupported_reason(config)
+        if reason:
+            raise ValueError(f"the static forward does not support {reason}")
+        inner = model.model
+        weight = model.lm_head.weight
+        dtype, device = weight.dtype, weight.device
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.num_layers = config.num_hidden_layers
+        self.eps = config.rms_norm_eps
+        self.capacity = capacity
+        self.hidden_layers = tuple(hidden_layers)
+        self.embed = _frozen(inner.embed_tokens.weight)
+        self.final_norm = _frozen(inner.norm.weight)
+        self.lm_head = _frozen(weight)
+        self.layers = nn.ModuleList(_Layer(layer, capacity, self.num_kv_heads, self.head_dim, dtype, device)
+                                    for layer in inner.layers)
+        with torch.no_grad():
+            slots = torch.arange(capacity, device=device)
+            cos, sin = inner.rotary_emb(torch.zeros(1, dtype=dtype, device=device), slots[None])
+        self.register_buffer("slots", slots, persistent=False)
+        self.register_buffer("cos", cos[0].to(dtype), persistent=False)
+        self.register_buffer("sin", sin[0].to(dtype), persistent=False)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor):
+        t = ids.shape[0]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        cos, sin = self.cos[positions], self.sin[positions]
+        visible = self.slots[None, :] <= positions[:, None]  # [t, capacity]
+        x = F.embedding(ids, self.embed)
+        hidden = [x] if 0 in self.hidden_layers else []
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[:, :q_size].view(t, self.num_heads, self.head_dim).transpose(0, 1)
+            k = qkv[:, q_size:q_size + kv_size].view(t, self.num_kv_heads, self.head_dim).transpose(0, 1)
+            v = qkv[:, q_size + kv_size:].view(t, self.num_kv_heads, self.head_dim).transpose(0, 1)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            layer.k_cache.index_copy_(2, positions, k[None])
+            layer.v_cache.index_copy_(2, positions, v[None])
+            attn = F.scaled_dot_product_attention(q[None], layer.k_cache, layer.v_cache, attn_mask=visible,
+                                                  enable_gqa=self.num_kv_heads != self.num_heads)
+            x = x + F.linear(attn[0].transpose(0, 1).reshape(t, q_size), layer.o)
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+            if i + 1 in self.hidden_layers and i + 1 != self.num_layers:
+                hidden.append(x)
+        x = _rms_norm(x, self.final_norm, self.eps)
+        if self.num_layers in self.hidden_layers:
+            hidden.append(x)
+        return F.linear(x, self.lm_head), hidden
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def inductor_cache_dir() -> str:
+    """Where compiled graphs persist between runs (set once per process)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from specforge_lite.targets import cache_root
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+class FastEngine:
+    """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
+
+    compiled: forwards of width 1..max_width run compiled graphs (built by `compile()`,
+    before anything is timed); other widths run the module eagerly.
+    """
+
+    def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), max_width: int = 1,
+                 compiled: bool = False):
+        self.model = model
+        self.module = StaticLlama(model, capacity, sorted(set(hidden_layers))).eval()
+        self.device = self.module.lm_head.device
+        self.max_width = max_width
+        self.compiled = compiled
+        self.compile_s: float | None = None
+        self._graph = None
+        self.length = 0
+        self.owner = None  # the runner whose state the cache holds
+
+    @property
+    def capacity(self) -> int:
+        return self.module.capacity
+
+    @property
+    def name(self) -> str:
+        return "compiled" if self.compiled else "static"
+
+    def compile(self) -> float:
+        """Build the graphs of widths 1..max_width now; returns the seconds it took."""
+        if not self.compiled or self._graph is not None:
+            return self.compile_s or 0.0
+        import torch._inductor.config as inductor_config
+
+        inductor_cache_dir()
+        on_gpu = self.device.type == "cuda"
+        graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",
+                              dynamic=False)
+        start = time.perf_counter()
+        with torch.no_grad(), inductor_config.patch(freezing=True):
+            for width in range(1, self.max_width + 1):
+                ids = torch.zeros(width, dtype=torch.long, device=self.device)
+                graph(ids, torch.arange(width, device=self.device))
+        self._graph = graph
+        self.compile_s = time.perf_counter() - start
+        self.length = 0
+        log.info("compiled the target's forward for widths 1..%d in %.0f s", self.max_width, self.compile_s)
+        return self.compile_s
+
+    def runner(self, layers: Iterable[int] = ()) -> "FastRunner":
+        return FastRunner(self, tuple(layers))
+
+    @torch.no_grad()
+    def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        width = len(token_ids)
+        start = self.length
+        if start + width > self.capacity:
+            raise RuntimeError(f"the static KV cache holds {self.capacity} positions; this forward needs "
+                               f"{start + width} (raise the engine's capacity)")
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + width, device=self.device)
+        use_graph = self._graph is not None and width <= self.max_width
+        logits, hidden = (self._graph if use_graph else self.module)(ids, positions)
+        self.length = start + width
+        return logits, hidden
+
+
+class FastRunner:
+    """`engine.TargetRunner`'s interface over a `FastEngine`: extends the shared cache."""
+
+    def __init__(self, engine: FastEngine, layers: tuple[int, ...]):
+        missing = [layer for layer in layers if layer not in engine.module.hidden_layers]
+        if missing:
+            raise ValueError(f"the engine was built without hidden layers {missing}")
+        self.engine = engine
+        self.model = engine.model
+        self.device = engine.device
+        self.layers = layers
+        self._index = [engine.module.hidden_layers.index(layer) for layer in layers]
+        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+    def reset(self) -> None:
+        self.engine.length = 0
+        self.engine.owner = self
+
+    @property
+    def length(self) -> int:
+        return self.engine.length
+
+    def forward(self, token_ids: list[int], last_only: bool = False
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        if self.engine.owner is not self:
+            raise RuntimeError("another runner used the shared cache since this one's reset()")
+        logits, hidden = self.engine.forward(token_ids)
+        if last_only:
+            logits = logits[-1:]
+        return logits, {layer: hidden[i][None] for layer, i in zip(self.layers, self._index)}
+
+    def crop(self, keep: int) -> None:
+        self.engine.length = min(self.engine.length, keep)
+
+
+# --------------------------------------------------------------------------- choosing
+
+def _median_forward_s(runner, context: list[int], width: int, repeats: int) -> float:
+    import statistics
+
+    runner.reset()
+    runner.forward(context, last_only=True)
+    ids = context[:width]
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        runner.forward(ids)
+        runner._sync()
+        times.append(time.perf_counter() - start)
+        runner.crop(len(context))
+    return statistics.median(times[1:])
+
+
+class TargetForward:
+    """The target forward a run decodes with: `runner(layers)` gives each decoder its
+    runner; `info` is what choosing it measured (the report's `settings.engine`)."""
+
+    def __init__(self, model, engine: FastEngine | None, info: dict):
+        self.model, self.engine, self.info = model, engine, info
+
+    def runner(self, layers: Iterable[int] = ()):
+        from specforge_lite.decoding.engine import TargetRunner
+
+        return self.engine.runner(layers) if self.engine is not None else TargetRunner(self.model, layers)
+
+
+def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterable[int], max_width: int,
+                        repeats: int = 5) -> TargetForward:
+    """The target forward a run decodes with, and what choosing it measured.
+
+    choice: hf (transformers' forward), static (`StaticLlama`, eager), compiled (its
+    graphs for widths 1..max_width) or auto: every candidate this model and machine
+    can run, timed on widths 1 and max_width after a 64-token context, the one with the
+    least total kept.
+    """
+    from specforge_lite.decoding.engine import TargetRunner
+
+    info = {"requested": choice, "capacity": capacity, "compile_s": None, "measured_ms": {}, "fallback": None}
+    reason = unsupported_reason(model.config)
+    if reason:
+        if choice in ("static", "compiled"):
+            raise ValueError(f"eval.engine={choice}: the static forward does not support {reason}; "
+                             "use eval.engine=hf or auto")
+        info.update(used="hf", fallback=f"the static forward does not support {reason}")
+        return TargetForward(model, None, info)
+    if choice == "hf":
+        info["used"] = "hf"
+        return TargetForward(model, None, info)
+    engines = {}
+    if choice in ("static", "auto"):
+        engines["static"] = FastEngine(model, capacity, hidden_layers, max_width)
+    if choice in ("compiled", "auto"):
+        engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True)
+        try:
+            info["compile_s"] = engine.compile()
+            engines["compiled"] = engine
+        except Exception as error:  # no C++ compiler, an inductor limitation: say so, keep the others
+            if choice == "compiled":
+                raise RuntimeError(f"eval.engine=compiled: compiling the target failed: {error}") from error
+            info["fallback"] = f"compiling failed ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+            log.warning("eval.engine=auto: %s; choosing among the others", info["fallback"])
+    if choice != "auto":
+        info["used"] = choice
+        return TargetForward(model, engines[choice], info)
+    vocab = model.config.vocab_size
+    context = torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    candidates = {"hf": TargetRunner(model), **{name: e.runner() for name, e in engines.items()}}
+    for name, runner in candidates.items():
+        info["measured_ms"][name] = {w: 1e3 * _median_forward_s(runner, context, w, repeats)
+                                     for w in sorted({1, max_width})}
+    used = min(info["measured_ms"], key=lambda n: sum(info["measured_ms"][n].values()))
+    info["used"] = used
+    log.info("eval.engine=auto: %s (ms per forward of width %s: %s)", used, sorted({1, max_width}),
+             "; ".join(f"{n} " + "/".join(f"{v:.1f}" for v in ms.values()) for n, ms in info["measured_ms"].items()))
+    return TargetForward(model, engines.get(used), info)

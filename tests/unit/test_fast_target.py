@@ -1,0 +1,120 @@
+"""The static-cache target forward (eager and compiled) against transformers' forward on
+the tiny random Llama: logits and hidden states, cropping, the shared cache, greedy
+speculative decoding identical to plain decoding on the same engine, and how
+`eval.engine` chooses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specforge_lite.decoding.drafters import NgramDrafter
+from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
+from specforge_lite.decoding.fast_target import FastEngine, build_target_engine, unsupported_reason
+from tests.unit.test_engine import StubDrafter, prompts
+
+LAYERS = (0, 2, 6)  # embeddings, a middle layer, the last (after the final norm)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return tiny_target[0]
+
+
+def _compare(reference: TargetRunner, runner, steps: list[list[int]], crop_after: dict[int, int]):
+    reference.reset()
+    runner.reset()
+    for i, ids in enumerate(steps):
+        want_logits, want_hidden = reference.forward(ids)
+        got_logits, got_hidden = runner.forward(ids)
+        assert got_logits.shape == want_logits.shape
+        torch.testing.assert_close(got_logits, want_logits, atol=2e-5, rtol=1e-4)
+        assert set(got_hidden) == set(want_hidden)
+        for layer in want_hidden:
+            torch.testing.assert_close(got_hidden[layer], want_hidden[layer], atol=2e-5, rtol=1e-4)
+        if i in crop_after:
+            reference.crop(crop_after[i])
+            runner.crop(crop_after[i])
+        assert runner.length == reference.length
+
+
+STEPS = [list(range(10, 47)), [5], [6, 7, 8], [9, 10, 11, 12], [13]]
+CROPS = {2: 39, 3: 40}  # drop two of three drafts, then all four
+
+
+def test_static_forward_equals_transformers(target):
+    engine = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=4)
+    _compare(TargetRunner(target, LAYERS), engine.runner(LAYERS), STEPS, CROPS)
+
+
+def test_compiled_forward_equals_transformers(target):
+    engine = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=4, compiled=True)
+    assert engine.compile() > 0
+    _compare(TargetRunner(target, LAYERS), engine.runner(LAYERS), STEPS, CROPS)
+    # greedy speculative decoding on the compiled engine equals plain decoding on it
+    runner = engine.runner(LAYERS)
+    plain_runner = engine.runner()
+    for ids in prompts(3, seed=4):
+        plain = generate_plain(target, ids, 24, runner=plain_runner)
+        for drafter in (StubDrafter(plain.tokens, right=2, vocab=256, hidden_state_layers=LAYERS),
+                        NgramDrafter()):
+            spec = generate_speculative(target, drafter, ids, 24, 3, runner=runner)
+            assert spec.tokens == plain.tokens
+            if isinstance(drafter, StubDrafter):  # two of three drafts right: widths 1..4 all used
+                assert spec.tau > 1.5
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_speculative_equals_plain_on_static_engine(target, k):
+    engine = FastEngine(target, capacity=128, hidden_layers=LAYERS, max_width=k + 1)
+    hf_runner = TargetRunner(target)
+    for ids in prompts(4, seed=k):
+        want = generate_plain(target, ids, 40, runner=hf_runner).tokens
+        plain = generate_plain(target, ids, 40, runner=engine.runner())
+        assert plain.tokens == want  # tiny fp32 model: no argmax near a tie
+        for right in (0, 1, k):
+            drafter = StubDrafter(want, right=right, vocab=256, hidden_state_layers=LAYERS)
+            spec = generate_speculative(target, drafter, ids, 40, k, runner=engine.runner(LAYERS))
+            assert spec.tokens == want
+            if right == k:
+                assert spec.tau > 1.5
+
+
+def test_shared_cache_and_capacity_errors(target):
+    engine = FastEngine(target, capacity=16, hidden_layers=(2,))
+    first, second = engine.runner((2,)), engine.runner()
+    first.reset()
+    first.forward([1, 2, 3])
+    second.reset()
+    with pytest.raises(RuntimeError, match="another runner"):
+        first.forward([4])
+    with pytest.raises(RuntimeError, match="holds 16 positions"):
+        second.forward(list(range(17)))
+    with pytest.raises(ValueError, match=r"without hidden layers \[3\]"):
+        engine.runner((3,))
+
+
+def test_engine_choice(target):
+    static = build_target_engine(target, "static", 64, LAYERS, 3)
+    assert static.info["used"] == "static" and static.engine is not None
+    hf = build_target_engine(target, "hf", 64, LAYERS, 3)
+    assert hf.engine is None and isinstance(hf.runner(LAYERS), TargetRunner)
+    auto = build_target_engine(target, "auto", 128, LAYERS, 2, repeats=1)
+    assert auto.info["used"] in ("hf", "static", "compiled")
+    assert set(auto.info["measured_ms"]) >= {"hf", "static"}
+    assert all(set(ms) == {1, 2} and min(ms.values()) > 0 for ms in auto.info["measured_ms"].values())
+    chosen = auto.info["measured_ms"]
+    assert sum(chosen[auto.info["used"]].values()) == min(sum(ms.values()) for ms in chosen.values())
+
+
+def test_unsupported_models_fall_back_to_transformers(target):
+    config = type(target.config).from_dict({**target.config.to_dict(), "hidden_act": "gelu"})
+    assert "hidden_act" in unsupported_reason(config)
+    original = target.config
+    try:
+        target.config = config
+        assert build_target_engine(target, "auto", 64, (), 2).info["used"] == "hf"
+        with pytest.raises(ValueError, match="eval.engine=static.*hidden_act"):
+            build_target_engine(target, "static", 64, (), 2)
+    finally:
+        target.config = original
