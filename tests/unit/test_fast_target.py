@@ -118,3 +118,20 @@ def test_unsupported_models_fall_back_to_transformers(target):
             build_target_engine(target, "static", 64, (), 2)
     finally:
         target.config = original
+
+
+def test_cache_capacity_covers_every_turn(tiny_target):
+    from omegaconf import OmegaConf
+
+    from specforge_lite.data.chat import prompt_ids
+    from specforge_lite.stages.evaluate import _messages, cache_capacity
+
+    model, tokenizer = tiny_target
+    prompts = [{"id": "a", "category": "x", "system": None, "turns": ["hello there", "and again " * 20]},
+               {"id": "b", "category": "x", "system": None, "turns": ["short"]}]
+    ecfg = OmegaConf.create({"max_new_tokens": 50, "num_draft_tokens": 4})
+    capacity = cache_capacity(tokenizer, prompts, ecfg, model.config)
+    two_turns = prompt_ids(tokenizer, _messages(prompts[0], ["x" * 50], 1))  # a 50-byte first answer
+    assert capacity % 64 == 0
+    assert capacity >= len(two_turns) + 50 + 4 + 1
+    assert capacity <= model.config.max_position_embeddings

@@ -1,0 +1,165 @@
+"""The target's forward in our engine: Hugging Face's, the static-cache one eager, and the
+same compiled; what a verification of k + 1 tokens costs next to one token; plain
+decoding against HF `generate` and vLLM at the same thread count.
+
+    python -m benchmarks.bench_engine [--widths 9] [--context 128] [--rounds 5]
+                                      [--plain-prompts 8] [--plain-tokens 96] [--no-vllm]
+
+1. Forward costs (this process, SmolLM2 fp32, `torch` default threads): after a
+   `--context`-token prefill, the median time of one forward over t = 1..--widths new
+   tokens for each engine, rounds interleaved across engines and widths. The
+   weight-streaming floor is the time to read every weight once (a sum over each
+   parameter, median of rounds): no batch-1 forward can beat it on this memory system.
+2. Plain decoding (one `evaluate`, one thread for everything, MT-Bench first turns,
+   greedy): our plain decoding on the compiled engine, HF `generate` and vLLM's plain
+   decoding (its worker bound to one core) on the same prompts, with the report's
+   intervals. Skipped with --no-vllm (then without vLLM's row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import ROOT, machine, update_doc_section, write_results
+
+
+def forward_costs(args) -> dict:
+    import torch
+    from omegaconf import OmegaConf
+
+    from specforge_lite.decoding.engine import TargetRunner
+    from specforge_lite.decoding.fast_target import FastEngine
+    from specforge_lite.targets import load_target
+
+    cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
+                            "chat_template": None, "trust_remote_code": False})
+    model, _ = load_target(cfg)
+    capacity = args.context + args.widths + 64
+    compiled = FastEngine(model, capacity, max_width=args.widths, compiled=True)
+    compile_s = compiled.compile()
+    runners = {"hf": TargetRunner(model), "static": FastEngine(model, capacity).runner(), "compiled": compiled.runner()}
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
+    widths = range(1, args.widths + 1)
+    ids = {t: torch.randint(0, vocab, (t,), generator=gen).tolist() for t in widths}
+    times = {name: {t: [] for t in widths} for name in runners}
+    for _ in range(args.rounds):
+        for name, runner in runners.items():
+            runner.reset()
+            runner.forward(context, last_only=True)
+            for t in widths:
+                for repeat in range(2):  # the first of each pair warms the caches of this width
+                    start = time.perf_counter()
+                    runner.forward(ids[t])
+                    elapsed = time.perf_counter() - start
+                    runner.crop(args.context)
+                    if repeat:
+                        times[name][t].append(elapsed)
+    params = list(model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    streams = []
+    with torch.no_grad():
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            for p in params:
+                p.sum()
+            streams.append(time.perf_counter() - start)
+    floor_s = statistics.median(streams)
+    ms = {name: {t: 1e3 * statistics.median(v) for t, v in by_t.items()} for name, by_t in times.items()}
+    return {"context": args.context, "rounds": args.rounds, "compile_s": compile_s, "ms": ms,
+            "ratio_to_one_token": {name: {t: v[t] / v[1] for t in widths} for name, v in ms.items()},
+            "weight_bytes": weight_bytes, "weight_stream_ms": 1e3 * floor_s,
+            "bandwidth_gb_s": weight_bytes / floor_s / 1e9}
+
+
+def plain_decoding(args) -> tuple[dict, str]:
+    run_dir = Path(args.run_dir)
+    methods = "[plain,hf_generate" + ("" if args.no_vllm else ",vllm_plain") + "]"
+    overrides = ["+recipe=eagle_smollm2", f"run_dir={run_dir}", f"eval.max_prompts={args.plain_prompts}",
+                 f"eval.max_new_tokens={args.plain_tokens}", f"eval.methods={methods}", "eval.engine=compiled",
+                 "eval.best_k_method=null", "eval.plots=false", "eval.vllm.cpu_threads=1"]
+    command = ["python", "-m", "specforge_lite", "evaluate", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, *command[1:]], cwd=ROOT, env=env, check=True)
+    report = json.loads((run_dir / "evaluate" / "report.json").read_text())
+    return report, "OMP_NUM_THREADS=1 " + shlex.join(command)
+
+
+def _ci(entry: dict, key: str) -> str:
+    ci = entry.get(f"{key}_ci")
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
+def markdown(costs: dict, plain: tuple[dict, str] | None, command: str) -> str:
+    ms = costs["ms"]
+    widths = sorted(ms["hf"], key=int)
+    lines = ["## Target forward: static cache and compiled graphs (SmolLM2, CPU, fp32)", "",
+             f"Command: `{command}` ({machine()}). Compiling widths 1..{widths[-1]}: "
+             f"{costs['compile_s']:.0f} s (inductor, frozen weights, autotuned products; not cached between "
+             f"runs: inductor does not cache graphs with frozen weights).", "",
+             f"Median ms of one forward over t new tokens after a {costs['context']}-token context "
+             f"({costs['rounds']} interleaved rounds), and the ratio to t = 1 (a verification of k drafts "
+             "has t = k + 1):", "",
+             "| engine | " + " | ".join(f"t={t}" for t in widths) + " |",
+             "|---|" + "---:|" * len(widths)]
+    for name, by_t in ms.items():
+        lines.append(f"| {name} ms | " + " | ".join(f"{by_t[t]:.1f}" for t in widths) + " |")
+    for name, by_t in costs["ratio_to_one_token"].items():
+        lines.append(f"| {name} ratio | " + " | ".join(f"{by_t[t]:.2f}" for t in widths) + " |")
+    lines += ["", f"Weight-streaming floor: reading the {costs['weight_bytes'] / 1e6:.0f} MB of weights once takes "
+              f"{costs['weight_stream_ms']:.1f} ms ({costs['bandwidth_gb_s']:.1f} GB/s).",
+              f"Compiled one-token forward vs HF's: {ms['hf'][widths[0]] / ms['compiled'][widths[0]]:.2f}x faster; "
+              "verification cost ratio goal (<= 1.15 for k <= 4, t <= 5): "
+              + ", ".join(f"t={t}: {costs['ratio_to_one_token']['compiled'][t]:.2f}" for t in widths[1:5]) + "."]
+    if plain:
+        report, eval_command = plain
+        lines += ["", f"Plain decoding, one thread each (`{eval_command}`): "
+                  f"{report['settings']['max_prompts']} MT-Bench first turns, {report['settings']['max_new_tokens']} "
+                  "new tokens, greedy; tokens/s with the report's 95% bootstrap interval of the speedup over "
+                  "our plain decoding:", "", "| method | tokens/s | vs our plain [95% CI] | identical to plain |",
+                  "|---|---:|---:|:---:|"]
+        for name, entry in report["methods"].items():
+            lines.append(f"| {name} | {entry['tokens_per_s']:.1f} | {entry['speedup']:.2f}x{_ci(entry, 'speedup')} | "
+                         f"{entry['identical_to_plain']} |")
+        for name, entry in report.get("vllm", {}).get("methods", {}).items():
+            lines.append(f"| {name} (vLLM) | {entry['tokens_per_s']:.1f} | "
+                         f"{entry['tokens_per_s'] / report['methods']['plain']['tokens_per_s']:.2f}x | "
+                         f"{entry.get('identical_to_plain')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--widths", type=int, default=9)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--plain-prompts", type=int, default=8)
+    parser.add_argument("--plain-tokens", type=int, default=96)
+    parser.add_argument("--run-dir", default="runs/bench_engine")
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--skip-plain", action="store_true")
+    args = parser.parse_args()
+    command = "python -m benchmarks.bench_engine " + shlex.join(sys.argv[1:])
+    costs = forward_costs(args)
+    print(json.dumps(costs["ms"], indent=1))
+    plain = None if args.skip_plain else plain_decoding(args)
+    payload = {"command": command, "forward_costs": costs}
+    if plain:
+        report, eval_command = plain
+        payload["plain_decoding"] = {"command": eval_command, "methods": report["methods"],
+                                     "vllm": report.get("vllm", {}).get("methods"), "engine": report["settings"]["engine"]}
+    write_results("engine", payload)
+    update_doc_section("engine", markdown(costs, plain, command))
+
+
+if __name__ == "__main__":
+    main()
