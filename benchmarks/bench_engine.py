@@ -10,6 +10,8 @@ decoding against HF `generate` and vLLM at the same thread count.
    tokens for each engine, rounds interleaved across engines and widths. The
    weight-streaming floor is the time to read every weight once (a sum over each
    parameter, median of rounds): no batch-1 forward can beat it on this memory system.
+   Argmax flips: MT-Bench first turns decoded plainly on the compiled engine, then fed
+   again in chunks of width 2..--flip-width; positions whose greedy token differs.
 2. Plain decoding (one `evaluate`, one thread for everything, MT-Bench first turns,
    greedy): our plain decoding on the compiled engine, HF `generate` and vLLM's plain
    decoding (its worker bound to one core) on the same prompts, with the report's
@@ -41,7 +43,7 @@ def forward_costs(args) -> dict:
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
                             "chat_template": None, "trust_remote_code": False})
-    model, _ = load_target(cfg)
+    model, tokenizer = load_target(cfg)
     capacity = args.context + args.widths + 64
     compiled = FastEngine(model, capacity, max_width=args.widths, compiled=True)
     compile_s = compiled.compile()
@@ -75,10 +77,51 @@ def forward_costs(args) -> dict:
             streams.append(time.perf_counter() - start)
     floor_s = statistics.median(streams)
     ms = {name: {t: 1e3 * statistics.median(v) for t, v in by_t.items()} for name, by_t in times.items()}
-    return {"context": args.context, "rounds": args.rounds, "compile_s": compile_s, "ms": ms,
+    flips = argmax_flips(args, model, tokenizer, compiled)
+    return {"argmax_flips": flips, "context": args.context, "rounds": args.rounds, "compile_s": compile_s, "ms": ms,
             "ratio_to_one_token": {name: {t: v[t] / v[1] for t in widths} for name, v in ms.items()},
             "weight_bytes": weight_bytes, "weight_stream_ms": 1e3 * floor_s,
             "bandwidth_gb_s": weight_bytes / floor_s / 1e9}
+
+
+def argmax_flips(args, model, tokenizer, engine) -> dict:
+    """How often the compiled engine's verification (widths 2..k+1) picks another greedy
+    token than its plain path (width 1) at the same position: plain-decode MT-Bench first
+    turns with width-1 forwards, then feed the same tokens again in chunks of width w and
+    compare each position's argmax."""
+    import torch
+
+    from specforge_lite.data.chat import prompt_ids
+    from specforge_lite.data.readers import read_eval_prompts
+    from specforge_lite.decoding.engine import generate_plain
+    from specforge_lite.stages.evaluate import select_prompts
+
+    prompts = select_prompts(read_eval_prompts("builtin:mt_bench"), args.flip_prompts)
+    runner = engine.runner()
+    flips = {w: 0 for w in range(2, args.flip_width + 1)}
+    margins = []
+    positions = 0
+    for prompt in prompts:
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt["turns"][0]}])
+        plain = generate_plain(model, ids, args.plain_tokens, runner=runner).tokens
+        positions += len(plain) - 1
+        for width in flips:
+            runner.reset()
+            logits, _ = runner.forward(ids, last_only=True)
+            fed = 0
+            with torch.inference_mode():
+                while fed < len(plain) - 1:
+                    chunk = plain[fed:fed + width]
+                    logits, _ = runner.forward(chunk)
+                    for i in range(len(chunk)):
+                        if fed + i + 1 < len(plain):
+                            flips[width] += int(logits[i].argmax()) != plain[fed + i + 1]
+                            if width == 2:
+                                top = logits[i].topk(2).values
+                                margins.append(float(top[0] - top[1]))
+                    fed += len(chunk)
+    return {"prompts": len(prompts), "positions": positions, "flips_by_width": flips,
+            "smallest_top2_margin": min(margins) if margins else None}
 
 
 def plain_decoding(args) -> tuple[dict, str]:
@@ -120,6 +163,12 @@ def markdown(costs: dict, plain: tuple[dict, str] | None, command: str) -> str:
               f"Compiled one-token forward vs HF's: {ms['hf'][widths[0]] / ms['compiled'][widths[0]]:.2f}x faster; "
               "verification cost ratio goal (<= 1.15 for k <= 4, t <= 5): "
               + ", ".join(f"t={t}: {costs['ratio_to_one_token']['compiled'][t]:.2f}" for t in widths[1:5]) + "."]
+    flips = costs["argmax_flips"]
+    lines += ["", f"Greedy agreement of the compiled verification with the compiled plain path: "
+              f"{flips['prompts']} MT-Bench first turns decoded plainly ({flips['positions']} positions), then "
+              "fed again in chunks of width w: positions whose argmax differs: "
+              + ", ".join(f"w={w}: {n}" for w, n in flips["flips_by_width"].items())
+              + f" (smallest top-2 logit margin met: {flips['smallest_top2_margin']:.2e})."]
     if plain:
         report, eval_command = plain
         lines += ["", f"Plain decoding, one thread each (`{eval_command}`): "
@@ -144,6 +193,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--plain-prompts", type=int, default=8)
     parser.add_argument("--plain-tokens", type=int, default=96)
+    parser.add_argument("--flip-prompts", type=int, default=16)
+    parser.add_argument("--flip-width", type=int, default=5)
     parser.add_argument("--run-dir", default="runs/bench_engine")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--skip-plain", action="store_true")

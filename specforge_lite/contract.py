@@ -71,7 +71,11 @@ class Drafter(Protocol):
     - `accept(num_accepted)`: how many of the last proposal the target kept (roll back
       own state);
     - `sequential`: True if drafting costs one drafter forward per token (the best-k
-      estimate then scales the measured draft time with k).
+      estimate then scales the measured draft time with k);
+    - optional `compile(k, capacity) -> seconds`: build compiled graphs for drafting k
+      tokens with room for `capacity` positions, before anything is timed. The evaluate
+      stage calls it when the target runs compiled (`eval.engine`), so drafter and target
+      go through the same mechanism; a drafter without it drafts eagerly.
     """
 
     name: str

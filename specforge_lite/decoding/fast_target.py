@@ -202,7 +202,9 @@ class FastEngine:
         graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",
                               dynamic=False)
         start = time.perf_counter()
-        with torch.no_grad(), inductor_config.patch(freezing=True):
+        # in inference mode, as the decoders call it: dynamo keys graphs on it (a graph built
+        # outside would be rebuilt, unfrozen, inside the first timed forward)
+        with torch.inference_mode(), inductor_config.patch(freezing=True):
             for width in range(1, self.max_width + 1):
                 ids = torch.zeros(width, dtype=torch.long, device=self.device)
                 graph(ids, torch.arange(width, device=self.device))
@@ -215,7 +217,7 @@ class FastEngine:
     def runner(self, layers: Iterable[int] = ()) -> "FastRunner":
         return FastRunner(self, tuple(layers))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         width = len(token_ids)
         start = self.length

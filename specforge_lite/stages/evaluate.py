@@ -169,6 +169,13 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
     target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,
                                  layers, k + 1)
+    if target.info["used"] == "compiled":  # the drafters' forwards through the same mechanism
+        target.info["drafters_compile_s"] = {}
+        for name, drafter in drafters.items():
+            if hasattr(drafter, "compile"):
+                seconds = drafter.compile(k, target.engine.capacity)
+                target.info["drafters_compile_s"][name] = seconds
+                log.info("%s: compiled its drafting for k=%d in %.0f s", name, k, seconds)
     plain_runner = target.runner()
     decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}

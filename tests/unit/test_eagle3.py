@@ -183,3 +183,30 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
             write_sglang_dir(drafter, tmp_path / "sglang")
     else:
         write_sglang_dir(drafter, tmp_path / "sglang")
+
+
+def test_compiled_drafting_equals_eager_drafting(tiny_target):
+    """`compile(k)` (frozen graphs for the greedy chain and 1..k+1 new anchors) proposes what
+    the eager drafter proposes, call for call; outgrowing the compiled cache falls back to
+    eager drafting with the same proposals."""
+    from specforge_lite.contract import DraftContext
+    from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
+
+    drafter = tiny_drafter(tiny_target, 64, *VARIANTS[3])
+    for param in drafter.parameters():  # a random readout gives near-ties; sharpen it
+        param.data.mul_(3)
+    eager, compiled = Eagle3DecodeDrafter(drafter, capacity=64), Eagle3DecodeDrafter(drafter, capacity=64)
+    k = 3
+    assert compiled.compile(k) > 0
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (100,), generator=gen).tolist()
+    aux = torch.randn(1, 100, 3 * 64, generator=gen)
+    layers = (1, 3, 4)
+    calls, lo = [], 0
+    for hi in [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]:  # prompt, then 1..4 new positions per step
+        hidden = {layer: aux[:, lo:hi, 64 * i: 64 * (i + 1)] for i, layer in enumerate(layers)}
+        ctx = DraftContext(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
+        calls.append((eager.propose(ctx, k).tokens, compiled.propose(ctx, k).tokens))
+        lo = hi
+    assert all(a == b and len(a) == k for a, b in calls)
+    assert compiled.compiled_k is None  # 74 positions outgrew the 64-slot cache

@@ -1,14 +1,18 @@
-"""EAGLE-3 in the decoding engine: batch-1 chain drafting over the drafter's own KV buffer."""
+"""EAGLE-3 in the decoding engine: batch-1 chain drafting over a static KV cache."""
 
 from __future__ import annotations
 
-import math
+
+import logging
 
 import torch
+import torch.nn.functional as F
 
 from specforge_lite.contract import DraftProposal
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.drafters.eagle3.model import Eagle3Drafter
+
+log = logging.getLogger(__name__)
 
 
 class KVBuffer:
@@ -36,6 +40,85 @@ class KVBuffer:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
+class StaticKV:
+    """Preallocated keys/values [1, heads, capacity, D] written at explicit positions (slot =
+    position), so a step's shapes never depend on how much is cached and rejected chain
+    keys need no removal: a slot is read only by positions at or after it, and whatever
+    reaches those positions again writes the slot first."""
+
+    def __init__(self, heads: int, head_dim: int, capacity: int, like: torch.Tensor):
+        self.k = like.new_zeros(1, heads, capacity, head_dim)
+        self.v = like.new_zeros(1, heads, capacity, head_dim)
+        self.slots = torch.arange(capacity, device=like.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def grown(self, capacity: int) -> "StaticKV":
+        bigger = StaticKV(self.k.shape[1], self.k.shape[3], capacity, self.k)
+        bigger.k[:, :, :self.capacity] = self.k
+        bigger.v[:, :, :self.capacity] = self.v
+        return bigger
+
+
+def _layer_rows(d: Eagle3Drafter, kv: StaticKV, embeds: torch.Tensor, hidden: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
+    """The drafter layer over rows at `positions` [m]: embeds [1, m, H] of the tokens read,
+    hidden [1, m, H] (fused target features or the previous step's output); their keys
+    join the cache; each row attends to every slot at or before its position."""
+    layer = d.layers[0]
+    attn = layer.self_attn
+    x, residual = layer.attention_input(embeds, hidden)
+    q, k, v = attn.project(x, positions[None])
+    kv.k.index_copy_(2, positions, k)
+    kv.v.index_copy_(2, positions, v)
+    visible = kv.slots[None, :] <= positions[:, None]
+    out = F.scaled_dot_product_attention(q, kv.k, kv.v, attn_mask=visible)
+    return layer.finish(residual, attn.output(out))
+
+
+def _greedy_chain(d: Eagle3Drafter, kv: StaticKV, hidden: torch.Tensor, anchor: torch.Tensor, k: int):
+    """k greedy drafts (target-vocab ids [k]) chained from the newest anchor's output."""
+    tokens = []
+    for step in range(k):
+        logits, chained = d.readout(hidden)
+        best = logits[0, -1].argmax().view(1)
+        token = d.d2t.index_select(0, best) + best  # an index tensor, not a Python int: no graph break
+        tokens.append(token)
+        if step == k - 1:
+            break
+        hidden = _layer_rows(d, kv, d.embed_tokens(token.view(1, 1)), chained, anchor + step + 1)
+    return torch.cat(tokens)
+
+
+class _GreedyChain(torch.nn.Module):
+    """`_greedy_chain` as a module owning the drafter and the cache, so that compiling it
+    can freeze (and pre-pack) the drafter's weights."""
+
+    def __init__(self, drafter: Eagle3Drafter, kv: StaticKV, k: int):
+        super().__init__()
+        self.drafter, self.k = drafter, k
+        self.kv = kv
+
+    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        return _greedy_chain(self.drafter, self.kv, hidden, anchor, self.k)
+
+
+class _AnchorRows(torch.nn.Module):
+    """The layer over newly committed positions: fused target features and the next tokens'
+    embeddings in, the newest anchor's output [1, 1, H] out."""
+
+    def __init__(self, drafter: Eagle3Drafter, kv: StaticKV):
+        super().__init__()
+        self.drafter, self.kv = drafter, kv
+
+    def forward(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        d = self.drafter
+        fused = d.fuse(aux.to(d.fc.weight.dtype))
+        return _layer_rows(d, self.kv, d.embed_tokens(next_tokens), fused, positions)[:, -1:]
+
+
 class Eagle3DecodeDrafter:
     """EAGLE-3 in the decoding engine (batch 1, chain drafting).
 
@@ -43,79 +126,106 @@ class Eagle3DecodeDrafter:
     (embed(token[p+1]), fc(aux hidden at p)) and its key/value join the drafter's cache.
     Drafting then chains from the newest anchor: step j feeds the previous step's output
     hidden and its own draft token at position anchor + j, attending over the anchors
-    and the chain so far, exactly as in the training-time test. Chain keys are dropped
-    after each proposal, so rejection needs no roll-back: the next call brings the
-    target's features for whatever was accepted.
+    and the chain so far, exactly as in the training-time test. Chain keys sit in the
+    slots of positions not yet committed, so rejection needs no roll-back: the next
+    call writes the target's features for whatever was accepted over them.
+
+    `compile(k)` compiles the greedy k-step chain into one graph (`torch.compile`, no
+    frozen weights: the drafter is small and its graphs cache on disk), the engine's
+    answer to Python and dispatch costs that dominate a small layer's step.
     """
 
     name = "eagle3"
     sequential = True
 
-    def __init__(self, drafter: Eagle3Drafter):
+    def __init__(self, drafter: Eagle3Drafter, capacity: int = 512):
         self.drafter = drafter.eval()
         self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
-        self.scale = 1.0 / math.sqrt(drafter.config.head_dim)
+        cfg = drafter.config
+        self.kv = StaticKV(cfg.num_attention_heads, cfg.head_dim, capacity, drafter.fc.weight)
+        self._chain = _greedy_chain
+        self.compiled_k = None
+        self._anchor_rows = _AnchorRows(drafter, self.kv)
+        self._anchor_graph = None
         self.reset()
 
     def reset(self) -> None:
-        self.cache = KVBuffer()
         self.last_hidden = None  # layer output at the newest anchor
 
-    def _attend(self, x: torch.Tensor, positions: torch.Tensor, causal: bool) -> torch.Tensor:
-        """Run the layer on new rows x [1, m, 2H]; their keys are appended to the cache."""
-        attn = self.drafter.layers[0].self_attn
-        q, k, v = attn.project(x, positions)
-        self.cache.append(k, v)
-        keys, values = self.cache.view()
-        scores = (q @ keys.transpose(-1, -2)) * self.scale  # [1, h, m, S]
-        m, total = q.shape[2], keys.shape[2]
-        if causal and m > 1:
-            allowed = torch.ones(m, total, dtype=torch.bool, device=x.device).tril(total - m)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        return attn.output(torch.softmax(scores, dim=-1) @ values)
+    def compile(self, k: int, capacity: int | None = None) -> float:
+        """Build the graphs of the greedy k-step chain and of 1..k+1 new anchors (with a cache
+        of `capacity` slots) now, outside any timing; returns the seconds it took. Weights
+        are frozen and products autotuned, as for the target (`decoding/fast_target.py`)."""
+        import time
+
+        from specforge_lite.decoding.fast_target import inductor_cache_dir
+
+        import torch._inductor.config as inductor_config
+
+        if capacity and capacity > self.kv.capacity:
+            self.kv = self.kv.grown(capacity)
+            self._anchor_rows = _AnchorRows(self.drafter, self.kv)
+        inductor_cache_dir()
+        mode = "max-autotune" if self.kv.k.device.type == "cuda" else "max-autotune-no-cudagraphs"
+        chain = torch.compile(_GreedyChain(self.drafter, self.kv, k), mode=mode, dynamic=False)
+        anchors = torch.compile(self._anchor_rows, mode=mode, dynamic=False)
+        cfg, device = self.drafter.config, self.kv.k.device
+        start = time.perf_counter()
+        with torch.inference_mode(), inductor_config.patch(freezing=True):  # as propose runs
+            chain(self.drafter.fc.weight.new_zeros(1, 1, cfg.hidden_size), torch.tensor([0], device=device))
+            for n in range(1, k + 2):
+                aux = self.drafter.fc.weight.new_zeros(1, n, self.drafter.fc.weight.shape[1])
+                anchors(aux, torch.zeros(1, n, dtype=torch.long, device=device), torch.arange(n, device=device))
+        self._chain, self.compiled_k = (lambda d, kv, hidden, anchor, k: chain(hidden, anchor)), k
+        self._anchor_graph = anchors
+        return time.perf_counter() - start
 
     @torch.inference_mode()
     def propose(self, ctx, k: int):
         d = self.drafter
-        layer = d.layers[0]
         ids = ctx.token_ids
+        if len(ids) + k > self.kv.capacity:  # graphs hold the old cache: eager from here on
+            if self.compiled_k is not None:
+                log.warning("EAGLE-3 drafter: %d positions outgrow the compiled cache of %d; drafting eagerly",
+                            len(ids) + k, self.kv.capacity)
+            self.kv = self.kv.grown(2 * (len(ids) + k))
+            self._anchor_rows = _AnchorRows(d, self.kv)
+            self._chain, self.compiled_k, self._anchor_graph = _greedy_chain, None, None
         aux = torch.cat([ctx.hidden_states[i] for i in self.hidden_state_layers], dim=-1)  # [1, n, 3H]
         n = aux.shape[1]
         if n:
             first = len(ids) - 1 - n  # anchor positions first .. len(ids) - 2
             device = aux.device
             next_tokens = torch.tensor([ids[first + 1:]], device=device)
-            fused = d.fuse(aux.to(d.fc.weight.dtype))
-            x, residual = layer.attention_input(d.embed_tokens(next_tokens), fused)
-            positions = torch.arange(first, len(ids) - 1, device=device)[None]
-            out = layer.finish(residual, self._attend(x, positions, causal=True))
-            self.last_hidden = out[:, -1:]
+            positions = torch.arange(first, len(ids) - 1, device=device)
+            rows = self._anchor_rows
+            if self._anchor_graph is not None and n <= self.compiled_k + 1:
+                rows = self._anchor_graph
+                aux = aux.clone(memory_format=torch.contiguous_format)  # built for standalone inputs
+            self.last_hidden = rows(aux, next_tokens, positions)
         if k == 0 or self.last_hidden is None:
             return DraftProposal([])
-        context_length = self.cache.length
         hidden = self.last_hidden
-        anchor = len(ids) - 2
+        anchor = torch.tensor([len(ids) - 2], device=hidden.device)
+        if ctx.sampling.greedy:
+            if k == self.compiled_k:  # the graph was built for a standalone [1, 1, H] input
+                return DraftProposal(self._chain(d, self.kv, hidden.clone(memory_format=torch.contiguous_format),
+                                                 anchor, k).tolist())
+            return DraftProposal(_greedy_chain(d, self.kv, hidden, anchor, k).tolist())
         tokens, probs = [], []
         for step in range(k):
             logits, chained = d.readout(hidden)
-            logits = logits[0, -1]  # [V_d]
-            if ctx.sampling.greedy:
-                best = logits.argmax()
-                token = int(d.d2t[best] + best)
-            else:
-                full = logits.new_full((d.config.vocab_size,), float("-inf"))
-                full[d.draft_vocab] = logits
-                q = warp_probs(full, ctx.sampling)
-                token = int(torch.multinomial(q, 1, generator=ctx.generator))
-                probs.append(q)
+            full = logits.new_full((d.config.vocab_size,), float("-inf"))
+            full[d.draft_vocab] = logits[0, -1]
+            q = warp_probs(full, ctx.sampling)
+            token = int(torch.multinomial(q, 1, generator=ctx.generator))
+            probs.append(q)
             tokens.append(token)
             if step == k - 1:
                 break
-            x, residual = layer.attention_input(d.embed_tokens(torch.tensor([[token]], device=hidden.device)), chained)
-            position = torch.tensor([[anchor + step + 1]], device=hidden.device)
-            hidden = layer.finish(residual, self._attend(x, position, causal=False))
-        self.cache.length = context_length  # drop the chain's keys
-        return DraftProposal(tokens, torch.stack(probs) if probs else None)
+            embeds = d.embed_tokens(torch.tensor([[token]], device=hidden.device))
+            hidden = _layer_rows(d, self.kv, embeds, chained, anchor + step + 1)
+        return DraftProposal(tokens, torch.stack(probs))
 
     def accept(self, num_accepted: int) -> None:
-        pass  # the cache holds committed anchors only
+        pass  # the next call overwrites the rejected chain's slots
