@@ -208,5 +208,5 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target):
         ctx = DraftContext(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
         calls.append((eager.propose(ctx, k).tokens, compiled.propose(ctx, k).tokens))
         lo = hi
-    assert all(a == b and len(a) == k for a, b in calls)
+    assert all(a == b and len(a) == k for a, b in calls), calls
     assert compiled.compiled_k is None  # 74 positions outgrew the 64-slot cache

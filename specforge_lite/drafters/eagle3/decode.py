@@ -62,11 +62,11 @@ class StaticKV:
         return bigger
 
 
-def _layer_rows(d: Eagle3Drafter, kv: StaticKV, embeds: torch.Tensor, hidden: torch.Tensor,
+def _layer_rows(d: Eagle3Drafter, kv, embeds: torch.Tensor, hidden: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
-    """The drafter layer over rows at `positions` [m]: embeds [1, m, H] of the tokens read,
-    hidden [1, m, H] (fused target features or the previous step's output); their keys
-    join the cache; each row attends to every slot at or before its position."""
+    """The drafter layer over committed rows at `positions` [m]: embeds [1, m, H] of the
+    tokens read, hidden [1, m, H] the fused target features; their keys join the cache;
+    each row attends to every slot at or before its position."""
     layer = d.layers[0]
     attn = layer.self_attn
     x, residual = layer.attention_input(embeds, hidden)
@@ -78,45 +78,84 @@ def _layer_rows(d: Eagle3Drafter, kv: StaticKV, embeds: torch.Tensor, hidden: to
     return layer.finish(residual, attn.output(out))
 
 
-def _greedy_chain(d: Eagle3Drafter, kv: StaticKV, hidden: torch.Tensor, anchor: torch.Tensor, k: int):
-    """k greedy drafts (target-vocab ids [k]) chained from the newest anchor's output."""
-    tokens = []
+class _Chain:
+    """The drafting chain after the newest anchor: its keys and values stay here, never
+    in the cache (they die with the proposal), and each step attends to the committed
+    anchors (cache slots up to `anchor`) and the chain so far."""
+
+    def __init__(self, d: Eagle3Drafter, kv, anchor: torch.Tensor):
+        self.d, self.kv, self.anchor = d, kv, anchor
+        self.keys, self.values = [kv.k], [kv.v]
+        self.anchors_visible = kv.slots <= anchor  # [capacity]
+
+    def step(self, token: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer on the draft `token` [1, 1] read after `hidden` [1, 1, H]: its output."""
+        d = self.d
+        layer = d.layers[0]
+        attn = layer.self_attn
+        x, residual = layer.attention_input(d.embed_tokens(token), hidden)
+        position = self.anchor + len(self.keys)
+        q, k, v = attn.project(x, position[None])
+        self.keys.append(k)
+        self.values.append(v)
+        visible = torch.cat([self.anchors_visible, self.anchors_visible.new_ones(len(self.keys) - 1)])
+        out = F.scaled_dot_product_attention(q, torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2),
+                                             attn_mask=visible[None, :])
+        return layer.finish(residual, attn.output(out))
+
+
+def _greedy_chain(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, k: int):
+    """k greedy drafts (target-vocab ids [k]) chained from the newest anchor's output
+    `hidden` [1, 1, H] at position `anchor` [1]."""
+    chain = _Chain(d, kv, anchor)
+    tokens, hiddens = [], []
     for step in range(k):
         logits, chained = d.readout(hidden)
         best = logits[0, -1].argmax().view(1)
         token = d.d2t.index_select(0, best) + best  # an index tensor, not a Python int: no graph break
         tokens.append(token)
+        hiddens.append(hidden)
         if step == k - 1:
             break
-        hidden = _layer_rows(d, kv, d.embed_tokens(token.view(1, 1)), chained, anchor + step + 1)
-    return torch.cat(tokens)
+        hidden = chain.step(token.view(1, 1), chained)
+    # The step inputs are returned only to keep them materialised: torch 2.13's inductor,
+    # fusing a chain whose only output is the tokens, drafted a different third token than
+    # eager mode (tests/unit/test_eagle3.py checks the compiled chain against eager).
+    return torch.cat(tokens), torch.cat(hiddens, dim=1)
 
 
-class _GreedyChain(torch.nn.Module):
-    """`_greedy_chain` as a module owning the drafter and the cache, so that compiling it
-    can freeze (and pre-pack) the drafter's weights."""
-
-    def __init__(self, drafter: Eagle3Drafter, kv: StaticKV, k: int):
-        super().__init__()
-        self.drafter, self.k = drafter, k
-        self.kv = kv
-
-    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-        return _greedy_chain(self.drafter, self.kv, hidden, anchor, self.k)
-
-
-class _AnchorRows(torch.nn.Module):
-    """The layer over newly committed positions: fused target features and the next tokens'
-    embeddings in, the newest anchor's output [1, 1, H] out."""
+class _CacheModule(torch.nn.Module):
+    """Owns the drafter and the cache tensors as buffers (shared with the eager path, not
+    copied): compiling it freezes the weights, while the buffers stay state that graphs
+    write in place (a cache held any other way is frozen as a constant or copied)."""
 
     def __init__(self, drafter: Eagle3Drafter, kv: StaticKV):
         super().__init__()
-        self.drafter, self.kv = drafter, kv
+        self.drafter = drafter
+        self.register_buffer("k", kv.k, persistent=False)
+        self.register_buffer("v", kv.v, persistent=False)
+        self.register_buffer("slots", kv.slots, persistent=False)
+
+
+class _GreedyChain(_CacheModule):
+    """`_greedy_chain` for a fixed k."""
+
+    def __init__(self, drafter: Eagle3Drafter, kv: StaticKV, k: int):
+        super().__init__(drafter, kv)
+        self.num_drafts = k
+
+    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _greedy_chain(self.drafter, self, hidden, anchor, self.num_drafts)
+
+
+class _AnchorRows(_CacheModule):
+    """The layer over newly committed positions: fused target features and the next tokens'
+    embeddings in, the newest anchor's output [1, 1, H] out."""
 
     def forward(self, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         d = self.drafter
         fused = d.fuse(aux.to(d.fc.weight.dtype))
-        return _layer_rows(d, self.kv, d.embed_tokens(next_tokens), fused, positions)[:, -1:]
+        return _layer_rows(d, self, d.embed_tokens(next_tokens), fused, positions)[:, -1:]
 
 
 class Eagle3DecodeDrafter:
@@ -126,9 +165,9 @@ class Eagle3DecodeDrafter:
     (embed(token[p+1]), fc(aux hidden at p)) and its key/value join the drafter's cache.
     Drafting then chains from the newest anchor: step j feeds the previous step's output
     hidden and its own draft token at position anchor + j, attending over the anchors
-    and the chain so far, exactly as in the training-time test. Chain keys sit in the
-    slots of positions not yet committed, so rejection needs no roll-back: the next
-    call writes the target's features for whatever was accepted over them.
+    and the chain so far, exactly as in the training-time test. Chain keys never enter
+    the cache, so rejection needs no roll-back: the next call writes the anchors of
+    whatever was accepted.
 
     `compile(k)` compiles the greedy k-step chain into one graph (`torch.compile`, no
     frozen weights: the drafter is small and its graphs cache on disk), the engine's
@@ -209,9 +248,10 @@ class Eagle3DecodeDrafter:
         anchor = torch.tensor([len(ids) - 2], device=hidden.device)
         if ctx.sampling.greedy:
             if k == self.compiled_k:  # the graph was built for a standalone [1, 1, H] input
-                return DraftProposal(self._chain(d, self.kv, hidden.clone(memory_format=torch.contiguous_format),
-                                                 anchor, k).tolist())
-            return DraftProposal(_greedy_chain(d, self.kv, hidden, anchor, k).tolist())
+                hidden = hidden.clone(memory_format=torch.contiguous_format)
+                return DraftProposal(self._chain(d, self.kv, hidden, anchor, k)[0].tolist())
+            return DraftProposal(_greedy_chain(d, self.kv, hidden, anchor, k)[0].tolist())
+        chain = _Chain(d, self.kv, anchor)
         tokens, probs = [], []
         for step in range(k):
             logits, chained = d.readout(hidden)
@@ -223,9 +263,8 @@ class Eagle3DecodeDrafter:
             tokens.append(token)
             if step == k - 1:
                 break
-            embeds = d.embed_tokens(torch.tensor([[token]], device=hidden.device))
-            hidden = _layer_rows(d, self.kv, embeds, chained, anchor + step + 1)
+            hidden = chain.step(torch.tensor([[token]], device=hidden.device), chained)
         return DraftProposal(tokens, torch.stack(probs))
 
     def accept(self, num_accepted: int) -> None:
-        pass  # the next call overwrites the rejected chain's slots
+        pass  # the cache holds committed anchors only
