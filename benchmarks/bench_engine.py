@@ -133,7 +133,7 @@ def plain_decoding(args) -> tuple[dict, str]:
     command = ["python", "-m", "specforge_lite", "evaluate", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, *command[1:]], cwd=ROOT, env=env, check=True)
-    report = json.loads((run_dir / "evaluate" / "report.json").read_text())
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
     return report, "OMP_NUM_THREADS=1 " + shlex.join(command)
 
 

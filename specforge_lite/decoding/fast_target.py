@@ -337,7 +337,8 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
         info["used"] = choice
         return TargetForward(model, engines[choice], info)
     vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    context_len = max(1, min(64, capacity - max_width))
+    context = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
     candidates = {"hf": TargetRunner(model), **{name: e.runner() for name, e in engines.items()}}
     for name, runner in candidates.items():
         info["measured_ms"][name] = {w: 1e3 * _median_forward_s(runner, context, w, repeats)
