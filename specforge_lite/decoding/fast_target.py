@@ -204,7 +204,7 @@ class FastEngine:
         start = time.perf_counter()
         # in inference mode, as the decoders call it: dynamo keys graphs on it (a graph built
         # outside would be rebuilt, unfrozen, inside the first timed forward)
-        with torch.inference_mode(), inductor_config.patch(freezing=True):
+        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0):
             for width in range(1, self.max_width + 1):
                 ids = torch.zeros(width, dtype=torch.long, device=self.device)
                 graph(ids, torch.arange(width, device=self.device))

@@ -48,7 +48,8 @@ def test_static_forward_equals_transformers(target):
 
 
 def test_compiled_forward_equals_transformers(target):
-    engine = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=4, compiled=True)
+    # widths 1..3 compiled (width 4 and the prefill run the same module eagerly)
+    engine = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=3, compiled=True)
     assert engine.compile() > 0
     _compare(TargetRunner(target, LAYERS), engine.runner(LAYERS), STEPS, CROPS)
     # greedy speculative decoding on the compiled engine equals plain decoding on it
@@ -58,9 +59,9 @@ def test_compiled_forward_equals_transformers(target):
         plain = generate_plain(target, ids, 24, runner=plain_runner)
         for drafter in (StubDrafter(plain.tokens, right=2, vocab=256, hidden_state_layers=LAYERS),
                         NgramDrafter()):
-            spec = generate_speculative(target, drafter, ids, 24, 3, runner=runner)
+            spec = generate_speculative(target, drafter, ids, 24, 2, runner=runner)
             assert spec.tokens == plain.tokens
-            if isinstance(drafter, StubDrafter):  # two of three drafts right: widths 1..4 all used
+            if isinstance(drafter, StubDrafter):  # two of two drafts right: compiled widths used
                 assert spec.tau > 1.5
 
 

@@ -210,7 +210,7 @@ class Eagle3DecodeDrafter:
         anchors = torch.compile(self._anchor_rows, mode=mode, dynamic=False)
         cfg, device = self.drafter.config, self.kv.k.device
         start = time.perf_counter()
-        with torch.inference_mode(), inductor_config.patch(freezing=True):  # as propose runs
+        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0):  # as propose runs
             chain(self.drafter.fc.weight.new_zeros(1, 1, cfg.hidden_size), torch.tensor([0], device=device))
             for n in range(1, k + 2):
                 aux = self.drafter.fc.weight.new_zeros(1, n, self.drafter.fc.weight.shape[1])
