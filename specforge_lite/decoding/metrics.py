@@ -108,15 +108,23 @@ def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int
 
 
 def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
-           draft_cost: Callable[[int], float], overhead_s: float = 0.0) -> dict:
+           draft_cost: Callable[[int], float], overhead_s: float = 0.0, prefill_s: float = 0.0,
+           answer_tokens: float | None = None) -> dict:
     """The k in 1..len(alphas) maximising expected tokens/s.
 
-    expected tokens/s(k) = expected_tokens_per_step(alphas, k)
-                           / (draft_cost(k) + forward_costs[k + 1] + overhead_s),
-    against plain decoding at 1 / (forward_costs[1] + overhead_s).
+    step_s(k) = draft_cost(k) + forward_costs[k + 1] + overhead_s, and per step
+    expected_tokens_per_step(alphas, k) tokens; plain decoding costs forward_costs[1] +
+    overhead_s per token. With `answer_tokens` (N, the mean answer length) and `prefill_s`
+    (the mean prefill of an answer) the rates are per answer, as the measured tokens/s
+    are: N / (prefill_s + (N - 1) / tokens_per_step * step_s); else per decoding step.
     A position no step reached (alpha None) counts as never accepted.
     """
-    plain_rate = 1.0 / (forward_costs[1] + overhead_s)
+    def rate(tokens_per_step: float, step_s: float) -> float:
+        if answer_tokens is None:
+            return tokens_per_step / step_s
+        return answer_tokens / (prefill_s + (answer_tokens - 1) / tokens_per_step * step_s)
+
+    plain_rate = rate(1.0, forward_costs[1] + overhead_s)
     rows = []
     for k in range(1, len(alphas) + 1):
         if k + 1 not in forward_costs:
@@ -124,8 +132,8 @@ def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
         step_s = draft_cost(k) + forward_costs[k + 1] + overhead_s
         tokens = expected_tokens_per_step(alphas, k)
         rows.append({"k": k, "expected_tokens_per_step": tokens, "step_ms": 1e3 * step_s,
-                     "expected_tokens_per_s": tokens / step_s,
-                     "expected_speedup": tokens / step_s / plain_rate})
+                     "expected_tokens_per_s": rate(tokens, step_s),
+                     "expected_speedup": rate(tokens, step_s) / plain_rate})
     if not rows:
         return {"best_k": None, "table": [], "plain_tokens_per_s": plain_rate}
     best = max(rows, key=lambda r: r["expected_tokens_per_s"])

@@ -329,6 +329,9 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
         by_method[a["method"]].append(a)
         by_method_cat[a["method"]][a["prompt"]["category"]].append(a["gen"])
     plain = summarise([a["gen"] for a in by_method["plain"]])
+    plain_gens = [a["gen"] for a in by_method["plain"]]  # mean answer, for best k's per-answer rates
+    answer_shape = (statistics.fmean(g.prefill_s for g in plain_gens),
+                    statistics.fmean(len(g.tokens) for g in plain_gens))
     plain_cat = {c: summarise(g) for c, g in by_method_cat["plain"].items()}
     hf_plain = summarise([a["gen"] for a in by_method["hf_generate"]]) if "hf_generate" in by_method else None
     answer_rows = [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
@@ -357,7 +360,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
             entry["per_category"][cat] = {"tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
                                           "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
         if name in drafters:
-            entry["best_k"] = _best_k_for(entry, drafters[name], costs)
+            entry["best_k"] = _best_k_for(entry, drafters[name], costs, answer_shape)
         entries[name] = entry
 
     ours = [m for m in methods if m in drafters]
@@ -390,11 +393,14 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
     }
 
 
-def _best_k_for(entry: dict, drafter, costs: dict[int, float]) -> dict:
-    """Best k from this method's measured acceptance and its measured costs."""
+def _best_k_for(entry: dict, drafter, costs: dict[int, float], answer_shape: tuple[float, float]) -> dict:
+    """Best k from this method's measured acceptance and its measured costs; rates per mean
+    answer (prefill_s, tokens) so that expected speedups compare with the measured ones."""
     draft_ms_step, draft_ms_token = entry["draft_ms_per_step"] or 0.0, entry.get("draft_ms_per_token") or 0.0
     if getattr(drafter, "sequential", False):
         draft_cost = lambda k: 1e-3 * draft_ms_token * k  # noqa: E731  one drafter forward per token
     else:
         draft_cost = lambda k: 1e-3 * draft_ms_step  # noqa: E731  one call whatever k
-    return best_k(entry["per_position_acceptance"], costs, draft_cost, 1e-3 * (entry["overhead_ms_per_step"] or 0))
+    prefill_s, answer_tokens = answer_shape
+    return best_k(entry["per_position_acceptance"], costs, draft_cost, 1e-3 * (entry["overhead_ms_per_step"] or 0),
+                  prefill_s, answer_tokens)

@@ -281,6 +281,21 @@ def test_best_k_trades_acceptance_against_cost():
     assert expected_tokens_per_step([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
+def test_best_k_per_answer_counts_the_prefill():
+    """With a mean answer (N tokens, prefill p) the rates are N / (p + (N - 1) / E_k * step):
+    by hand, N = 11, p = 0.5 s, plain 0.1 s per token -> 11 / 1.5; k = 1 always accepted
+    (E = 2) at 0.15 s per step -> 11 / (0.5 + 5 * 0.15) = 11 / 1.25. The prefill, paid by
+    both, pulls the speedup towards 1 (1.2x, against 1.33x per step)."""
+    costs = {1: 0.1, 2: 0.15}
+    free = lambda k: 0.0  # noqa: E731
+    per_step = best_k([1.0], costs, free)
+    per_answer = best_k([1.0], costs, free, prefill_s=0.5, answer_tokens=11)
+    assert per_step["expected_speedup"] == pytest.approx(2 / 0.15 / 10)
+    assert per_answer["plain_tokens_per_s"] == pytest.approx(11 / 1.5)
+    assert per_answer["expected_tokens_per_s"] == pytest.approx(11 / 1.25)
+    assert per_answer["expected_speedup"] == pytest.approx(1.5 / 1.25)
+
+
 # --------------------------------------------------------------------------- the real target
 
 @pytest.mark.slow
