@@ -164,6 +164,14 @@ def inductor_cache_dir() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def allow_graphs(count: int) -> None:
+    """Let dynamo keep `count` graphs (one per width) of one function: past its default
+    limit of 8 it would silently run the wider widths eagerly."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, count + 8)
+
+
 class FastEngine:
     """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
 
@@ -198,13 +206,15 @@ class FastEngine:
         import torch._inductor.config as inductor_config
 
         inductor_cache_dir()
+        allow_graphs(self.max_width)
         on_gpu = self.device.type == "cuda"
         graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",
                               dynamic=False)
         start = time.perf_counter()
         # in inference mode, as the decoders call it: dynamo keys graphs on it (a graph built
         # outside would be rebuilt, unfrozen, inside the first timed forward)
-        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0):
+        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                            max_autotune_report_choices_stats=False):
             for width in range(1, self.max_width + 1):
                 ids = torch.zeros(width, dtype=torch.long, device=self.device)
                 graph(ids, torch.arange(width, device=self.device))

@@ -197,7 +197,7 @@ class Eagle3DecodeDrafter:
         are frozen and products autotuned, as for the target (`decoding/fast_target.py`)."""
         import time
 
-        from specforge_lite.decoding.fast_target import inductor_cache_dir
+        from specforge_lite.decoding.fast_target import allow_graphs, inductor_cache_dir
 
         import torch._inductor.config as inductor_config
 
@@ -205,12 +205,14 @@ class Eagle3DecodeDrafter:
             self.kv = self.kv.grown(capacity)
             self._anchor_rows = _AnchorRows(self.drafter, self.kv)
         inductor_cache_dir()
+        allow_graphs(k + 1)
         mode = "max-autotune" if self.kv.k.device.type == "cuda" else "max-autotune-no-cudagraphs"
         chain = torch.compile(_GreedyChain(self.drafter, self.kv, k), mode=mode, dynamic=False)
         anchors = torch.compile(self._anchor_rows, mode=mode, dynamic=False)
         cfg, device = self.drafter.config, self.kv.k.device
         start = time.perf_counter()
-        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0):  # as propose runs
+        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                            max_autotune_report_choices_stats=False):
             chain(self.drafter.fc.weight.new_zeros(1, 1, cfg.hidden_size), torch.tensor([0], device=device))
             for n in range(1, k + 2):
                 aux = self.drafter.fc.weight.new_zeros(1, n, self.drafter.fc.weight.shape[1])
