@@ -182,7 +182,8 @@ class FastEngine:
     def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), max_width: int = 1,
                  compiled: bool = False):
         self.model = model
-        self.module = StaticLlama(model, capacity, sorted(set(hidden_layers))).eval()
+        self.num_states = model.config.num_hidden_layers + 1  # embeddings + every layer's output
+        self.module = StaticLlama(model, capacity, sorted({layer % self.num_states for layer in hidden_layers})).eval()
         self.device = self.module.lm_head.device
         self.max_width = max_width
         self.compiled = compiled
@@ -246,14 +247,15 @@ class FastRunner:
     """`engine.TargetRunner`'s interface over a `FastEngine`: extends the shared cache."""
 
     def __init__(self, engine: FastEngine, layers: tuple[int, ...]):
-        missing = [layer for layer in layers if layer not in engine.module.hidden_layers]
+        built = engine.module.hidden_layers
+        missing = [layer for layer in layers if layer % engine.num_states not in built]
         if missing:
             raise ValueError(f"the engine was built without hidden layers {missing}")
         self.engine = engine
         self.model = engine.model
         self.device = engine.device
-        self.layers = layers
-        self._index = [engine.module.hidden_layers.index(layer) for layer in layers]
+        self.layers = layers  # as the drafter asked (negative ones count from the end)
+        self._index = [built.index(layer % engine.num_states) for layer in layers]
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
 
     def reset(self) -> None:

@@ -81,6 +81,19 @@ def test_greedy_speculative_equals_plain_on_static_engine(target, k):
                 assert spec.tau > 1.5
 
 
+def test_negative_layers_count_from_the_end(target):
+    """Drafters may ask for hidden states as -1 (the final-norm output), as transformers' tuple."""
+    engine = FastEngine(target, capacity=64, hidden_layers=(-1, 2))
+    reference, runner = TargetRunner(target, (-1, 2)), engine.runner((-1, 2))
+    reference.reset()
+    runner.reset()
+    _, want = reference.forward(list(range(9)))
+    _, got = runner.forward(list(range(9)))
+    assert set(got) == {-1, 2}
+    for layer in (-1, 2):
+        torch.testing.assert_close(got[layer], want[layer], atol=2e-5, rtol=1e-4)
+
+
 def test_shared_cache_and_capacity_errors(target):
     engine = FastEngine(target, capacity=16, hidden_layers=(2,))
     first, second = engine.runner((2,)), engine.runner()
