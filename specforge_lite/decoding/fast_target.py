@@ -16,9 +16,10 @@ on the same weights (q/k/v and gate/up fused into one product each):
 `FastEngine` owns one `StaticLlama` for a run and, when compiled, one graph per
 decoding width 1..max_width (`torch.compile` with inductor: weights frozen and
 pre-packed, products autotuned between inductor's C++ micro-kernels and the BLAS
-library). Wider forwards (prefill) run the same module eagerly. Graphs are cached on
-disk by inductor (under `cache_root()/inductor` unless TORCHINDUCTOR_CACHE_DIR is
-set), so a second run of the same model and widths compiles in seconds.
+library). Wider forwards (prefill) run the same module eagerly. Inductor does not cache
+graphs with frozen weights between runs; its autotuning choices and C++ kernels are
+cached (TORCHINDUCTOR_CACHE_DIR, by default in the system's temporary folder), which
+shortens a second compile.
 
 Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) with
 the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine
@@ -156,14 +157,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def inductor_cache_dir() -> str:
-    """Where compiled graphs persist between runs (set once per process)."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        from specforge_lite.targets import cache_root
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
-    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
-
-
 def allow_graphs(count: int) -> None:
     """Let dynamo keep `count` graphs (one per width) of one function: past its default
     limit of 8 it would silently run the wider widths eagerly."""
@@ -206,7 +199,6 @@ class FastEngine:
             return self.compile_s or 0.0
         import torch._inductor.config as inductor_config
 
-        inductor_cache_dir()
         allow_graphs(self.max_width)
         on_gpu = self.device.type == "cuda"
         graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",

@@ -197,14 +197,13 @@ class Eagle3DecodeDrafter:
         are frozen and products autotuned, as for the target (`decoding/fast_target.py`)."""
         import time
 
-        from specforge_lite.decoding.fast_target import allow_graphs, inductor_cache_dir
+        from specforge_lite.decoding.fast_target import allow_graphs
 
         import torch._inductor.config as inductor_config
 
         if capacity and capacity > self.kv.capacity:
             self.kv = self.kv.grown(capacity)
             self._anchor_rows = _AnchorRows(self.drafter, self.kv)
-        inductor_cache_dir()
         allow_graphs(k + 1)
         mode = "max-autotune" if self.kv.k.device.type == "cuda" else "max-autotune-no-cudagraphs"
         chain = torch.compile(_GreedyChain(self.drafter, self.kv, k), mode=mode, dynamic=False)
