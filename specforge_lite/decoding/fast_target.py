@@ -189,10 +189,6 @@ class FastEngine:
     def capacity(self) -> int:
         return self.module.capacity
 
-    @property
-    def name(self) -> str:
-        return "compiled" if self.compiled else "static"
-
     def compile(self) -> float:
         """Build the graphs of widths 1..max_width now; returns the seconds it took."""
         if not self.compiled or self._graph is not None:

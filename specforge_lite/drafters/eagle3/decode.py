@@ -182,7 +182,7 @@ class Eagle3DecodeDrafter:
         self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
         cfg = drafter.config
         self.kv = StaticKV(cfg.num_attention_heads, cfg.head_dim, capacity, drafter.fc.weight)
-        self._chain = _greedy_chain
+        self._chain_graph = None  # the compiled greedy chain, for compiled_k drafts
         self.compiled_k = None
         self._anchor_rows = _AnchorRows(drafter, self.kv)
         self._anchor_graph = None
@@ -216,7 +216,7 @@ class Eagle3DecodeDrafter:
             for n in range(1, k + 2):
                 aux = self.drafter.fc.weight.new_zeros(1, n, self.drafter.fc.weight.shape[1])
                 anchors(aux, torch.zeros(1, n, dtype=torch.long, device=device), torch.arange(n, device=device))
-        self._chain, self.compiled_k = (lambda d, kv, hidden, anchor, k: chain(hidden, anchor)), k
+        self._chain_graph, self.compiled_k = chain, k
         self._anchor_graph = anchors
         return time.perf_counter() - start
 
@@ -230,7 +230,7 @@ class Eagle3DecodeDrafter:
                             len(ids) + k, self.kv.capacity)
             self.kv = self.kv.grown(2 * (len(ids) + k))
             self._anchor_rows = _AnchorRows(d, self.kv)
-            self._chain, self.compiled_k, self._anchor_graph = _greedy_chain, None, None
+            self._chain_graph, self.compiled_k, self._anchor_graph = None, None, None
         aux = torch.cat([ctx.hidden_states[i] for i in self.hidden_state_layers], dim=-1)  # [1, n, 3H]
         n = aux.shape[1]
         if n:
@@ -250,7 +250,7 @@ class Eagle3DecodeDrafter:
         if ctx.sampling.greedy:
             if k == self.compiled_k:  # the graph was built for a standalone [1, 1, H] input
                 hidden = hidden.clone(memory_format=torch.contiguous_format)
-                return DraftProposal(self._chain(d, self.kv, hidden, anchor, k)[0].tolist())
+                return DraftProposal(self._chain_graph(hidden, anchor)[0].tolist())
             return DraftProposal(_greedy_chain(d, self.kv, hidden, anchor, k)[0].tolist())
         chain = _Chain(d, self.kv, anchor)
         tokens, probs = [], []
