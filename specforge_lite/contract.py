@@ -126,8 +126,8 @@ class DrafterModule(Protocol):
         training fingerprint, e.g. what is only logged).
       SERVING_NOTE: a caveat the evaluation report repeats when it recommends this
         drafter, or None.
-      VLLM_SERVING: (vLLM speculative method, export subfolder) when vLLM serves its export
-        (evaluate's `vllm_NAME` method), or None.
+      VLLM_SERVING: (vLLM speculative method, export subfolder[, extra speculative_config
+        keys]) when vLLM serves its export (evaluate's `vllm_NAME` method), or None.
     Training (the train stage, in this order)
       build(cfg, target, token_counts) -> nn.Module
       target_layers(drafter) -> list[int]: hidden states read besides the last
@@ -150,7 +150,7 @@ class DrafterModule(Protocol):
     Options: type
     UNTRACKED_OPTIONS: tuple[str, ...]
     SERVING_NOTE: str | None
-    VLLM_SERVING: tuple[str, str] | None
+    VLLM_SERVING: tuple | None
     build: Callable
     target_layers: Callable
     batch_preparer: Callable

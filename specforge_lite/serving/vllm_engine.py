@@ -204,7 +204,7 @@ class VllmSampleBackend:
 
 # --------------------------------------------------------------------------- evaluate methods
 
-def _served_drafters() -> dict[str, tuple[str, str]]:
+def _served_drafters() -> dict[str, tuple]:
     """Trained drafter name -> (vLLM speculative method, its export subfolder), for every
     registered drafter that declares `VLLM_SERVING`."""
     from specforge_lite.registry import DRAFTERS
@@ -248,9 +248,9 @@ def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | N
     served = _served_drafters()
     if OUR_METHOD.get(name) in served:  # a trained drafter, loaded from its export as a user serves it
         drafter = OUR_METHOD[name]
-        method, sub = served[drafter]
+        method, sub, *extra = served[drafter]
         return {"method": method, "model": exported(sub, f"export a {drafter} drafter first"),
-                "num_speculative_tokens": k}
+                "num_speculative_tokens": k, **(extra[0] if extra else {})}
     if name == "vllm_ngram":
         return {"method": "ngram", "num_speculative_tokens": k,
                 "prompt_lookup_max": ecfg.ngram_max, "prompt_lookup_min": ecfg.ngram_min}

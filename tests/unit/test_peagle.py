@@ -229,6 +229,44 @@ def test_greedy_decoding_is_identical_to_plain(tiny_target):
     assert accepted > 0  # depth 0 starts as the target's read-out: some drafts are accepted
 
 
+def test_compiled_drafting_equals_eager_drafting(tiny_target):
+    """`compile(k)` (one frozen graph per count of new anchors, 1..k+1, with its k - 1 mask
+    rows and the read-out) proposes what the eager drafter proposes, call for call, greedy
+    and sampled; outgrowing the compiled cache falls back to eager drafting."""
+    from specforge_lite.drafters.peagle.decode import PEagleDecodeDrafter
+
+    drafter = tiny_drafter(tiny_target, randomise=0.3)
+    for param in drafter.parameters():  # a random readout gives near-ties; sharpen it
+        param.data.mul_(2)
+    eager, compiled = PEagleDecodeDrafter(drafter, capacity=64), PEagleDecodeDrafter(drafter, capacity=64)
+    k = 3
+    assert compiled.compile(k) > 0
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (100,), generator=gen).tolist()
+    aux = torch.randn(1, 100, 3 * 64, generator=gen)
+    calls, lo = [], 0
+    for hi in [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]:  # prompt, then 1..4 new positions per step
+        hidden = {layer: aux[:, lo:hi, 64 * i: 64 * (i + 1)] for i, layer in enumerate(AUX)}
+        greedy = DraftContext(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
+        calls.append((eager.propose(greedy, k).tokens, compiled.propose(greedy, k).tokens))
+        lo = hi
+    assert all(a == b and len(a) == k for a, b in calls), calls
+    assert len({tuple(a) for a, _ in calls}) > 3  # the proposals follow the context
+    assert compiled.compiled_k is None  # 74 positions outgrew the 64-slot cache
+
+    eager, compiled = PEagleDecodeDrafter(drafter, capacity=64), PEagleDecodeDrafter(drafter, capacity=64)
+    compiled.compile(k)
+    lo = 0
+    for hi in [7, 9, 10]:
+        hidden = {layer: aux[:, lo:hi, 64 * i: 64 * (i + 1)] for i, layer in enumerate(AUX)}
+        ctx = dict(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden, sampling=SamplingParams(0.8))
+        a = eager.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+        b = compiled.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+        assert torch.allclose(a.probs, b.probs, atol=1e-5)
+        lo = hi
+    assert compiled.compiled_k == k
+
+
 def test_sampling_keeps_the_target_law():
     """Tokens 2 and 3 (the first speculative step, two parallel drafts) of the real engine with
     a P-EAGLE drafter on a vocab-8 target: chi-square against the target's exact law."""

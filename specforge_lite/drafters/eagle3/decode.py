@@ -15,31 +15,6 @@ from specforge_lite.drafters.eagle3.model import Eagle3Drafter
 log = logging.getLogger(__name__)
 
 
-class KVBuffer:
-    """Growing per-sequence key/value store [1, heads, n, D] for batch-1 drafting."""
-
-    def __init__(self):
-        self.k = self.v = None
-        self.length = 0
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        n = k.shape[2]
-        if self.k is None or self.length + n > self.k.shape[2]:
-            size = max(256, 2 * (self.length + n))
-            new_k = k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3])
-            new_v = v.new_zeros(new_k.shape)
-            if self.k is not None:
-                new_k[:, :, : self.length] = self.k[:, :, : self.length]
-                new_v[:, :, : self.length] = self.v[:, :, : self.length]
-            self.k, self.v = new_k, new_v
-        self.k[:, :, self.length: self.length + n] = k
-        self.v[:, :, self.length: self.length + n] = v
-        self.length += n
-
-    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
-
-
 class StaticKV:
     """Preallocated keys/values [1, heads, capacity, D] written at explicit positions (slot =
     position), so a step's shapes never depend on how much is cached and rejected chain

@@ -2,12 +2,72 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+import torch.nn.functional as F
 
 from specforge_lite.contract import DraftProposal
 from specforge_lite.decoding.verify import warp_probs
-from specforge_lite.drafters.eagle3.decode import KVBuffer
-from specforge_lite.drafters.peagle.model import PEagleDrafter, attend
+from specforge_lite.drafters.eagle3.decode import StaticKV
+from specforge_lite.drafters.peagle.model import PEagleDrafter
+
+log = logging.getLogger(__name__)
+
+
+class _Rows(torch.nn.Module):
+    """Every layer once over the rows [new committed anchors; mask rows], on one static cache
+    per layer (slot = position, held as buffers so a compiled graph writes them in place and
+    freezes only the weights).
+
+    Row keys are written at their positions and each row attends to the slots at or before
+    its own: an anchor sees the anchors before it, mask row d (position a + d after the newest
+    anchor a) sees every anchor and the mask rows before it, exactly the training mask
+    (`model.parallel_attention_mask`). Mask rows' keys land in slots past the newest anchor;
+    the next call writes those slots with its anchors before any row can read them, so
+    rejection needs no roll-back.
+    """
+
+    def __init__(self, drafter: PEagleDrafter, caches: list[StaticKV]):
+        super().__init__()
+        self.drafter = drafter
+        for index, cache in enumerate(caches):
+            self.register_buffer(f"k{index}", cache.k, persistent=False)
+            self.register_buffer(f"v{index}", cache.v, persistent=False)
+        self.register_buffer("slots", caches[0].slots, persistent=False)
+
+    def hidden(self, aux: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """aux [1, n, 3H] target features of the n new anchors, tokens [1, n + m] (each anchor's
+        next token, then m mask ids), positions [n + m] -> final hidden [1, n + m, H]."""
+        d = self.drafter
+        dtype = d.fc.weight.dtype
+        masks = tokens.shape[1] - aux.shape[1]
+        features = aux.to(dtype)
+        if masks:
+            features = torch.cat([features, d.mask_hidden.to(dtype).expand(1, masks, -1)], dim=1)
+        hidden, embeds = d.fuse(features), d.embed_tokens(tokens)
+        cos, sin = d.rotation(positions[None], dtype)
+        visible = self.slots[None, :] <= positions[:, None]
+
+        def attention(index, q, k, v):
+            keys, values = getattr(self, f"k{index}"), getattr(self, f"v{index}")
+            keys.index_copy_(2, positions, k)
+            values.index_copy_(2, positions, v)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=d.scale)
+
+        for index in range(len(d.layers)):
+            hidden = d.layer_forward(index, embeds, hidden, cos, sin, attention)
+        return hidden
+
+    def forward(self, aux: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor):
+        """`hidden` with n >= 1, then the read-out: (newest anchor's hidden [1, 1, H], greedy
+        drafts [1 + m] as target ids, draft-vocab logits [1 + m, V_d]) for depths 0..m."""
+        d = self.drafter
+        hidden = self.hidden(aux, tokens, positions)
+        n = aux.shape[1]
+        logits = d.logits(hidden[0, n - 1:])
+        best = logits.argmax(-1)
+        return hidden[:, n - 1:n], best + d.d2t.index_select(0, best), logits
 
 
 class PEagleDecodeDrafter:
@@ -15,52 +75,96 @@ class PEagleDecodeDrafter:
 
     Each call runs the layers once over the rows [new committed anchors; k - 1 mask rows]:
     anchor p reads (embed(token[p+1]), fc(target features at p)) at position p; mask row d
-    reads (embed(mask_token_id), fc(mask_hidden)) at position a + d after the newest anchor a.
-    With causal attention over each layer's cache of committed anchors plus these rows, every
-    row sees what its training entry sees (`model.parallel_attention_mask`). The newest
-    anchor's output gives draft 0, mask row d gives draft d. The mask rows' keys are dropped
-    afterwards, so rejection needs no roll-back.
+    reads (embed(mask_token_id), fc(mask_hidden)) at position a + d after the newest anchor a
+    (`_Rows`). The newest anchor's output gives draft 0, mask row d gives draft d.
+
+    `compile(k, capacity)` builds one frozen graph per count of new anchors (1..k+1, what a
+    verification can commit) with its k - 1 mask rows and the read-out, as EAGLE-3 and the
+    target do (`decoding/fast_target.py`); other shapes (the prompt's anchors) run eagerly
+    on the same caches.
     """
 
     name = "peagle"
     sequential = False  # one drafter forward per step whatever k
 
-    def __init__(self, drafter: PEagleDrafter):
+    def __init__(self, drafter: PEagleDrafter, capacity: int = 512):
         self.drafter = drafter.eval()
         self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
         self.max_drafts = drafter.config.num_depths  # depths it was trained for
+        self._build(capacity)
         self.reset()
 
+    def _build(self, capacity: int) -> None:
+        cfg, like = self.drafter.config, self.drafter.fc.weight
+        self.caches = [StaticKV(cfg.num_attention_heads, cfg.head_dim, capacity, like) for _ in self.drafter.layers]
+        self.rows = _Rows(self.drafter, self.caches)
+        self.graph, self.compiled_k = None, None
+
+    @property
+    def capacity(self) -> int:
+        return self.caches[0].capacity
+
     def reset(self) -> None:
-        self.caches = [KVBuffer() for _ in self.drafter.layers]
         self.last_hidden = None  # final hidden of the newest anchor (a call that brings no new position)
 
-    def _attention(self, layer_index: int, q, k, v):
-        """New rows' keys join the layer's cache; causal over cache + new rows (`self.allowed`)."""
-        cache = self.caches[layer_index]
-        cache.append(k, v)
-        keys, values = cache.view()
-        return attend(q, keys, values, self.allowed, self.drafter.scale)
+    def compile(self, k: int, capacity: int | None = None) -> float:
+        """Build the graphs for k drafts (1..k+1 new anchors) on a cache of `capacity` slots now,
+        outside any timing; returns the seconds it took."""
+        import time
+
+        import torch._inductor.config as inductor_config
+
+        from specforge_lite.decoding.fast_target import allow_graphs
+
+        k = min(k, self.max_drafts)
+        self._build(max(capacity or 0, self.capacity))
+        allow_graphs(k + 1)
+        device = self.drafter.fc.weight.device
+        mode = "max-autotune" if device.type == "cuda" else "max-autotune-no-cudagraphs"
+        graph = torch.compile(self.rows, mode=mode, dynamic=False)
+        width = self.drafter.fc.weight.shape[1]
+        start = time.perf_counter()
+        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                            max_autotune_report_choices_stats=False):
+            for n in range(1, k + 2):
+                rows = n + k - 1
+                graph(self.drafter.fc.weight.new_zeros(1, n, width),
+                      torch.zeros(1, rows, dtype=torch.long, device=device), torch.arange(rows, device=device))
+        self.graph, self.compiled_k = graph, k
+        return time.perf_counter() - start
 
     @torch.inference_mode()
     def propose(self, ctx, k: int):
         d = self.drafter
         ids = ctx.token_ids
+        k = min(k, self.max_drafts)
+        if len(ids) + k > self.capacity:  # graphs hold the old caches: eager from here on
+            if self.compiled_k is not None:
+                log.warning("P-EAGLE drafter: %d positions outgrow the compiled cache of %d; drafting eagerly",
+                            len(ids) + k, self.capacity)
+            old = self.caches
+            self._build(2 * (len(ids) + k))
+            for new, cache in zip(self.caches, old):
+                new.k[:, :, :cache.capacity] = cache.k
+                new.v[:, :, :cache.capacity] = cache.v
         aux = torch.cat([ctx.hidden_states[i] for i in self.hidden_state_layers], dim=-1)  # [1, n, 3H]
         n = aux.shape[1]
-        k = min(k, self.max_drafts)
-        masks = max(k - 1, 0) if (n or self.last_hidden is not None) else 0
-        if n + masks:
-            hidden = self._forward(ids, aux, masks)
-            if n:
-                self.last_hidden = hidden[:, n - 1:n]
-        if k == 0 or self.last_hidden is None:
+        masks = max(k - 1, 0)
+        if k == 0 or (n == 0 and self.last_hidden is None):
+            if n:  # anchors still enter the caches for later calls
+                self.last_hidden = self._run(aux, ids, 0)[0]
             return DraftProposal([])
-        rows = torch.cat([self.last_hidden, hidden[:, n:]], dim=1) if masks else self.last_hidden
-        logits = d.logits(rows[0])  # [k, V_d]: depths 0..k-1
-        if ctx.sampling.greedy:
+        if n:
+            self.last_hidden, drafts, logits = self._run(aux, ids, masks)
+        else:  # no new position: mask rows after the newest anchor, draft 0 from its stored output
+            anchor = len(ids) - 2
+            tokens = torch.full((1, masks), d.config.mask_token_id, device=aux.device)
+            hidden = self.rows.hidden(aux, tokens, torch.arange(anchor + 1, anchor + 1 + masks, device=aux.device))
+            logits = d.logits(torch.cat([self.last_hidden, hidden], dim=1)[0])
             best = logits.argmax(-1)
-            return DraftProposal((best + d.d2t[best]).tolist())
+            drafts = best + d.d2t[best]
+        if ctx.sampling.greedy:
+            return DraftProposal(drafts.tolist())
         full = logits.new_full((k, d.config.vocab_size), float("-inf"))
         full[:, d.draft_vocab] = logits
         probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
@@ -68,28 +172,19 @@ class PEagleDecodeDrafter:
         tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
         return DraftProposal(tokens, probs)
 
-    def _forward(self, ids: list[int], aux: torch.Tensor, masks: int) -> torch.Tensor:
-        """One pass of every layer over the new anchors and `masks` mask rows -> their final hidden
-        [1, n + masks, H]. The inputs are `entry_inputs`' built directly (no per-row select)."""
+    def _run(self, aux: torch.Tensor, ids: list[int], masks: int):
+        """`_Rows` over the n new anchors (positions up to the newest committed one, len(ids) - 2)
+        and `masks` mask rows, compiled when a graph has this shape."""
         d = self.drafter
         n = aux.shape[1]
-        device, dtype = d.fc.weight.device, d.fc.weight.dtype
-        anchor = len(ids) - 2  # the newest committed position
-        first = anchor + 1 - n
-        embeds = d.embed_tokens(torch.tensor([ids[first + 1:] + [d.config.mask_token_id] * masks], device=device))
-        features = aux.to(dtype)
-        if masks:
-            features = torch.cat([features, d.mask_hidden.to(dtype).expand(1, masks, -1)], dim=1)
-        hidden = d.fuse(features)
-        cos, sin = d.rotation(torch.arange(first, anchor + 1 + masks, device=device)[None], dtype)
-        rows, total = n + masks, self.caches[0].length + n + masks
-        self.allowed = torch.ones(1, rows, total, dtype=torch.bool, device=device).tril(total - rows)
-        committed = [cache.length for cache in self.caches]
-        for index in range(len(d.layers)):
-            hidden = d.layer_forward(index, embeds, hidden, cos, sin, self._attention)
-        for cache, length in zip(self.caches, committed):
-            cache.length = length + n  # keep the anchors' keys, drop the mask rows'
-        return hidden
+        device = aux.device
+        first = len(ids) - 1 - n
+        tokens = torch.tensor([ids[first + 1:] + [d.config.mask_token_id] * masks], device=device)
+        positions = torch.arange(first, first + n + masks, device=device)
+        if self.graph is not None and masks == self.compiled_k - 1 and n <= self.compiled_k + 1:
+            # the graphs were built for standalone inputs
+            return self.graph(aux.clone(memory_format=torch.contiguous_format), tokens, positions)
+        return self.rows(aux, tokens, positions)
 
     def accept(self, num_accepted: int) -> None:
         pass  # the caches hold committed anchors only
