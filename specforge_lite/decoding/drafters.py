@@ -10,6 +10,7 @@ module's `decoder`; this package imports nothing from there.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Callable
 
 import torch
@@ -17,6 +18,8 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa: F401  (the interface, re-exported)
 from specforge_lite.decoding.verify import warp_probs
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- n-gram
@@ -90,15 +93,41 @@ class DraftModelDrafter:
 
     def __init__(self, model):
         self.model = model
+        self.runner = None  # a compiled static-cache runner once `compile` built one
         self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        if self.runner is not None:
+            self.runner.reset()
         self.cached = 0  # tokens in self.cache (a prefix of the committed tokens)
         self.last_k = 0
         self.base = 0
+
+    def compile(self, k: int, capacity: int | None = None) -> float:
+        """Run the draft model on the target's own fast forward (`decoding/fast_target.py`): a
+        static cache of `capacity` positions and compiled graphs of widths 1 and 2 (what a
+        call feeds after the prompt). Returns the seconds compiling took; 0.0 and eager
+        drafting for a model the static forward does not cover."""
+        from specforge_lite.decoding.fast_target import FastEngine, unsupported_reason
+
+        reason = unsupported_reason(self.model.config)
+        if reason or not capacity:
+            log.info("%s: drafting eagerly (%s)", self.name, reason or "no cache capacity given")
+            return 0.0
+        engine = FastEngine(self.model, capacity, (), max_width=2, compiled=True)
+        seconds = engine.compile()
+        self.runner = engine.runner()
+        self.reset()
+        return seconds
+
+    def _next_logits(self, feed: list[int]) -> torch.Tensor:
+        if self.runner is not None:
+            return self.runner.forward(feed, last_only=True)[0][-1]
+        return self.model(input_ids=torch.tensor([feed], device=self.model.device), past_key_values=self.cache,
+                          use_cache=True, logits_to_keep=1).logits[0, -1]
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
@@ -106,12 +135,10 @@ class DraftModelDrafter:
         self.base, self.last_k = len(ids), k
         if k == 0:
             return DraftProposal([])
-        device = self.model.device
         feed = ids[self.cached:]  # the prompt on the first call, then the 1-2 tokens added since
         tokens, probs = [], []
         for _ in range(k):
-            logits = self.model(input_ids=torch.tensor([feed], device=device), past_key_values=self.cache,
-                                use_cache=True, logits_to_keep=1).logits[0, -1]
+            logits = self._next_logits(feed)
             if ctx.sampling.greedy:
                 token = int(logits.argmax())
             else:
@@ -126,7 +153,10 @@ class DraftModelDrafter:
     def accept(self, num_accepted: int) -> None:
         keep = self.base + min(num_accepted, max(self.last_k - 1, 0))
         if keep < self.cached:
-            crop_cache(self.cache, keep)
+            if self.runner is not None:
+                self.runner.crop(keep)
+            else:
+                crop_cache(self.cache, keep)
             self.cached = keep
 
 

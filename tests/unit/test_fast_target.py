@@ -149,3 +149,20 @@ def test_cache_capacity_covers_every_turn(tiny_target):
     assert capacity % 64 == 0
     assert capacity >= len(two_turns) + 50 + 4 + 1
     assert capacity <= model.config.max_position_embeddings
+
+
+def test_compiled_draft_model_drafts_like_the_eager_one(target):
+    """A draft model's `compile` moves it onto the static forward with compiled widths 1-2:
+    every draft equals the eager draft model's (same accepted lengths, step for step), and
+    greedy output stays plain decoding's."""
+    from specforge_lite.decoding.drafters import DraftModelDrafter, truncated_copy
+
+    draft = truncated_copy(target, 2)
+    eager, compiled = DraftModelDrafter(draft), DraftModelDrafter(draft)
+    assert compiled.compile(3, capacity=128) > 0 and compiled.runner is not None
+    for ids in prompts(3, seed=7):
+        plain = generate_plain(target, ids, 40)
+        a = generate_speculative(target, eager, ids, 40, 3)
+        b = generate_speculative(target, compiled, ids, 40, 3)
+        assert a.tokens == b.tokens == plain.tokens
+        assert a.accepted_lengths == b.accepted_lengths and sum(b.accepted_lengths) > 0

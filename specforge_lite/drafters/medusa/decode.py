@@ -9,6 +9,20 @@ from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.drafters.medusa.model import MedusaHeads
 
 
+class _GreedyHeads(torch.nn.Module):
+    """The first k heads' top tokens (target ids [k]) from one hidden state [H]."""
+
+    def __init__(self, heads: MedusaHeads, k: int):
+        super().__init__()
+        self.heads, self.num_heads = heads, k
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        heads = self.heads
+        best = torch.stack([lm_head(block(h)).argmax()
+                            for block, lm_head in list(zip(heads.blocks, heads.lm_heads))[:self.num_heads]])
+        return heads.token_map.index_select(0, best)
+
+
 class MedusaDecodeDrafter:
     """Medusa in the decoding engine (batch 1, a chain of each head's top token).
 
@@ -17,7 +31,8 @@ class MedusaDecodeDrafter:
     the target's lm_head and head i proposes x[t+2+i]. In sampling mode head i's token is
     drawn from its own warped distribution, which keeps rejection sampling exact (the
     proposal q may be any distribution that does not depend on the target's draws).
-    At most `num_heads` tokens per step; nothing to roll back.
+    At most `num_heads` tokens per step; nothing to roll back. `compile(k)` makes the
+    greedy read-out of the k heads one frozen graph (`decoding/fast_target.py`'s mechanism).
     """
 
     name = "medusa"
@@ -27,6 +42,24 @@ class MedusaDecodeDrafter:
     def __init__(self, heads: MedusaHeads):
         self.heads = heads.eval()
         self.full_vocab = heads.config.draft_vocab_size == heads.config.vocab_size
+        self.graph, self.compiled_k = None, None
+
+    def compile(self, k: int, capacity: int | None = None) -> float:
+        """Build the graph of k greedy heads now, outside any timing; returns the seconds it took."""
+        import time
+
+        import torch._inductor.config as inductor_config
+
+        k = min(k, self.heads.config.num_heads)
+        weight = self.heads.lm_heads[0].weight
+        mode = "max-autotune" if weight.device.type == "cuda" else "max-autotune-no-cudagraphs"
+        graph = torch.compile(_GreedyHeads(self.heads, k), mode=mode, dynamic=False)
+        start = time.perf_counter()
+        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                            max_autotune_report_choices_stats=False):
+            graph(weight.new_zeros(self.heads.config.hidden_size))
+        self.graph, self.compiled_k = graph, k
+        return time.perf_counter() - start
 
     def reset(self) -> None:
         pass
@@ -38,6 +71,8 @@ class MedusaDecodeDrafter:
         if k == 0 or hidden is None or hidden.shape[1] == 0:
             return DraftProposal([])
         h = hidden[0, -1].to(self.heads.lm_heads[0].weight.dtype)
+        if ctx.sampling.greedy and k == self.compiled_k:  # the graph was built for a standalone [H] input
+            return DraftProposal(self.graph(h.clone()).tolist())
         tokens, probs = [], []
         for block, lm_head in list(zip(self.heads.blocks, self.heads.lm_heads))[:k]:
             logits = lm_head(block(h))
