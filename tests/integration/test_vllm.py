@@ -97,7 +97,7 @@ def test_vllm_serves_eagle3_export_losslessly_and_counts_like_us(smollm2_run):
 def test_vllm_serves_peagle_export_losslessly(smollm2_run):
     """Our P-EAGLE export (speculators `peagle`) loads in vLLM as an EAGLE-3 drafter with
     parallel drafting, the way its README tells users to serve it; speculative output equals
-    plain decoding, vLLM's and ours, and every step drafts k tokens."""
+    our plain decoding (vLLM's plain is compared in the EAGLE-3 test), every step drafts k tokens."""
     run_dir, args = smollm2_run
     peagle_dir = run_dir / "peagle"
     peagle_args = ["+recipe=peagle_smollm2", *(a for a in args if not a.startswith(("run_dir=", "+recipe="))),
@@ -106,13 +106,12 @@ def test_vllm_serves_peagle_export_losslessly(smollm2_run):
         run_cli(stage, *peagle_args, check=True, timeout=900)
     run_cli("evaluate", *peagle_args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.engine=static",
-            "eval.methods=[plain,peagle,vllm_plain,vllm_peagle]", check=True, timeout=1200)
+            "eval.methods=[plain,peagle,vllm_peagle]", check=True, timeout=1200)
     report = json.loads((peagle_dir / "eval" / "report.json").read_text())
-    served = report["vllm"]["methods"]
-    plain, peagle = served["vllm_plain"], served["vllm_peagle"]
+    peagle = report["vllm"]["methods"]["vllm_peagle"]
     assert "error" not in peagle, peagle
     assert peagle["speculative_config"] == {"method": "eagle3", "model": str(peagle_dir / "export" / "speculators"),
                                             "num_speculative_tokens": 3, "parallel_drafting": True}
-    assert plain["identical_to_plain"] and peagle["identical_to_plain"] and peagle["identical_to_vllm_plain"]
+    assert peagle["identical_to_plain"]  # vLLM's parallel drafting, verified by vLLM = our plain decoding
     assert peagle["counters"]["num_drafts"] > 0
     assert peagle["counters"]["num_draft_tokens"] == 3 * peagle["counters"]["num_drafts"]

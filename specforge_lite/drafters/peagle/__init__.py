@@ -26,9 +26,9 @@ NAME = "peagle"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = ("vLLM serves P-EAGLE on its EAGLE-3 proposer: pass "
                 "--speculative-config '{\"method\": \"eagle3\", ..., \"parallel_drafting\": true}' (export README)")
-# vLLM 0.32 registers peagle configs, but no run here has served our P-EAGLE export in vLLM yet:
-# no vllm_peagle evaluate method until one does
-VLLM_SERVING = None
+# vLLM serves the export on its EAGLE-3 proposer with parallel drafting (evaluate's vllm_peagle;
+# tests/integration/test_vllm.py serves one)
+VLLM_SERVING = ("eagle3", "speculators", {"parallel_drafting": True})
 
 
 def decoder(drafter: PEagleDrafter) -> PEagleDecodeDrafter:
