@@ -31,7 +31,9 @@ class DType(str, Enum):
 
 
 class SampleBackend(str, Enum):
-    hf = "hf"
+    hf = "hf"  # transformers' forward, batched with a dynamic cache
+    static = "static"  # our static-cache forward (Llama-family targets), batched, eager
+    compiled = "compiled"  # the same with its decoding step compiled
     vllm = "vllm"
 
 

@@ -62,7 +62,7 @@ def _frozen(tensor: torch.Tensor) -> nn.Parameter:
 
 
 class _Layer(nn.Module):
-    def __init__(self, layer, capacity: int, num_kv_heads: int, head_dim: int, dtype, device):
+    def __init__(self, layer, capacity: int, num_kv_heads: int, head_dim: int, dtype, device, batch: int = 1):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm = _frozen(layer.input_layernorm.weight)
@@ -74,22 +74,28 @@ class _Layer(nn.Module):
         self.o = _frozen(attn.o_proj.weight)
         self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         self.down = _frozen(mlp.down_proj.weight)
-        shape = (1, num_kv_heads, capacity, head_dim)
+        shape = (batch, num_kv_heads, capacity, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
 
 class StaticLlama(nn.Module):
-    """The target's forward over t new tokens at explicit cache positions (batch 1).
+    """The target's forward over t new tokens at explicit cache positions.
 
     forward(ids [t], positions [t]) writes the tokens' keys and values at `positions`,
     attends over every cache slot at or before each token's position, and returns
     logits [t, V] and the hidden states [t, H] of `hidden_layers` (transformers'
     numbering: 0 = embeddings, i = output of decoder layer i, the last index after the
     final norm) in that order.
+
+    Built with `batch` > 1 it runs B left-padded rows at once (batched sampling):
+    forward(ids [B, t], positions [t], start [B]) where row b's real tokens begin at slot
+    start[b]; its rotary positions count from there, its queries never see the slots
+    before it (a padding query sees only itself, which keeps its row finite), and the
+    outputs are [B, t, V] / [B, t, H]. `last_only` keeps only the last position's logits.
     """
 
-    def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = ()):
+    def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), batch: int = 1):
         super().__init__()
         config = model.config
         reason = unsupported_reason(config)
@@ -104,11 +110,12 @@ class StaticLlama(nn.Module):
         self.num_layers = config.num_hidden_layers
         self.eps = config.rms_norm_eps
         self.capacity = capacity
+        self.batch = batch
         self.hidden_layers = tuple(hidden_layers)
         self.embed = _frozen(inner.embed_tokens.weight)
         self.final_norm = _frozen(inner.norm.weight)
         self.lm_head = _frozen(weight)
-        self.layers = nn.ModuleList(_Layer(layer, capacity, self.num_kv_heads, self.head_dim, dtype, device)
+        self.layers = nn.ModuleList(_Layer(layer, capacity, self.num_kv_heads, self.head_dim, dtype, device, batch)
                                     for layer in inner.layers)
         with torch.no_grad():
             slots = torch.arange(capacity, device=device)
@@ -117,34 +124,49 @@ class StaticLlama(nn.Module):
         self.register_buffer("cos", cos[0].to(dtype), persistent=False)
         self.register_buffer("sin", sin[0].to(dtype), persistent=False)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor):
-        t = ids.shape[0]
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor | None = None,
+                last_only: bool = False):
+        single = ids.dim() == 1
+        if single:
+            ids = ids[None]
+        b, t = ids.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        cos, sin = self.cos[positions], self.sin[positions]
         visible = self.slots[None, :] <= positions[:, None]  # [t, capacity]
+        if start is None:
+            cos, sin = self.cos[positions], self.sin[positions]
+        else:
+            rotary = (positions[None, :] - start[:, None]).clamp(min=0)  # [B, t]
+            cos, sin = self.cos[rotary][:, None], self.sin[rotary][:, None]
+            own = self.slots[None, None, :] >= start[:, None, None]  # [B, 1, capacity]
+            visible = (visible[None] & (own | (self.slots[None, :] == positions[:, None])[None]))[:, None]
         x = F.embedding(ids, self.embed)
         hidden = [x] if 0 in self.hidden_layers else []
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q = qkv[:, :q_size].view(t, self.num_heads, self.head_dim).transpose(0, 1)
-            k = qkv[:, q_size:q_size + kv_size].view(t, self.num_kv_heads, self.head_dim).transpose(0, 1)
-            v = qkv[:, q_size + kv_size:].view(t, self.num_kv_heads, self.head_dim).transpose(0, 1)
+            q = qkv[..., :q_size].view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., q_size:q_size + kv_size].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            layer.k_cache.index_copy_(2, positions, k[None])
-            layer.v_cache.index_copy_(2, positions, v[None])
-            attn = F.scaled_dot_product_attention(q[None], layer.k_cache, layer.v_cache, attn_mask=visible,
+            layer.k_cache.index_copy_(2, positions, k)
+            layer.v_cache.index_copy_(2, positions, v)
+            attn = F.scaled_dot_product_attention(q, layer.k_cache, layer.v_cache, attn_mask=visible,
                                                   enable_gqa=self.num_kv_heads != self.num_heads)
-            x = x + F.linear(attn[0].transpose(0, 1).reshape(t, q_size), layer.o)
+            x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o)
             h = _rms_norm(x, layer.post_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
             if i + 1 in self.hidden_layers and i + 1 != self.num_layers:
                 hidden.append(x)
+        if last_only:
+            x = x[:, -1:]
         x = _rms_norm(x, self.final_norm, self.eps)
         if self.num_layers in self.hidden_layers:
             hidden.append(x)
-        return F.linear(x, self.lm_head), hidden
+        logits = F.linear(x, self.lm_head)
+        if single:
+            return logits[0], [h[0] for h in hidden]
+        return logits, hidden
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -93,6 +93,80 @@ class HFBackend:
         return list(zip(generated, finish))
 
 
+class StaticBackend:
+    """Batched generation on our static-cache forward (`decoding/fast_target.py`), eager or
+    compiled (`sample.backend=static|compiled`): the batch is always `sample.batch_size` rows
+    (a short last batch repeats its first prompt in the spare rows) over a cache of
+    `max_prompt_length + max_new_tokens` positions, so one graph of width 1 serves every
+    decoding step; the left-padded prefill runs eagerly. Finished rows keep their place (a
+    fixed shape) and their tokens are dropped; the batch stops when every row has finished.
+    Llama-family targets only (`fast_target.unsupported_reason`)."""
+
+    def __init__(self, model, tokenizer, sample_cfg, compiled: bool):
+        from specforge_lite.decoding.fast_target import StaticLlama, allow_graphs
+
+        self.model, self.cfg = model, sample_cfg
+        self.eos_ids = set(eos_token_ids(model, tokenizer))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.sampling = SamplingParams(temperature=max(sample_cfg.temperature, 0.0), top_p=sample_cfg.top_p)
+        self.batch = sample_cfg.batch_size
+        capacity = -(-(sample_cfg.max_prompt_length + sample_cfg.max_new_tokens) // 64) * 64
+        try:
+            self.module = StaticLlama(model, capacity, (), batch=self.batch).eval()
+        except ValueError as error:
+            raise SpecforgeError(f"sample.backend={sample_cfg.backend}: {error}; use sample.backend=hf") from None
+        self.device = self.module.lm_head.device
+        self.step = self.module
+        self.compile_s = None
+        if compiled:
+            import torch._inductor.config as inductor_config
+
+            allow_graphs(1)
+            on_gpu = self.device.type == "cuda"
+            graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",
+                                  dynamic=False)
+            started = time.perf_counter()
+            with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                                max_autotune_report_choices_stats=False):
+                graph(torch.zeros(self.batch, 1, dtype=torch.long, device=self.device),
+                      torch.zeros(1, dtype=torch.long, device=self.device),
+                      torch.zeros(self.batch, dtype=torch.long, device=self.device))
+            self.step, self.compile_s = graph, time.perf_counter() - started
+            log.info("compiled the target's batch-%d decoding step in %.0f s", self.batch, self.compile_s)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
+        if len(prompts) > self.batch:
+            return [out for i in range(0, len(prompts), self.batch) for out in self.generate(prompts[i:i + self.batch])]
+        rows = prompts + [prompts[0]] * (self.batch - len(prompts))
+        width = max(len(p) for p in rows)
+        if width + self.cfg.max_new_tokens > self.module.capacity:
+            raise SpecforgeError(f"a prompt of {width} tokens does not fit the static cache of "
+                                 f"{self.module.capacity} (sample.max_prompt_length + sample.max_new_tokens)")
+        ids = torch.full((self.batch, width), self.pad_id, dtype=torch.long)
+        for row, prompt in enumerate(rows):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+        start = torch.tensor([width - len(p) for p in rows], device=self.device)
+        logits = self.module(ids.to(self.device), torch.arange(width, device=self.device), start, last_only=True)[0]
+        logits = logits[:, -1]
+        generated: list[list[int]] = [[] for _ in prompts]
+        finish = ["length"] * len(prompts)
+        live = set(range(len(prompts)))
+        for step in range(self.cfg.max_new_tokens):
+            tokens = pick_tokens(logits, self.sampling)
+            picked = tokens.tolist()
+            for row in sorted(live):
+                generated[row].append(picked[row])
+                if picked[row] in self.eos_ids:
+                    finish[row] = "stop"
+                    live.discard(row)
+            if not live or step == self.cfg.max_new_tokens - 1:
+                break
+            position = torch.tensor([width + step], device=self.device)
+            logits = self.step(tokens[:, None], position, start)[0][:, -1]
+        return list(zip(generated, finish))
+
+
 # --------------------------------------------------------------------------- work
 
 def regenerate(backend, tokenizer, records: list[dict], sample_cfg, max_length: int,
@@ -245,7 +319,10 @@ def run(cfg: DictConfig) -> None:
                                         out / f"vllm-rank{rank}.log")
         else:
             model, tokenizer = load_target(cfg.target)
-            backend = HFBackend(model, tokenizer, sample_cfg)
+            if sample_cfg.backend in ("static", "compiled"):
+                backend = StaticBackend(model, tokenizer, sample_cfg, compiled=sample_cfg.backend == "compiled")
+            else:
+                backend = HFBackend(model, tokenizer, sample_cfg)
         require_chat_template(tokenizer)
     if rank == 0:
         stage_dir(cfg, "sample")

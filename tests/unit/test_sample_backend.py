@@ -58,3 +58,25 @@ def test_sampling_is_reproducible_under_a_seed_and_varies_without(tiny_target):
     assert b.generate(prompts) == first
     torch.manual_seed(8)
     assert b.generate(prompts) != first
+
+
+def test_static_backends_equal_the_hf_backend(tiny_target):
+    """`sample.backend=static|compiled` (our static-cache forward, a fixed batch of left-padded
+    rows): greedy outputs and finish reasons equal the hf backend's, row for row, with rows
+    stopping at an EOS at different steps and a short last batch padded to the batch size."""
+    from specforge_lite.stages.sample import StaticBackend
+
+    model, tokenizer = tiny_target
+    prompts = prompts_for(tokenizer)
+    hf = backend(tiny_target, max_new_tokens=16)
+    trigger = hf.generate(prompts[:1])[0][0][2]
+    hf.eos_ids = {tokenizer.eos_token_id, trigger}
+    want = hf.generate(prompts)
+    assert {finish for _, finish in want} == {"stop", "length"}
+    cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "batch_size": 4,
+                            "max_prompt_length": 96, "backend": "static"})
+    for compiled in (False, True):
+        static = StaticBackend(model, tokenizer, cfg, compiled=compiled)
+        static.eos_ids = hf.eos_ids
+        assert static.generate(prompts) == want  # 7 prompts: batches of 4 and 3 (+1 spare row)
+        assert (static.compile_s is not None) == compiled
