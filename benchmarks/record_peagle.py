@@ -69,7 +69,14 @@ def main() -> None:
     update_doc_section("peagle", section(args, report, table, best_table, histories, goals, ratio))
 
 
+def _ci(interval, pattern="{:.2f}") -> str:
+    return f" [{pattern.format(interval[0])}, {pattern.format(interval[1])}]" if interval else ""
+
+
 def methods_table(report: dict) -> str:
+    """Per method: tau and speedup with their 95% intervals, per-position acceptance, drafting
+    cost, the cost model's expected speedup at this run's k (next to the measured one) and
+    its best k."""
     k = report["settings"]["num_draft_tokens"]
     methods = report["methods"]
     rows = []
@@ -77,18 +84,27 @@ def methods_table(report: dict) -> str:
         e = methods[m]
         acc = (e.get("per_position_acceptance") or []) + [None] * k
         best = e.get("best_k") or {}
-        rows.append(f"| {m} | {fmt(e['tau'])} | " + " | ".join(fmt(a) for a in acc[:k])
+        here = next((row for row in best.get("table", []) if row["k"] == k), {})
+        rows.append(f"| {m} | {fmt(e['tau'])}{_ci(e.get('tau_ci'))} | " + " | ".join(fmt(a) for a in acc[:k])
                     + f" | {fmt(e.get('draft_ms_per_step'), '{:.1f}')} | {fmt(e.get('draft_time_share'), '{:.0%}')}"
-                    f" | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x | {best.get('best_k', '-')}"
+                    f" | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x{_ci(e.get('speedup_ci'))}"
+                    f" | {fmt(here.get('expected_speedup'), '{:.2f}x')} | {best.get('best_k', '-')}"
                     f" | {fmt(best.get('expected_speedup'), '{:.2f}x')}"
                     f" | {'yes' if e['identical_to_plain'] else 'NO'} |")
-    return (f"| method | tau | {' | '.join(f'a{i + 1}' for i in range(k))} | draft ms/step | draft share | tokens/s "
-            f"| speedup at k={k} | best k | expected speedup at best k | identical to plain |\n"
-            f"|---|---:|{'---:|' * k}---:|---:|---:|---:|---:|---:|:---:|\n" + "\n".join(rows) + "\n")
+    return (f"| method | tau [95% CI] | {' | '.join(f'a{i + 1}' for i in range(k))} | draft ms/step | draft share "
+            f"| tokens/s | speedup at k={k} [95% CI] | expected at k={k} | best k | expected speedup at best k "
+            f"| identical to plain |\n"
+            f"|---|---:|{'---:|' * k}---:|---:|---:|---:|---:|---:|---:|:---:|\n" + "\n".join(rows) + "\n")
 
 
 def section(args, report, table, best_table, histories, goals, ratio) -> str:
     k = report["settings"]["num_draft_tokens"]
+    engine = report["settings"].get("engine") or {}
+    measured = "; ".join(f"{name} " + " / ".join(f"{v:.1f}" for v in ms.values())
+                         for name, ms in (engine.get("measured_ms") or {}).items())
+    engine_line = (f"(ms per forward of width 1 / k+1: {measured}; compile {engine['compile_s']:.0f} s, drafters "
+                   + ", ".join(f"{n} {v:.0f} s" for n, v in (engine.get("drafters_compile_s") or {}).items()) + ")"
+                   if engine.get("compile_s") else "")
     last = {name: h[-1] for name, h in histories.items()}
     train_lines = "\n".join(
         f"- {name}: {h['step']} steps, final simulated tau {h['simulated_tau']:.2f} (teacher-forced, bonus incl.), "
@@ -103,7 +119,8 @@ Training (same data, budget, schedule and seed for both drafters):
 {commands}
 
 Evaluation: `{args.eval_command}`: {report['num_prompts']} MT-Bench first turns, greedy, k = {k}, batch 1,
-{report['torch_threads']} torch thread(s), methods interleaved per prompt. {args.note}
+{report['torch_threads']} torch thread(s), methods interleaved per prompt, target forward `{engine.get('used', 'hf')}`
+{engine_line}. {args.note}
 
 {table}
 tau: tokens per target forward, bonus included (plain = 1.00); a_i: P(draft i accepted | drafts < i accepted);

@@ -87,24 +87,29 @@ def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int
                           vocab_size: int | None = None, seed: int = 0, runner=None) -> dict[int, float]:
     """Median seconds of one target forward over t = 1..max_tokens new tokens after a
     `context_len`-token cache (random ids: the cost does not depend on the content), with
-    the forward the run decoded with (`runner`; Hugging Face's by default)."""
+    the forward the run decoded with (`runner`; Hugging Face's by default).
+
+    The widths are timed in interleaved rounds (one forward of each width per round, 5 *
+    `repeats` rounds after a warm-up round), so a drift of the machine's speed while measuring
+    moves every width alike instead of whichever width was timed then (timing each width's
+    repeats back to back once put the width-1 forward 27% above what plain decoding measured
+    in the same run, and with it every expected speedup)."""
     runner = runner or TargetRunner(model)
     runner.reset()
     vocab = vocab_size or model.get_output_embeddings().weight.shape[0]
     rng = torch.Generator().manual_seed(seed)
     runner.forward(torch.randint(0, vocab, (context_len,), generator=rng).tolist(), last_only=True)
-    costs = {}
-    for t in range(1, max_tokens + 1):
-        ids = torch.randint(0, vocab, (t,), generator=rng).tolist()
-        times = []
-        for _ in range(repeats + 1):  # the first run of each width is a warm-up
+    widths = {t: torch.randint(0, vocab, (t,), generator=rng).tolist() for t in range(1, max_tokens + 1)}
+    times: dict[int, list[float]] = {t: [] for t in widths}
+    for round_index in range(5 * repeats + 1):  # round 0 is a warm-up
+        for t, ids in widths.items():
             start = time.perf_counter()
             runner.forward(ids)
             runner._sync()
-            times.append(time.perf_counter() - start)
+            if round_index:
+                times[t].append(time.perf_counter() - start)
             runner.crop(context_len)
-        costs[t] = statistics.median(times[1:])
-    return costs
+    return {t: statistics.median(samples) for t, samples in times.items()}
 
 
 def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
