@@ -64,8 +64,10 @@ def main() -> None:
     best_table = ""
     if at_best:
         kb = at_best["settings"]["num_draft_tokens"]
-        best_table = (f"\nThe same drafters evaluated again at k = {kb} (the best k the run above estimated for peagle "
-                      f"and eagle3): `{args.best_k_command}`\n\n" + methods_table(at_best))
+        estimated = {m: (methods[m].get("best_k") or {}).get("best_k") for m in METHODS[1:]}
+        best_table = (f"\nThe same drafters evaluated again at k = {kb} (best k estimated by the run above: "
+                      + ", ".join(f"{m} {v}" for m, v in estimated.items()) + f"): `{args.best_k_command}`\n\n"
+                      + methods_table(at_best))
     update_doc_section("peagle", section(args, report, table, best_table, histories, goals, ratio))
 
 
@@ -126,7 +128,7 @@ Evaluation: `{args.eval_command}`: {report['num_prompts']} MT-Bench first turns,
 tau: tokens per target forward, bonus included (plain = 1.00); a_i: P(draft i accepted | drafts < i accepted);
 best k and its speedup: the report's estimate from this run's measured acceptance, draft cost and target
 forward costs (P-EAGLE's draft cost does not grow with k, EAGLE-3's grows linearly).
-Drafting time per step, P-EAGLE / EAGLE-3 at k = {k}: {ratio:.2f}.
+Drafting time per step, P-EAGLE / EAGLE-3 at k = {k}: {ratio:.3f}.
 {best_table}
 Goals of the P-EAGLE issue: {', '.join(f"{g} {'met' if v else 'NOT met'}" for g, v in goals.items())}.
 
