@@ -16,11 +16,8 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.common import update_doc_section, write_results
-from specforge_lite.data.chat import prompt_ids
-from specforge_lite.data.readers import heldout_split, read_conversations
+from benchmarks.common import load_smollm2, sharegpt_first_turns, update_doc_section, write_results
 from specforge_lite.stages.sample import HFBackend
-from specforge_lite.targets import load_target
 
 
 def main() -> None:
@@ -32,18 +29,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    model, tokenizer = load_target(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32",
-                                                     "device": "cpu", "chat_template": None,
-                                                     "trust_remote_code": False}))
-    records, _ = read_conversations("builtin:sharegpt")
-    train, _ = heldout_split(records, 0.02, 0)
-    prompts = []
-    for record in train:
-        ids = prompt_ids(tokenizer, record["messages"][:1])
-        if len(ids) <= args.max_prompt_tokens:
-            prompts.append(ids)
-        if len(prompts) == args.prompts:
-            break
+    model, tokenizer = load_smollm2()
+    prompts = sharegpt_first_turns(tokenizer, args.prompts, args.max_prompt_tokens)
     sample_cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens})
     backend = HFBackend(model, tokenizer, sample_cfg)
     backend.generate(prompts[:2])  # warm-up

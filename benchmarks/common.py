@@ -60,3 +60,31 @@ def compose_config(overrides: list[str]):
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "specforge_lite" / "conf")):
         return compose(config_name="config", overrides=overrides)
+
+
+def load_smollm2():
+    """The embedded SmolLM2-135M-Instruct target, fp32 on CPU: (model, tokenizer)."""
+    from omegaconf import OmegaConf
+
+    from specforge_lite.targets import load_target
+
+    return load_target(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32",
+                                         "device": "cpu", "chat_template": None, "trust_remote_code": False}))
+
+
+def sharegpt_first_turns(tokenizer, count: int, max_tokens: int) -> list[list[int]]:
+    """Prompt ids of the first user turns of ShareGPT train conversations (the held-out
+    split left out), the first `count` of at most `max_tokens` tokens."""
+    from specforge_lite.data.chat import prompt_ids
+    from specforge_lite.data.readers import heldout_split, read_conversations
+
+    records, _ = read_conversations("builtin:sharegpt")
+    train, _ = heldout_split(records, 0.02, 0)
+    prompts = []
+    for record in train:
+        ids = prompt_ids(tokenizer, record["messages"][:1])
+        if len(ids) <= max_tokens:
+            prompts.append(ids)
+        if len(prompts) == count:
+            break
+    return prompts
