@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -187,6 +187,28 @@ def allow_graphs(count: int) -> None:
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, count + 8)
 
 
+def compile_frozen(module: nn.Module, example_calls: Iterable[tuple]) -> tuple[Callable, float]:
+    """`module` under `torch.compile` (inductor, every product autotuned; CUDA graphs on a GPU),
+    with one graph built per call in `example_calls` (argument tuples, one per shape the caller
+    will use) now, in inference mode as the decoders call it (dynamo keys graphs on it: a graph
+    built outside would be rebuilt, unfrozen, inside the first timed call) and with inductor's
+    freezing (weights folded in as constants and pre-packed). Returns (graph, seconds taken).
+    The module's buffers stay state the graphs write in place (KV caches)."""
+    import torch._inductor.config as inductor_config
+
+    calls = list(example_calls)
+    allow_graphs(len(calls))
+    device = next(iter(module.parameters()), torch.empty(0)).device
+    mode = "max-autotune" if device.type == "cuda" else "max-autotune-no-cudagraphs"
+    graph = torch.compile(module, mode=mode, dynamic=False)
+    start = time.perf_counter()
+    with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                        max_autotune_report_choices_stats=False):
+        for args in calls:
+            graph(*args)
+    return graph, time.perf_counter() - start
+
+
 class FastEngine:
     """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
 
@@ -215,22 +237,10 @@ class FastEngine:
         """Build the graphs of widths 1..max_width now; returns the seconds it took."""
         if not self.compiled or self._graph is not None:
             return self.compile_s or 0.0
-        import torch._inductor.config as inductor_config
-
-        allow_graphs(self.max_width)
-        on_gpu = self.device.type == "cuda"
-        graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",
-                              dynamic=False)
-        start = time.perf_counter()
-        # in inference mode, as the decoders call it: dynamo keys graphs on it (a graph built
-        # outside would be rebuilt, unfrozen, inside the first timed forward)
-        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                            max_autotune_report_choices_stats=False):
-            for width in range(1, self.max_width + 1):
-                ids = torch.zeros(width, dtype=torch.long, device=self.device)
-                graph(ids, torch.arange(width, device=self.device))
+        widths = [(torch.zeros(w, dtype=torch.long, device=self.device), torch.arange(w, device=self.device))
+                  for w in range(1, self.max_width + 1)]
+        graph, self.compile_s = compile_frozen(self.module, widths)
         self._graph = graph
-        self.compile_s = time.perf_counter() - start
         self.length = 0
         log.info("compiled the target's forward for widths 1..%d in %.0f s", self.max_width, self.compile_s)
         return self.compile_s

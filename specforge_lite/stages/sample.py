@@ -103,7 +103,7 @@ class StaticBackend:
     Llama-family targets only (`fast_target.unsupported_reason`)."""
 
     def __init__(self, model, tokenizer, sample_cfg, compiled: bool):
-        from specforge_lite.decoding.fast_target import StaticLlama, allow_graphs
+        from specforge_lite.decoding.fast_target import StaticLlama, compile_frozen
 
         self.model, self.cfg = model, sample_cfg
         self.eos_ids = set(eos_token_ids(model, tokenizer))
@@ -119,19 +119,10 @@ class StaticBackend:
         self.step = self.module
         self.compile_s = None
         if compiled:
-            import torch._inductor.config as inductor_config
-
-            allow_graphs(1)
-            on_gpu = self.device.type == "cuda"
-            graph = torch.compile(self.module, mode="max-autotune" if on_gpu else "max-autotune-no-cudagraphs",
-                                  dynamic=False)
-            started = time.perf_counter()
-            with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                                max_autotune_report_choices_stats=False):
-                graph(torch.zeros(self.batch, 1, dtype=torch.long, device=self.device),
-                      torch.zeros(1, dtype=torch.long, device=self.device),
-                      torch.zeros(self.batch, dtype=torch.long, device=self.device))
-            self.step, self.compile_s = graph, time.perf_counter() - started
+            example = (torch.zeros(self.batch, 1, dtype=torch.long, device=self.device),
+                       torch.zeros(1, dtype=torch.long, device=self.device),
+                       torch.zeros(self.batch, dtype=torch.long, device=self.device))
+            self.step, self.compile_s = compile_frozen(self.module, [example])
             log.info("compiled the target's batch-%d decoding step in %.0f s", self.batch, self.compile_s)
 
     @torch.inference_mode()

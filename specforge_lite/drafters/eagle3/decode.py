@@ -144,9 +144,9 @@ class Eagle3DecodeDrafter:
     the cache, so rejection needs no roll-back: the next call writes the anchors of
     whatever was accepted.
 
-    `compile(k)` compiles the greedy k-step chain into one graph (`torch.compile`, no
-    frozen weights: the drafter is small and its graphs cache on disk), the engine's
-    answer to Python and dispatch costs that dominate a small layer's step.
+    `compile(k)` compiles the greedy k-step chain into one graph and new anchors into one
+    graph per count (`fast_target.compile_frozen`: frozen weights, autotuned products), the
+    engine's answer to Python and dispatch costs that dominate a small layer's step.
     """
 
     name = "eagle3"
@@ -170,30 +170,21 @@ class Eagle3DecodeDrafter:
         """Build the graphs of the greedy k-step chain and of 1..k+1 new anchors (with a cache
         of `capacity` slots) now, outside any timing; returns the seconds it took. Weights
         are frozen and products autotuned, as for the target (`decoding/fast_target.py`)."""
-        import time
-
-        from specforge_lite.decoding.fast_target import allow_graphs
-
-        import torch._inductor.config as inductor_config
+        from specforge_lite.decoding.fast_target import compile_frozen
 
         if capacity and capacity > self.kv.capacity:
             self.kv = self.kv.grown(capacity)
             self._anchor_rows = _AnchorRows(self.drafter, self.kv)
-        allow_graphs(k + 1)
-        mode = "max-autotune" if self.kv.k.device.type == "cuda" else "max-autotune-no-cudagraphs"
-        chain = torch.compile(_GreedyChain(self.drafter, self.kv, k), mode=mode, dynamic=False)
-        anchors = torch.compile(self._anchor_rows, mode=mode, dynamic=False)
-        cfg, device = self.drafter.config, self.kv.k.device
-        start = time.perf_counter()
-        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                            max_autotune_report_choices_stats=False):
-            chain(self.drafter.fc.weight.new_zeros(1, 1, cfg.hidden_size), torch.tensor([0], device=device))
-            for n in range(1, k + 2):
-                aux = self.drafter.fc.weight.new_zeros(1, n, self.drafter.fc.weight.shape[1])
-                anchors(aux, torch.zeros(1, n, dtype=torch.long, device=device), torch.arange(n, device=device))
+        weight, device = self.drafter.fc.weight, self.kv.k.device
+        chain, chain_s = compile_frozen(_GreedyChain(self.drafter, self.kv, k),
+                                        [(weight.new_zeros(1, 1, self.drafter.config.hidden_size),
+                                          torch.tensor([0], device=device))])
+        anchors, anchors_s = compile_frozen(self._anchor_rows, [
+            (weight.new_zeros(1, n, weight.shape[1]), torch.zeros(1, n, dtype=torch.long, device=device),
+             torch.arange(n, device=device)) for n in range(1, k + 2)])
         self._chain_graph, self.compiled_k = chain, k
         self._anchor_graph = anchors
-        return time.perf_counter() - start
+        return chain_s + anchors_s
 
     @torch.inference_mode()
     def propose(self, ctx, k: int):

@@ -46,20 +46,14 @@ class MedusaDecodeDrafter:
 
     def compile(self, k: int, capacity: int | None = None) -> float:
         """Build the graph of k greedy heads now, outside any timing; returns the seconds it took."""
-        import time
-
-        import torch._inductor.config as inductor_config
+        from specforge_lite.decoding.fast_target import compile_frozen
 
         k = min(k, self.heads.config.num_heads)
         weight = self.heads.lm_heads[0].weight
-        mode = "max-autotune" if weight.device.type == "cuda" else "max-autotune-no-cudagraphs"
-        graph = torch.compile(_GreedyHeads(self.heads, k), mode=mode, dynamic=False)
-        start = time.perf_counter()
-        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                            max_autotune_report_choices_stats=False):
-            graph(weight.new_zeros(self.heads.config.hidden_size))
+        example = (weight.new_zeros(self.heads.config.hidden_size),)
+        graph, seconds = compile_frozen(_GreedyHeads(self.heads, k), [example])
         self.graph, self.compiled_k = graph, k
-        return time.perf_counter() - start
+        return seconds
 
     def reset(self) -> None:
         pass

@@ -110,28 +110,16 @@ class PEagleDecodeDrafter:
     def compile(self, k: int, capacity: int | None = None) -> float:
         """Build the graphs for k drafts (1..k+1 new anchors) on a cache of `capacity` slots now,
         outside any timing; returns the seconds it took."""
-        import time
-
-        import torch._inductor.config as inductor_config
-
-        from specforge_lite.decoding.fast_target import allow_graphs
+        from specforge_lite.decoding.fast_target import compile_frozen
 
         k = min(k, self.max_drafts)
         self._build(max(capacity or 0, self.capacity))
-        allow_graphs(k + 1)
-        device = self.drafter.fc.weight.device
-        mode = "max-autotune" if device.type == "cuda" else "max-autotune-no-cudagraphs"
-        graph = torch.compile(self.rows, mode=mode, dynamic=False)
-        width = self.drafter.fc.weight.shape[1]
-        start = time.perf_counter()
-        with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                            max_autotune_report_choices_stats=False):
-            for n in range(1, k + 2):
-                rows = n + k - 1
-                graph(self.drafter.fc.weight.new_zeros(1, n, width),
-                      torch.zeros(1, rows, dtype=torch.long, device=device), torch.arange(rows, device=device))
+        weight, device = self.drafter.fc.weight, self.drafter.fc.weight.device
+        calls = [(weight.new_zeros(1, n, weight.shape[1]), torch.zeros(1, n + k - 1, dtype=torch.long, device=device),
+                  torch.arange(n + k - 1, device=device)) for n in range(1, k + 2)]
+        graph, seconds = compile_frozen(self.rows, calls)
         self.graph, self.compiled_k = graph, k
-        return time.perf_counter() - start
+        return seconds
 
     @torch.inference_mode()
     def propose(self, ctx, k: int):
