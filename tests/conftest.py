@@ -74,3 +74,16 @@ def smollm2_target():
     from specforge_lite.targets import load_target
 
     return load_target(target_cfg("builtin:smollm2-135m-instruct"))
+
+
+@pytest.fixture
+def forbid_recompiles():
+    """Call it once a test's graphs are built: from then on any dynamo recompile raises
+    (a graph the first real call rebuilds runs unfrozen and untuned: slow, not wrong)."""
+    import torch._dynamo.config as dynamo_config
+
+    def forbid(on: bool = True) -> None:
+        dynamo_config.error_on_recompile = on
+
+    yield forbid
+    dynamo_config.error_on_recompile = False

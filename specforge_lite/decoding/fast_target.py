@@ -205,7 +205,10 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple]) -> tuple[C
     with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
                                                         max_autotune_report_choices_stats=False):
         for args in calls:
-            graph(*args)
+            # inputs made here are inference tensors, as the decoders' are: dynamo guards on it,
+            # and an example made outside would leave a graph the first real call rebuilds,
+            # unfrozen and untuned, mid-timing
+            graph(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
     return graph, time.perf_counter() - start
 
 

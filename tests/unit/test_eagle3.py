@@ -185,7 +185,7 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
         write_sglang_dir(drafter, tmp_path / "sglang")
 
 
-def test_compiled_drafting_equals_eager_drafting(tiny_target):
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles):
     """`compile(k)` (frozen graphs for the greedy chain and 1..k+1 new anchors) proposes what
     the eager drafter proposes, call for call; outgrowing the compiled cache falls back to
     eager drafting with the same proposals."""
@@ -198,6 +198,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target):
     eager, compiled = Eagle3DecodeDrafter(drafter, capacity=64), Eagle3DecodeDrafter(drafter, capacity=64)
     k = 3
     assert compiled.compile(k) > 0
+    forbid_recompiles()  # the graphs built are the ones used
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (100,), generator=gen).tolist()
     aux = torch.randn(1, 100, 3 * 64, generator=gen)

@@ -229,7 +229,7 @@ def test_greedy_decoding_is_identical_to_plain(tiny_target):
     assert accepted > 0  # depth 0 starts as the target's read-out: some drafts are accepted
 
 
-def test_compiled_drafting_equals_eager_drafting(tiny_target):
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles):
     """`compile(k)` (one frozen graph per count of new anchors, 1..k+1, with its k - 1 mask
     rows and the read-out) proposes what the eager drafter proposes, call for call, greedy
     and sampled; outgrowing the compiled cache falls back to eager drafting."""
@@ -241,6 +241,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target):
     eager, compiled = PEagleDecodeDrafter(drafter, capacity=64), PEagleDecodeDrafter(drafter, capacity=64)
     k = 3
     assert compiled.compile(k) > 0
+    forbid_recompiles()  # the graphs built are the ones used
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (100,), generator=gen).tolist()
     aux = torch.randn(1, 100, 3 * 64, generator=gen)

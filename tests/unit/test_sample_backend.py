@@ -60,7 +60,7 @@ def test_sampling_is_reproducible_under_a_seed_and_varies_without(tiny_target):
     assert b.generate(prompts) != first
 
 
-def test_static_backends_equal_the_hf_backend(tiny_target):
+def test_static_backends_equal_the_hf_backend(tiny_target, forbid_recompiles):
     """`sample.backend=static|compiled` (our static-cache forward, a fixed batch of left-padded
     rows): greedy outputs and finish reasons equal the hf backend's, row for row, with rows
     stopping at an EOS at different steps and a short last batch padded to the batch size."""
@@ -77,6 +77,7 @@ def test_static_backends_equal_the_hf_backend(tiny_target):
                             "max_prompt_length": 96, "backend": "static"})
     for compiled in (False, True):
         static = StaticBackend(model, tokenizer, cfg, compiled=compiled)
+        forbid_recompiles(compiled)  # the graph built is used
         static.eos_ids = hf.eos_ids
         assert static.generate(prompts) == want  # 7 prompts: batches of 4 and 3 (+1 spare row)
         assert (static.compile_s is not None) == compiled
