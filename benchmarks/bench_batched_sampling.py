@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import load_smollm2, sharegpt_first_turns, update_doc_section, write_results
-from specforge_lite.stages.sample import HFBackend, StaticBackend
+from specforge_lite.stages.sample import HFBackend, StaticBackend, left_padded
 from specforge_lite.targets import eos_token_ids
 
 MODES = ("hf_generate", "hf", "static", "compiled")
@@ -47,12 +47,9 @@ def main() -> None:
 
     @torch.inference_mode()
     def hf_generate(batch):
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, p in enumerate(batch):
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
+        ids, start = left_padded(batch, pad)
+        width = ids.shape[1]
+        mask = (torch.arange(width)[None, :] >= start[:, None]).long()
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
                              do_sample=False, pad_token_id=pad, eos_token_id=sorted(eos))[:, width:].tolist()
         rows = []

@@ -99,9 +99,10 @@ class DraftModelDrafter:
     def reset(self) -> None:
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
-        if self.runner is not None:
+        if self.runner is not None:  # the static cache of `compile`
             self.runner.reset()
+        else:
+            self.cache = DynamicCache(config=self.model.config)
         self.cached = 0  # tokens in self.cache (a prefix of the committed tokens)
         self.last_k = 0
         self.base = 0

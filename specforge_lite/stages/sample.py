@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- backends
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as one left-padded batch: ids [B, W] and each row's first real column [B]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+    return ids, torch.tensor([width - len(p) for p in prompts])
+
+
 class HFBackend:
     """Batched generation on a transformers model: left-padded prefill, then one token
     per step with a KV cache; rows that reach EOS leave the batch (their cache rows
@@ -55,12 +64,8 @@ class HFBackend:
         from transformers import DynamicCache
 
         device = self.model.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            attention[row, width - len(ids):] = 1
+        input_ids, start = left_padded(prompts, self.pad_id)
+        attention = (torch.arange(input_ids.shape[1])[None, :] >= start[:, None]).long()
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
@@ -130,14 +135,12 @@ class StaticBackend:
         if len(prompts) > self.batch:
             return [out for i in range(0, len(prompts), self.batch) for out in self.generate(prompts[i:i + self.batch])]
         rows = prompts + [prompts[0]] * (self.batch - len(prompts))
-        width = max(len(p) for p in rows)
+        ids, start = left_padded(rows, self.pad_id)
+        width = ids.shape[1]
         if width + self.cfg.max_new_tokens > self.module.capacity:
             raise SpecforgeError(f"a prompt of {width} tokens does not fit the static cache of "
                                  f"{self.module.capacity} (sample.max_prompt_length + sample.max_new_tokens)")
-        ids = torch.full((self.batch, width), self.pad_id, dtype=torch.long)
-        for row, prompt in enumerate(rows):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-        start = torch.tensor([width - len(p) for p in rows], device=self.device)
+        start = start.to(self.device)
         logits = self.module(ids.to(self.device), torch.arange(width, device=self.device), start, last_only=True)[0]
         logits = logits[:, -1]
         generated: list[list[int]] = [[] for _ in prompts]

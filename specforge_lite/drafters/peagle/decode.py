@@ -96,8 +96,12 @@ class PEagleDecodeDrafter:
 
     def _build(self, capacity: int) -> None:
         cfg, like = self.drafter.config, self.drafter.fc.weight
-        self.caches = [StaticKV(cfg.num_attention_heads, cfg.head_dim, capacity, like) for _ in self.drafter.layers]
-        self.rows = _Rows(self.drafter, self.caches)
+        self._use([StaticKV(cfg.num_attention_heads, cfg.head_dim, capacity, like) for _ in self.drafter.layers])
+
+    def _use(self, caches: list[StaticKV]) -> None:
+        """Draft on these caches from now on (eagerly until `compile` builds graphs over them)."""
+        self.caches = caches
+        self.rows = _Rows(self.drafter, caches)
         self.graph, self.compiled_k = None, None
 
     @property
@@ -130,11 +134,7 @@ class PEagleDecodeDrafter:
             if self.compiled_k is not None:
                 log.warning("P-EAGLE drafter: %d positions outgrow the compiled cache of %d; drafting eagerly",
                             len(ids) + k, self.capacity)
-            old = self.caches
-            self._build(2 * (len(ids) + k))
-            for new, cache in zip(self.caches, old):
-                new.k[:, :, :cache.capacity] = cache.k
-                new.v[:, :, :cache.capacity] = cache.v
+            self._use([cache.grown(2 * (len(ids) + k)) for cache in self.caches])
         aux = torch.cat([ctx.hidden_states[i] for i in self.hidden_state_layers], dim=-1)  # [1, n, 3H]
         n = aux.shape[1]
         masks = max(k - 1, 0)
