@@ -187,12 +187,79 @@ def allow_graphs(count: int) -> None:
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, count + 8)
 
 
+# Rows per register block of inductor's fp32 C++ GEMM micro-kernel on AVX-512 CPUs. Inductor
+# picks 8 (or 16) rows there; its kernel then holds 24 accumulators and, measured on a 2-core
+# AVX-512 CPU (docs/BENCHMARKS.md "Target forward"), runs a product of 5-16 rows 1.4-1.9x slower
+# than the same product with 4-row blocks, which stream each weight tile from L1 once per 4
+# rows. Our decoding widths (k + 1 <= 9) and sampling batches (<= 16 rows) sit exactly there.
+# SPECFORGE_LITE_GEMM_ROWS=0 keeps inductor's own choice; any other value sets the rows.
+GEMM_ROWS_ENV = "SPECFORGE_LITE_GEMM_ROWS"
+DEFAULT_GEMM_ROWS = 4
+
+
+def gemm_rows() -> int:
+    """The rows per register block `compile_frozen` asks of inductor's fp32 AVX-512 GEMM
+    micro-kernel (0: inductor's own choice)."""
+    value = os.environ.get(GEMM_ROWS_ENV, "").strip()
+    if not value:
+        return DEFAULT_GEMM_ROWS
+    if not value.isdigit() or int(value) > 16:
+        raise ValueError(f"{GEMM_ROWS_ENV}={value!r}: expected 0 (inductor's choice) or rows 1..16")
+    return int(value)
+
+
+class _GemmRows:
+    """While active, inductor's fp32 micro-kernel for AVX-512 uses register blocks of `rows`
+    rows x 48 columns instead of its own (8 x 48, 8 x 32, 16 x 16). A no-op for rows = 0, on
+    other ISAs and dtypes, and where this torch's inductor does not have the structures it
+    edits (then it logs why)."""
+
+    def __init__(self, rows: int):
+        self.rows, self.saved = rows, None
+
+    def __enter__(self):
+        if not self.rows:
+            return self
+        try:
+            import torch._inductor.compile_fx  # noqa: F401  (loads the codegen package in its order)
+            from torch._inductor.codegen import cpp_micro_gemm as micro
+
+            kernel, isa, configs = micro.CppMicroGemmFP32Vec, micro.VecAVX512, micro.micro_gemm_configs
+            make, blocking = micro.CppMicroGemmConfig, micro.GemmBlocking
+        except (ImportError, AttributeError) as exc:
+            log.info("inductor's GEMM micro-kernel rows stay its own (%s)", exc)
+            return self
+        fp32 = torch.float32
+
+        def ours(config) -> bool:
+            return (config.vec_isa_cls is isa and config.extra_check is None
+                    and (config.input_dtype, config.input2_dtype, config.output_dtype, config.compute_dtype)
+                    == (fp32, fp32, fp32, fp32))
+
+        current = configs.get(kernel, [])
+        if not any(ours(c) for c in current):
+            return self
+        self.saved = (configs, kernel, current)
+        configs[kernel] = [c for c in current if not ours(c)] + [make(fp32, fp32, fp32, fp32, isa,
+                                                                    blocking(self.rows, 48, 1))]
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved:
+            configs, kernel, current = self.saved
+            configs[kernel] = current
+            self.saved = None
+        return False
+
+
 def compile_frozen(module: nn.Module, example_calls: Iterable[tuple]) -> tuple[Callable, float]:
     """`module` under `torch.compile` (inductor, every product autotuned; CUDA graphs on a GPU),
     with one graph built per call in `example_calls` (argument tuples, one per shape the caller
     will use) now, in inference mode as the decoders call it (dynamo keys graphs on it: a graph
     built outside would be rebuilt, unfrozen, inside the first timed call) and with inductor's
-    freezing (weights folded in as constants and pre-packed). Returns (graph, seconds taken).
+    freezing (weights folded in as constants and pre-packed). On a CPU the C++ GEMM
+    micro-kernel uses `gemm_rows()` rows per register block (see DEFAULT_GEMM_ROWS).
+    Returns (graph, seconds taken).
     The module's buffers stay state the graphs write in place (KV caches)."""
     import torch._inductor.config as inductor_config
 
@@ -202,8 +269,9 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple]) -> tuple[C
     mode = "max-autotune" if device.type == "cuda" else "max-autotune-no-cudagraphs"
     graph = torch.compile(module, mode=mode, dynamic=False)
     start = time.perf_counter()
-    with torch.inference_mode(), inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                        max_autotune_report_choices_stats=False):
+    with torch.inference_mode(), _GemmRows(gemm_rows() if device.type == "cpu" else 0), \
+            inductor_config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                  max_autotune_report_choices_stats=False):
         for args in calls:
             # inputs made here are inference tensors, as the decoders' are: dynamo guards on it,
             # and an example made outside would leave a graph the first real call rebuilds,
@@ -361,6 +429,7 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
     if choice in ("compiled", "auto"):
         engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True)
         try:
+            info["gemm_rows"] = gemm_rows() if engine.device.type == "cpu" else None
             info["compile_s"] = engine.compile()
             engines["compiled"] = engine
         except Exception as error:  # no C++ compiler, an inductor limitation: say so, keep the others

@@ -168,3 +168,50 @@ def test_compiled_draft_model_drafts_like_the_eager_one(target, forbid_recompile
         b = generate_speculative(target, compiled, ids, 40, 3)
         assert a.tokens == b.tokens == plain.tokens
         assert a.accepted_lengths == b.accepted_lengths and sum(b.accepted_lengths) > 0
+
+
+def test_gemm_rows_setting_and_restore(monkeypatch):
+    from torch._inductor.codegen import cpp_micro_gemm as micro
+
+    from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, _GemmRows, gemm_rows
+
+    monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
+    assert gemm_rows() == 4
+    monkeypatch.setenv(GEMM_ROWS_ENV, "0")
+    assert gemm_rows() == 0
+    for bad in ("-1", "x", "17"):
+        monkeypatch.setenv(GEMM_ROWS_ENV, bad)
+        with pytest.raises(ValueError, match=GEMM_ROWS_ENV):
+            gemm_rows()
+
+    def fp32_avx512_blocks():
+        return [tuple(c.register_blocking) for c in micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec]
+                if c.vec_isa_cls is micro.VecAVX512 and c.input_dtype == torch.float32
+                and c.input2_dtype == torch.float32 and c.extra_check is None]
+
+    before = list(micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec])
+    assert fp32_avx512_blocks() and (4, 48, 1) not in fp32_avx512_blocks()
+    with _GemmRows(4):
+        assert fp32_avx512_blocks() == [(4, 48, 1)]
+        others = [c for c in micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec] if c.vec_isa_cls is not micro.VecAVX512]
+        assert others == [c for c in before if c.vec_isa_cls is not micro.VecAVX512]
+    assert micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec] == before
+    with _GemmRows(0):
+        assert micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec] == before
+
+
+def test_compiled_forward_wider_than_one_register_block(target, forbid_recompiles):
+    # a width of 6 rows spans a full 4-row register block and a 2-row tail
+    from specforge_lite.decoding.fast_target import StaticLlama, compile_frozen
+
+    eager = StaticLlama(target, 64, LAYERS).eval()
+    compiled_module = StaticLlama(target, 64, LAYERS).eval()
+    ids, positions = torch.arange(3, 9), torch.arange(6)
+    graph, _ = compile_frozen(compiled_module, [(ids, positions)])
+    forbid_recompiles()
+    with torch.inference_mode():
+        want_logits, want_hidden = eager(ids, positions)
+        got_logits, got_hidden = graph(ids.clone(), positions.clone())
+    torch.testing.assert_close(got_logits, want_logits, atol=2e-5, rtol=1e-4)
+    for got, want in zip(got_hidden, want_hidden):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
