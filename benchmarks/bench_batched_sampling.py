@@ -7,7 +7,9 @@ into batches as the sample stage does), same batch size, greedy, same loaded
 SmolLM2-135M-Instruct target, fp32 on CPU. Modes, interleaved over `--rounds`:
 `hf_generate` (transformers' `generate`, left-padded batches), `hf` (the sample stage's
 `hf` backend), `static` and `compiled` (`sample.backend=static|compiled`). The compiled
-step is built once before the rounds and its compile time is reported apart. Generated
+step is built once before the rounds and its compile time is reported apart;
+`compiled_inductor_rows` is the same step built with inductor's own register blocks for its
+fp32 GEMM micro-kernel (`SPECFORGE_LITE_GEMM_ROWS=0`) instead of ours. Generated
 tokens are counted up to and including EOS; rows whose tokens differ from `hf_generate`'s
 are counted too (greedy fp32: they should not).
 """
@@ -15,16 +17,18 @@ are counted too (greedy fp32: they should not).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import load_smollm2, sharegpt_first_turns, update_doc_section, write_results
+from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, gemm_rows
 from specforge_lite.stages.sample import HFBackend, StaticBackend, left_padded
 from specforge_lite.targets import eos_token_ids
 
-MODES = ("hf_generate", "hf", "static", "compiled")
+MODES = ("hf_generate", "hf", "static", "compiled", "compiled_inductor_rows")
 
 
 def main() -> None:
@@ -35,6 +39,8 @@ def main() -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    if os.environ.get(GEMM_ROWS_ENV):
+        parser.error(f"unset {GEMM_ROWS_ENV}: this bench compares our default rows with inductor's own")
 
     model, tokenizer = load_smollm2()
     prompts = sharegpt_first_turns(tokenizer, args.prompts, args.max_prompt_tokens)
@@ -62,6 +68,9 @@ def main() -> None:
     started = time.perf_counter()
     backends["compiled"] = StaticBackend(model, tokenizer, cfg, True)
     compile_s = time.perf_counter() - started
+    os.environ[GEMM_ROWS_ENV] = "0"
+    backends["compiled_inductor_rows"] = StaticBackend(model, tokenizer, cfg, True)
+    del os.environ[GEMM_ROWS_ENV]
     run = {"hf_generate": hf_generate,
            **{name: (lambda b: (lambda batch: [t for t, _ in b.generate(batch)]))(b) for name, b in backends.items()}}
     for name in MODES:  # warm-up
@@ -100,7 +109,9 @@ def main() -> None:
         "rows_differing_from_hf_generate": differing,
         "goal": "compiled >= 2x HF generate (least favourable round)", "goal_met": met})
     labels = {"hf_generate": "HF `generate` (left-padded batches)", "hf": "`hf` backend (our loop, HF forward)",
-              "static": "`static` backend (our forward, eager)", "compiled": "`compiled` backend (width-1 step compiled)"}
+              "static": "`static` backend (our forward, eager)",
+              "compiled": f"`compiled` backend (width-1 step compiled, {gemm_rows()}-row GEMM blocks)",
+              "compiled_inductor_rows": "`compiled`, inductor's own GEMM register blocks"}
     table = "\n".join(f"| {labels[n]} | {totals[n][0]} | {totals[n][1]:.1f} | {rate[n]:.1f} | "
                       f"{', '.join(f'{x:.2f}' for x in ratios[n])} | {differing[n]} |" for n in MODES)
     update_doc_section("batched_sampling", f"""## Batched sampling: static forward vs HF `generate` (SmolLM2, CPU, fp32)

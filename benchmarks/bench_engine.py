@@ -38,7 +38,7 @@ def forward_costs(args) -> dict:
     from omegaconf import OmegaConf
 
     from specforge_lite.decoding.engine import TargetRunner
-    from specforge_lite.decoding.fast_target import FastEngine
+    from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, FastEngine, gemm_rows
     from specforge_lite.targets import load_target
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
@@ -48,6 +48,16 @@ def forward_costs(args) -> dict:
     compiled = FastEngine(model, capacity, max_width=args.widths, compiled=True)
     compile_s = compiled.compile()
     runners = {"hf": TargetRunner(model), "static": FastEngine(model, capacity).runner(), "compiled": compiled.runner()}
+    if not args.skip_inductor_rows:
+        # the same graphs with inductor's own register blocks for its fp32 GEMM micro-kernel
+        saved = os.environ.get(GEMM_ROWS_ENV)
+        os.environ[GEMM_ROWS_ENV] = "0"
+        try:
+            stock = FastEngine(model, capacity, max_width=args.widths, compiled=True)
+            stock.compile()
+        finally:
+            os.environ.pop(GEMM_ROWS_ENV) if saved is None else os.environ.__setitem__(GEMM_ROWS_ENV, saved)
+        runners["compiled_inductor_rows"] = stock.runner()
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
@@ -79,6 +89,7 @@ def forward_costs(args) -> dict:
     ms = {name: {t: 1e3 * statistics.median(v) for t, v in by_t.items()} for name, by_t in times.items()}
     flips = argmax_flips(args, model, tokenizer, compiled)
     return {"argmax_flips": flips, "context": args.context, "rounds": args.rounds, "compile_s": compile_s, "ms": ms,
+            "gemm_rows": gemm_rows(),
             "ratio_to_one_token": {name: {t: v[t] / v[1] for t in widths} for name, v in ms.items()},
             "weight_bytes": weight_bytes, "weight_stream_ms": 1e3 * floor_s,
             "bandwidth_gb_s": weight_bytes / floor_s / 1e9}
@@ -148,10 +159,12 @@ def markdown(costs: dict, plain: tuple[dict, str] | None, command: str) -> str:
     lines = ["## Target forward: static cache and compiled graphs (SmolLM2, CPU, fp32)", "",
              f"Command: `{command}` ({machine()}). Compiling widths 1..{widths[-1]}: "
              f"{costs['compile_s']:.0f} s (inductor, frozen weights, autotuned products; not cached between "
-             f"runs: inductor does not cache graphs with frozen weights).", "",
+             f"runs: inductor's graph cache skips graphs with oneDNN-packed weights).", "",
              f"Median ms of one forward over t new tokens after a {costs['context']}-token context "
              f"({costs['rounds']} interleaved rounds), and the ratio to t = 1 (a verification of k drafts "
-             "has t = k + 1):", "",
+             f"has t = k + 1). `compiled` builds inductor's fp32 GEMM micro-kernel with {costs['gemm_rows']}-row "
+             "register blocks (our default), `compiled_inductor_rows` with inductor's own choice "
+             "(`SPECFORGE_LITE_GEMM_ROWS=0`):", "",
              "| engine | " + " | ".join(f"t={t}" for t in widths) + " |",
              "|---|" + "---:|" * len(widths)]
     for name, by_t in ms.items():
@@ -198,6 +211,8 @@ def main() -> None:
     parser.add_argument("--run-dir", default="runs/bench_engine")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--skip-plain", action="store_true")
+    parser.add_argument("--skip-inductor-rows", action="store_true",
+                        help="do not also time the compiled graphs with inductor's own GEMM register blocks")
     args = parser.parse_args()
     command = "python -m benchmarks.bench_engine " + shlex.join(sys.argv[1:])
     costs = forward_costs(args)

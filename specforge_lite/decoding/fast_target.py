@@ -16,10 +16,10 @@ on the same weights (q/k/v and gate/up fused into one product each):
 `FastEngine` owns one `StaticLlama` for a run and, when compiled, one graph per
 decoding width 1..max_width (`torch.compile` with inductor: weights frozen and
 pre-packed, products autotuned between inductor's C++ micro-kernels and the BLAS
-library). Wider forwards (prefill) run the same module eagerly. Inductor does not cache
-graphs with frozen weights between runs; its autotuning choices and C++ kernels are
-cached (TORCHINDUCTOR_CACHE_DIR, by default in the system's temporary folder), which
-shortens a second compile.
+library). Wider forwards (prefill) run the same module eagerly. Graphs are not cached
+between runs: inductor's graph cache skips a graph whose frozen weights were packed for
+oneDNN (they cannot be pickled), and without that packing its C++ GEMM template is not
+used. Its compiled C++ sources are cached (TORCHINDUCTOR_CACHE_DIR).
 
 Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) with
 the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine
