@@ -190,8 +190,8 @@ def allow_graphs(count: int) -> None:
 # Rows per register block of inductor's fp32 C++ GEMM micro-kernel on AVX-512 CPUs. Inductor
 # picks 8 (or 16) rows there; its kernel then holds 24 accumulators and, measured on a 2-core
 # AVX-512 CPU (docs/BENCHMARKS.md "Target forward"), runs a product of 5-16 rows 1.4-1.9x slower
-# than the same product with 4-row blocks, which stream each weight tile from L1 once per 4
-# rows. Our decoding widths (k + 1 <= 9) and sampling batches (<= 16 rows) sit exactly there.
+# than the same product with 4-row blocks (5- and 6-row blocks were as slow as 8). Our decoding
+# widths (k + 1 <= 9) and sampling batches (<= 16 rows) sit exactly there.
 # SPECFORGE_LITE_GEMM_ROWS=0 keeps inductor's own choice; any other value sets the rows.
 GEMM_ROWS_ENV = "SPECFORGE_LITE_GEMM_ROWS"
 DEFAULT_GEMM_ROWS = 4

@@ -117,6 +117,13 @@ def test_out_of_range_settings_are_refused_before_anything_runs(capsys, tmp_path
     assert written(tmp_path) == set()
 
 
+def test_a_bad_gemm_rows_environment_setting_is_refused_at_the_door(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFORGE_LITE_GEMM_ROWS", "eight")
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}")
+    assert_user_error(code, err, "SPECFORGE_LITE_GEMM_ROWS='eight': expected 0 (inductor's choice) or rows 1..16")
+    assert written(tmp_path) == set()
+
+
 def test_every_recipe_passes_validation_and_zero_disables_checkpoints():
     from specforge_lite.validate import config_problems
 
