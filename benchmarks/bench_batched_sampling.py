@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import load_smollm2, sharegpt_first_turns, update_doc_section, write_results
-from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, gemm_rows
+from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, gemm_rows, inductor_gemm_rows
 from specforge_lite.stages.sample import HFBackend, StaticBackend, left_padded
 from specforge_lite.targets import eos_token_ids
 
@@ -68,9 +68,8 @@ def main() -> None:
     started = time.perf_counter()
     backends["compiled"] = StaticBackend(model, tokenizer, cfg, True)
     compile_s = time.perf_counter() - started
-    os.environ[GEMM_ROWS_ENV] = "0"
-    backends["compiled_inductor_rows"] = StaticBackend(model, tokenizer, cfg, True)
-    del os.environ[GEMM_ROWS_ENV]
+    with inductor_gemm_rows():
+        backends["compiled_inductor_rows"] = StaticBackend(model, tokenizer, cfg, True)
     run = {"hf_generate": hf_generate,
            **{name: (lambda b: (lambda batch: [t for t, _ in b.generate(batch)]))(b) for name, b in backends.items()}}
     for name in MODES:  # warm-up

@@ -38,7 +38,7 @@ def forward_costs(args) -> dict:
     from omegaconf import OmegaConf
 
     from specforge_lite.decoding.engine import TargetRunner
-    from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, FastEngine, gemm_rows
+    from specforge_lite.decoding.fast_target import FastEngine, gemm_rows, inductor_gemm_rows
     from specforge_lite.targets import load_target
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
@@ -50,13 +50,9 @@ def forward_costs(args) -> dict:
     runners = {"hf": TargetRunner(model), "static": FastEngine(model, capacity).runner(), "compiled": compiled.runner()}
     if not args.skip_inductor_rows:
         # the same graphs with inductor's own register blocks for its fp32 GEMM micro-kernel
-        saved = os.environ.get(GEMM_ROWS_ENV)
-        os.environ[GEMM_ROWS_ENV] = "0"
-        try:
+        with inductor_gemm_rows():
             stock = FastEngine(model, capacity, max_width=args.widths, compiled=True)
             stock.compile()
-        finally:
-            os.environ.pop(GEMM_ROWS_ENV) if saved is None else os.environ.__setitem__(GEMM_ROWS_ENV, saved)
         runners["compiled_inductor_rows"] = stock.runner()
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)

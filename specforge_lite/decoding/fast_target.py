@@ -188,10 +188,10 @@ def allow_graphs(count: int) -> None:
 
 
 # Rows per register block of inductor's fp32 C++ GEMM micro-kernel on AVX-512 CPUs. Inductor
-# picks 8 (or 16) rows there; its kernel then holds 24 accumulators and, measured on a 2-core
-# AVX-512 CPU (docs/BENCHMARKS.md "Target forward"), runs a product of 5-16 rows 1.4-1.9x slower
-# than the same product with 4-row blocks (5- and 6-row blocks were as slow as 8). Our decoding
-# widths (k + 1 <= 9) and sampling batches (<= 16 rows) sit exactly there.
+# picks 8 (or 16) rows there, and on a 2-core AVX-512 CPU that made SmolLM2's forwards of 5-9
+# tokens 1.2-3.3x slower and its batch-16 sampling step 1.3x slower than 4-row blocks
+# (docs/BENCHMARKS.md "Target forward", "Batched sampling"). Our decoding widths (k + 1 <= 9)
+# and sampling batches (<= 16 rows) sit exactly there.
 # SPECFORGE_LITE_GEMM_ROWS=0 keeps inductor's own choice; any other value sets the rows.
 GEMM_ROWS_ENV = "SPECFORGE_LITE_GEMM_ROWS"
 DEFAULT_GEMM_ROWS = 4
@@ -206,6 +206,23 @@ def gemm_rows() -> int:
     if not value.isdigit() or int(value) > 16:
         raise ValueError(f"{GEMM_ROWS_ENV}={value!r}: expected 0 (inductor's choice) or rows 1..16")
     return int(value)
+
+
+class inductor_gemm_rows:
+    """While active, `compile_frozen` keeps inductor's own GEMM register blocks (as
+    SPECFORGE_LITE_GEMM_ROWS=0 does); the environment is restored on exit."""
+
+    def __enter__(self):
+        self.saved = os.environ.get(GEMM_ROWS_ENV)
+        os.environ[GEMM_ROWS_ENV] = "0"
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            os.environ.pop(GEMM_ROWS_ENV, None)
+        else:
+            os.environ[GEMM_ROWS_ENV] = self.saved
+        return False
 
 
 class _GemmRows:
