@@ -103,12 +103,14 @@ class StaticBackend:
     compiled (`sample.backend=static|compiled`): the batch is always `sample.batch_size` rows
     (a short last batch repeats its first prompt in the spare rows) over a cache of
     `max_prompt_length + max_new_tokens` positions, so one graph of width 1 serves every
-    decoding step; the left-padded prefill runs eagerly. Finished rows keep their place (a
+    decoding step, its attention spanning only the cache slots written so far
+    (`StaticLlama.window`); the prefill runs eagerly, the prompts packed into one sequence
+    so no padding is computed (`StaticLlama.prefill_rows`). Finished rows keep their place (a
     fixed shape) and their tokens are dropped; the batch stops when every row has finished.
     Llama-family targets only (`fast_target.unsupported_reason`)."""
 
     def __init__(self, model, tokenizer, sample_cfg, compiled: bool):
-        from specforge_lite.decoding.fast_target import StaticLlama, compile_frozen
+        from specforge_lite.decoding.fast_target import WINDOW_STEP, StaticLlama, compile_frozen
 
         self.model, self.cfg = model, sample_cfg
         self.eos_ids = set(eos_token_ids(model, tokenizer))
@@ -124,10 +126,12 @@ class StaticBackend:
         self.step = self.module
         self.compile_s = None
         if compiled:
-            example = (torch.zeros(self.batch, 1, dtype=torch.long, device=self.device),
-                       torch.zeros(1, dtype=torch.long, device=self.device),
-                       torch.zeros(self.batch, dtype=torch.long, device=self.device))
-            self.step, self.compile_s = compile_frozen(self.module, [example])
+            with torch.inference_mode():
+                example = (torch.zeros(self.batch, 1, dtype=torch.long, device=self.device),
+                           torch.zeros(1, dtype=torch.long, device=self.device),
+                           torch.zeros(self.batch, dtype=torch.long, device=self.device), False,
+                           self.module.window(WINDOW_STEP))
+            self.step, self.compile_s = compile_frozen(self.module, [example], dynamic_args=(4,))
             log.info("compiled the target's batch-%d decoding step in %.0f s", self.batch, self.compile_s)
 
     @torch.inference_mode()
@@ -141,8 +145,7 @@ class StaticBackend:
             raise SpecforgeError(f"a prompt of {width} tokens does not fit the static cache of "
                                  f"{self.module.capacity} (sample.max_prompt_length + sample.max_new_tokens)")
         start = start.to(self.device)
-        logits = self.module(ids.to(self.device), torch.arange(width, device=self.device), start, last_only=True)[0]
-        logits = logits[:, -1]
+        logits = self.module.prefill_rows(rows)
         generated: list[list[int]] = [[] for _ in prompts]
         finish = ["length"] * len(prompts)
         live = set(range(len(prompts)))
@@ -157,7 +160,7 @@ class StaticBackend:
             if not live or step == self.cfg.max_new_tokens - 1:
                 break
             position = torch.tensor([width + step], device=self.device)
-            logits = self.step(tokens[:, None], position, start)[0][:, -1]
+            logits = self.step(tokens[:, None], position, start, False, self.module.window(width + step + 1))[0][:, -1]
         return list(zip(generated, finish))
 
 

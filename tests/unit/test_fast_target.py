@@ -215,3 +215,49 @@ def test_compiled_forward_wider_than_one_register_block(target, forbid_recompile
     torch.testing.assert_close(got_logits, want_logits, atol=2e-5, rtol=1e-4)
     for got, want in zip(got_hidden, want_hidden):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_compiled_window_grows_without_recompiling(target, forbid_recompiles):
+    # attention spans only the slots written so far, rounded up to WINDOW_STEP: one graph per
+    # width serves every window (here 16 .. 96 slots, the last one the whole cache), and the
+    # tokens are transformers' own
+    from specforge_lite.decoding.fast_target import WINDOW_STEP
+
+    engine = FastEngine(target, capacity=96, hidden_layers=(), max_width=2, compiled=True)
+    engine.compile()
+    forbid_recompiles()
+    ids = prompts(1, seed=11)[0][:9]
+    want = generate_plain(target, ids, 80, runner=TargetRunner(target))
+    got = generate_plain(target, ids, 80, runner=engine.runner())
+    assert got.tokens == want.tokens and len(got.tokens) == 80
+    assert engine.module.window(9).shape[0] == WINDOW_STEP
+    assert engine.module.window(WINDOW_STEP + 1).shape[0] == 2 * WINDOW_STEP
+    assert engine.module.window(10_000).shape[0] == 96  # never past the cache
+
+
+def test_packed_prefill_equals_the_padded_forward(target):
+    # rows of different lengths prefilled as one packed sequence: each row's last logits and
+    # its cache slots equal the left-padded forward's, and a windowed decoding step after it
+    # equals a whole-cache step after the padded prefill
+    from specforge_lite.decoding.fast_target import StaticLlama
+    from specforge_lite.stages.sample import left_padded
+
+    rows = [list(range(3, 3 + n)) for n in (5, 12, 1)]
+    padded = StaticLlama(target, 32, (), batch=3).eval()
+    packed = StaticLlama(target, 32, (), batch=3).eval()
+    ids, start = left_padded(rows, 0)
+    width = ids.shape[1]
+    with torch.inference_mode():
+        want = padded(ids, torch.arange(width), start, last_only=True)[0][:, -1]
+        got = packed.prefill_rows(rows)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+        for a, b in zip(padded.layers, packed.layers):
+            for row, first in enumerate(start.tolist()):
+                torch.testing.assert_close(b.k_cache[row, :, first:width], a.k_cache[row, :, first:width])
+                torch.testing.assert_close(b.v_cache[row, :, first:width], a.v_cache[row, :, first:width])
+        step = want.argmax(-1)[:, None]
+        want_next = padded(step, torch.tensor([width]), start)[0]
+        got_next = packed(step, torch.tensor([width]), start, window=packed.window(width + 1))[0]
+        torch.testing.assert_close(got_next, want_next, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="non-empty rows"):
+        packed.prefill_rows(rows[:2])
