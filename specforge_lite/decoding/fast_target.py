@@ -244,17 +244,23 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+_GRAPHS_ALLOWED = [0]  # graphs asked for so far in this process
+
+
 def allow_graphs(count: int) -> None:
-    """Let dynamo keep `count` graphs (one per width) of one function: past its default
-    limit of 8 it would silently run the wider widths eagerly."""
+    """Let dynamo keep `count` more graphs (one per width) of one function: past its limit
+    (8 by default) it would silently run the wider widths eagerly. The limit counts every
+    graph of a code object, so graphs of two modules of one class (a bench's two engines,
+    a target and a draft model) add up."""
     import torch._dynamo.config as dynamo_config
 
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, count + 8)
+    _GRAPHS_ALLOWED[0] += count
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _GRAPHS_ALLOWED[0] + 8)
 
 
 # Rows per register block of inductor's fp32 C++ GEMM micro-kernel on AVX-512 CPUs. Inductor
 # picks 8 (or 16) rows there, and on a 2-core AVX-512 CPU that made SmolLM2's forwards of 5-9
-# tokens 1.2-3.3x slower and its batch-16 sampling step 1.3x slower than 4-row blocks
+# tokens 1.2-1.8x slower and its batch-16 sampling step 1.3-1.4x slower than 4-row blocks
 # (docs/BENCHMARKS.md "Target forward", "Batched sampling"). Our decoding widths (k + 1 <= 9)
 # and sampling batches (<= 16 rows) sit exactly there.
 # SPECFORGE_LITE_GEMM_ROWS=0 keeps inductor's own choice; any other value sets the rows.

@@ -261,3 +261,17 @@ def test_packed_prefill_equals_the_padded_forward(target):
         torch.testing.assert_close(got_next, want_next, atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="non-empty rows"):
         packed.prefill_rows(rows[:2])
+
+
+def test_graph_allowance_adds_up_over_modules(monkeypatch):
+    # dynamo's recompile limit counts every graph of one code object: two engines of 9 widths
+    # each (a bench's two builds, a target and a draft model) need room for all 18
+    import torch._dynamo.config as dynamo_config
+
+    from specforge_lite.decoding import fast_target
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    monkeypatch.setattr(fast_target, "_GRAPHS_ALLOWED", [0])
+    fast_target.allow_graphs(9)
+    fast_target.allow_graphs(9)
+    assert dynamo_config.recompile_limit >= 18
