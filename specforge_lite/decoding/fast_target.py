@@ -11,8 +11,7 @@ on the same weights (q/k/v and gate/up fused into one product each):
   rounded up to WINDOW_STEP (`StaticLlama.window`), under a mask built from the
   positions; the window's length is the one dynamic size of a compiled graph, so one
   graph per width serves every decoding step of that width and no step reads the
-  unused end of the cache (a batch-16 sampling step with a 384-slot cache spent about a
-  quarter of its time there);
+  unused end of the cache (docs/BENCHMARKS.md "Batched sampling");
 - rotary tables come from the model's own rotary module (every RoPE variant
   transformers implements), computed once for the cache length.
 
@@ -138,8 +137,8 @@ class StaticLlama(nn.Module):
 
     def window(self, length: int) -> torch.Tensor:
         """The attention window for forwards whose positions are all below `length`: slot
-        ids 0..n-1, n = `length` rounded up to WINDOW_STEP (at most the capacity). Compile
-        with a window shorter than the cache: one as long as it would fix the length."""
+        ids 0..n-1, n = `length` rounded up to WINDOW_STEP (at most the capacity). A compile
+        example needs a window shorter than the cache: a whole-cache one fixes the length."""
         return self._window_ids[:min(self.capacity, -(-max(length, 1) // WINDOW_STEP) * WINDOW_STEP)]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor | None = None,
