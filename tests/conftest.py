@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ CONF_DIR = REPO / "specforge_lite" / "conf"
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# compiled target graphs go to a folder of this session's (every run compiles afresh, and
+# nothing is added to the user's cache); tests of the cache itself pass their own folders
+os.environ.setdefault("SPECFORGE_LITE_GRAPH_CACHE", tempfile.mkdtemp(prefix="specforge_lite_test_graphs_"))
 
 
 def compose(overrides: list[str] | None = None):

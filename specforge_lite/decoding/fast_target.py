@@ -15,13 +15,16 @@ on the same weights (q/k/v and gate/up fused into one product each):
 - rotary tables come from the model's own rotary module (every RoPE variant
   transformers implements), computed once for the cache length.
 
-`FastEngine` owns one `StaticLlama` for a run and, when compiled, one graph per
-decoding width 1..max_width (`torch.compile` with inductor: weights frozen and
-pre-packed, products autotuned between inductor's C++ micro-kernels and the BLAS
-library). Wider forwards (prefill) run the same module eagerly. Graphs are not cached
-between runs: inductor's graph cache skips a graph whose frozen weights were packed for
-oneDNN (they cannot be pickled), and without that packing its C++ GEMM template is not
-used. Its compiled C++ sources are cached (TORCHINDUCTOR_CACHE_DIR).
+`FastEngine` owns one `StaticLlama` for a run and, when compiled, a graph for the
+decoding widths 1..max_width. On a CPU that is one AOTInductor package (`torch.export`
+with the width and the window dynamic, inductor with frozen, pre-packed weights and
+autotuned products), kept on disk under a key of everything it was built from (weights,
+shapes, torch, CPU capability, threads, this file), so a later run with the same target
+loads it in seconds instead of compiling for minutes (`graph_cache_dir`). On a GPU it is
+`torch.compile` graphs per width with CUDA graphs, built each run. Wider forwards (prefill)
+run the same module eagerly. (`torch.compile`'s own graph cache skips graphs whose frozen
+weights were packed for oneDNN, and without that packing its C++ GEMM template is not used:
+hence the package.)
 
 Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) with
 the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine
@@ -30,9 +33,13 @@ then keeps Hugging Face's forward.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
@@ -142,7 +149,8 @@ class StaticLlama(nn.Module):
         return self._window_ids[:min(self.capacity, -(-max(length, 1) // WINDOW_STEP) * WINDOW_STEP)]
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor | None = None,
-                last_only: bool = False, window: torch.Tensor | None = None):
+                last_only: bool = False, window: torch.Tensor | None = None,
+                caches: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None):
         single = ids.dim() == 1
         if single:
             ids = ids[None]
@@ -167,9 +175,10 @@ class StaticLlama(nn.Module):
             k = qkv[..., q_size:q_size + kv_size].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            layer.k_cache.index_copy_(2, positions, k)
-            layer.v_cache.index_copy_(2, positions, v)
-            keys, values = layer.k_cache[:, :, :span], layer.v_cache[:, :, :span]
+            k_cache, v_cache = (layer.k_cache, layer.v_cache) if caches is None else caches[2 * i:2 * i + 2]
+            k_cache.index_copy_(2, positions, k)
+            v_cache.index_copy_(2, positions, v)
+            keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
                                                   enable_gqa=self.num_kv_heads != self.num_heads)
             x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o)
@@ -375,15 +384,145 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple], dynamic_ar
     return graph, time.perf_counter() - start
 
 
+# --------------------------------------------------------------------------- graph packages
+
+GRAPH_FORMAT = 1  # bump when what a package holds changes shape
+GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
+# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size,
+# which cost nothing measurable against graphs built per width (docs/BENCHMARKS.md "Target
+# forward"), so evaluations at other k up to 15 load the same package
+PACKAGE_WIDTHS = 16
+
+
+def graph_cache_dir() -> Path | None:
+    """Where compiled target graphs are kept between runs: $SPECFORGE_LITE_GRAPH_CACHE, else
+    `compiled/` under the model cache ($SPECFORGE_LITE_CACHE); "0" (or "off") keeps none."""
+    value = os.environ.get(GRAPH_CACHE_ENV, "").strip()
+    if value.lower() in ("0", "off", "false", "none"):
+        return None
+    if value:
+        return Path(value)
+    from specforge_lite.targets import cache_root
+
+    return cache_root() / "compiled"
+
+
+class _Exported(nn.Module):
+    """`StaticLlama.forward` with the KV caches as inputs (graphs write them in place), the
+    shape torch.export wants: a package then holds the weights but not the cache, which the
+    engine keeps and every width shares."""
+
+    def __init__(self, module: StaticLlama):
+        super().__init__()
+        self.module = module
+
+    def forward(self, ids, positions, window, *caches):
+        return self.module(ids, positions, None, False, window, caches)
+
+
+def _caches(module: StaticLlama) -> list[torch.Tensor]:
+    return [c for layer in module.layers for c in (layer.k_cache, layer.v_cache)]
+
+
+def graph_key(module: StaticLlama, max_width: int) -> str:
+    """A digest of everything a package is built from: the weights and rotary tables (every
+    byte), the shapes, the source of this file, torch's version, the CPU capability inductor
+    compiles for and the thread count its kernels are built for."""
+    digest = hashlib.blake2b(digest_size=16)
+    facts = {"format": GRAPH_FORMAT, "torch": torch.__version__, "max_width": max_width,
+             "capacity": module.capacity, "batch": module.batch, "hidden_layers": list(module.hidden_layers),
+             "threads": torch.get_num_threads(), "gemm_rows": gemm_rows(),
+             "cpu": torch.backends.cpu.get_cpu_capability(), "window_step": WINDOW_STEP}
+    digest.update(json.dumps(facts, sort_keys=True).encode())
+    digest.update(Path(__file__).read_bytes())
+    for name, tensor in [*module.named_parameters(), *[(n, b) for n, b in module.named_buffers()
+                                                       if n in ("cos", "sin")]]:
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(data.shape)}:{data.dtype}".encode())
+        digest.update(data.view(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
+
+
+def _package(module: StaticLlama, max_width: int, path: Path) -> None:
+    """Export the forward (width 1..max_width and window length dynamic) and compile it
+    with AOTInductor into the package `path` (written whole or not at all)."""
+    import torch._inductor
+    from torch.export import Dim, export
+
+    device = module.lm_head.device
+    width = min(2, max_width)
+    ids = torch.zeros(width, dtype=torch.long, device=device)
+    window = module.window(WINDOW_STEP)
+    caches = tuple(c.clone() for c in _caches(module))  # not the buffers: export rejects aliased inputs
+    width_dim = Dim("width", min=1, max=max_width) if max_width > 1 else None
+    dims = ({0: width_dim} if width_dim else None, {0: width_dim} if width_dim else None,
+            {0: Dim("window", min=2, max=module.capacity)}, (None,) * len(caches))
+    with torch.no_grad():
+        program = export(_Exported(module), (ids, torch.arange(width, device=device), window, *caches),
+                         dynamic_shapes=dims)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
+        try:
+            with _GemmRows(gemm_rows()):
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(partial),
+                    inductor_configs={"freezing": True, "max_autotune": True, "autotune_num_choices_displayed": 0,
+                                      "max_autotune_report_choices_stats": False})
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
+                     ) -> tuple[Callable, float, str]:
+    """The module's forward for widths 1..max_width (and up to PACKAGE_WIDTHS) as one
+    AOTInductor package: loaded from
+    `cache_dir` when a package built from the same weights, shapes and software is there,
+    else compiled (and kept there unless `cache_dir` is None).
+    Returns (forward taking the module's arguments, seconds taken, "loaded" or "compiled")."""
+    import torch._inductor
+
+    start = time.perf_counter()
+    how = "compiled"
+    widths = max(max_width, PACKAGE_WIDTHS)
+    with tempfile.TemporaryDirectory(prefix="specforge_lite_graph_") as scratch:
+        folder = cache_dir if cache_dir is not None else Path(scratch)
+        path = folder / f"target-{graph_key(module, widths)}.pt2"
+        runner = None
+        if path.exists():
+            try:
+                runner = torch._inductor.aoti_load_package(str(path))
+                how = "loaded"
+            except Exception as error:  # a damaged or foreign file: build it again
+                log.warning("compiled graph %s did not load (%s: %s); compiling it again",
+                            path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+        if runner is None:
+            _package(module, widths, path)
+            runner = torch._inductor.aoti_load_package(str(path))
+            if cache_dir is not None:
+                log.info("kept the compiled target forward in %s (%.0f MB)", path, path.stat().st_size / 1e6)
+    caches = _caches(module)
+
+    def forward(ids, positions, start=None, last_only=False, window=None):
+        if start is not None or last_only or window is None:
+            raise ValueError("the packaged forward takes batch-1 ids, positions and a window")
+        return runner(ids, positions, window, *caches)
+
+    return forward, time.perf_counter() - start, how
+
+
 class FastEngine:
     """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
 
-    compiled: forwards of width 1..max_width run compiled graphs (built by `compile()`,
-    before anything is timed); other widths run the module eagerly.
+    compiled: forwards of width 1..max_width run compiled graphs (built or loaded by
+    `compile()`, before anything is timed); other widths run the module eagerly. On a CPU
+    the graphs are one AOTInductor package kept in `cache_dir` (default `graph_cache_dir()`;
+    None keeps none); on a GPU, `torch.compile` graphs with CUDA graphs (`packaged=False`
+    asks for those on a CPU too: one per width, built each run).
     """
 
     def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), max_width: int = 1,
-                 compiled: bool = False):
+                 compiled: bool = False, cache_dir: Path | None | str = "default", packaged: bool | None = None):
         self.model = model
         self.num_states = model.config.num_hidden_layers + 1  # embeddings + every layer's output
         self.module = StaticLlama(model, capacity, sorted({layer % self.num_states for layer in hidden_layers})).eval()
@@ -391,6 +530,9 @@ class FastEngine:
         self.max_width = max_width
         self.compiled = compiled
         self.compile_s: float | None = None
+        self.cache_dir = graph_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
+        self.graph_source: str | None = None  # "compiled" or "loaded" (from cache_dir)
+        self.packaged = self.device.type == "cpu" if packaged is None else packaged
         self._graph = None
         self.length = 0
         self.owner = None  # the runner whose state the cache holds
@@ -400,16 +542,21 @@ class FastEngine:
         return self.module.capacity
 
     def compile(self) -> float:
-        """Build the graphs of widths 1..max_width now; returns the seconds it took."""
+        """Build (or load) the graphs of widths 1..max_width now; returns the seconds it took."""
         if not self.compiled or self._graph is not None:
             return self.compile_s or 0.0
-        with torch.inference_mode():
-            widths = [(torch.zeros(w, dtype=torch.long, device=self.device), torch.arange(w, device=self.device),
-                       None, False, self.module.window(WINDOW_STEP)) for w in range(1, self.max_width + 1)]
-        graph, self.compile_s = compile_frozen(self.module, widths, dynamic_args=(4,))
+        if self.packaged:
+            graph, self.compile_s, self.graph_source = packaged_forward(self.module, self.max_width, self.cache_dir)
+        else:
+            with torch.inference_mode():
+                widths = [(torch.zeros(w, dtype=torch.long, device=self.device), torch.arange(w, device=self.device),
+                           None, False, self.module.window(WINDOW_STEP)) for w in range(1, self.max_width + 1)]
+            graph, self.compile_s = compile_frozen(self.module, widths, dynamic_args=(4,))
+            self.graph_source = "compiled"
         self._graph = graph
         self.length = 0
-        log.info("compiled the target's forward for widths 1..%d in %.0f s", self.max_width, self.compile_s)
+        log.info("%s the target's forward for widths 1..%d in %.0f s", self.graph_source, self.max_width,
+                 self.compile_s)
         return self.compile_s
 
     def runner(self, layers: Iterable[int] = ()) -> "FastRunner":
@@ -499,13 +646,13 @@ class TargetForward:
 
 
 def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterable[int], max_width: int,
-                        repeats: int = 5) -> TargetForward:
+                        repeats: int = 5, cache_dir: Path | None | str = "default") -> TargetForward:
     """The target forward a run decodes with, and what choosing it measured.
 
     choice: hf (transformers' forward), static (`StaticLlama`, eager), compiled (its
     graphs for widths 1..max_width) or auto: every candidate this model and machine
     can run, timed on widths 1 and max_width after a 64-token context, the one with the
-    least total kept.
+    least total kept. cache_dir: where compiled graphs are kept (`FastEngine`).
     """
     from specforge_lite.decoding.engine import TargetRunner
 
@@ -524,10 +671,12 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
     if choice in ("static", "auto"):
         engines["static"] = FastEngine(model, capacity, hidden_layers, max_width)
     if choice in ("compiled", "auto"):
-        engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True)
+        engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True, cache_dir=cache_dir)
         try:
             info["gemm_rows"] = gemm_rows() if engine.device.type == "cpu" else None
             info["compile_s"] = engine.compile()
+            info["graph"] = engine.graph_source  # compiled this run, or loaded from the cache
+            info["graph_cache"] = str(engine.cache_dir) if engine.cache_dir and engine.device.type == "cpu" else None
             engines["compiled"] = engine
         except Exception as error:  # no C++ compiler, an inductor limitation: say so, keep the others
             if choice == "compiled":

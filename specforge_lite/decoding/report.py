@@ -155,6 +155,18 @@ def _winner_wording(deploy: str, runner_up: str, ratio_ci: list[float], num_prom
             f"{deploy}'s speed over {runner_up}'s, {interval}, {relation} ({behind})")
 
 
+def _engine_sentence(engine: dict | None) -> str:
+    """' Target forward: ...' from the report's settings.engine (empty where absent)."""
+    if not engine or not engine.get("used"):
+        return ""
+    how = f" (eval.engine={engine['requested']})" if engine.get("requested") != engine["used"] else ""
+    text = f" Target forward: `{engine['used']}`{how}"
+    if engine["used"] == "compiled" and engine.get("compile_s") is not None:
+        verb = "loaded from the graph cache" if engine.get("graph") == "loaded" else "compiled"
+        text += f", its graphs {verb} in {engine['compile_s']:.1f} s before timing"
+    return text + "."
+
+
 def render_markdown(report: dict) -> str:
     s = report["settings"]
     mode = "greedy" if s["temperature"] == 0 else f"sampling T={s['temperature']}, top-p={s['top_p']}"
@@ -164,7 +176,7 @@ def render_markdown(report: dict) -> str:
         f"Target `{report['target']}` ({report['dtype']}, {report['device']}, {report['torch_threads']} threads); "
         f"{report['num_prompts']} prompts of `{report['dataset']}` ({report['num_answers']} answers), "
         f"{s['max_new_tokens']} new tokens max, {mode}, k = {s['num_draft_tokens']}, batch 1, "
-        f"{s['warmup']} warm-up run(s) per method.", "",
+        f"{s['warmup']} warm-up run(s) per method." + _engine_sentence(s.get("engine")), "",
         methods_table(report), "",
     ]
     rec = report.get("recommendation")

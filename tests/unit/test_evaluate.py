@@ -240,3 +240,15 @@ def test_methods_table_shows_intervals_and_counts():
     for entry in report["methods"].values():
         del entry["tau_ci"], entry["speedup_ci"], entry["num_prompts"]
     assert "| eagle3 | 2.50 |" in methods_table(report)
+
+
+def test_report_names_the_target_forward_and_where_its_graphs_came_from():
+    from specforge_lite.decoding.report import _engine_sentence
+
+    assert _engine_sentence(None) == ""
+    loaded = _engine_sentence({"requested": "auto", "used": "compiled", "compile_s": 1.84, "graph": "loaded"})
+    assert loaded == (" Target forward: `compiled` (eval.engine=auto), its graphs loaded from the graph cache "
+                      "in 1.8 s before timing.")
+    built = _engine_sentence({"requested": "compiled", "used": "compiled", "compile_s": 138.2, "graph": "compiled"})
+    assert built == " Target forward: `compiled`, its graphs compiled in 138.2 s before timing."
+    assert _engine_sentence({"requested": "hf", "used": "hf", "compile_s": None}) == " Target forward: `hf`."

@@ -275,3 +275,51 @@ def test_graph_allowance_adds_up_over_modules(monkeypatch):
         fast_target.allow_graphs(9)
         fast_target.allow_graphs(9)
         assert dynamo_config.recompile_limit >= 18
+
+
+def test_compiled_graph_is_kept_and_loaded_by_a_later_engine(target, tmp_path, caplog):
+    # a CPU engine's graphs are one AOTInductor package in the cache folder; a second engine
+    # built from the same weights and shapes loads it instead of compiling, and its forwards
+    # are transformers' own; a damaged package is compiled again, not trusted
+    first = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=3, compiled=True, cache_dir=tmp_path)
+    first.compile()
+    assert first.graph_source == "compiled"
+    packages = sorted(tmp_path.iterdir())
+    assert len(packages) == 1 and packages[0].name.startswith("target-") and packages[0].suffix == ".pt2"
+    second = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=3, compiled=True, cache_dir=tmp_path)
+    second.compile()
+    assert second.graph_source == "loaded"
+    _compare(TargetRunner(target, LAYERS), second.runner(LAYERS), STEPS, CROPS)
+    packages[0].write_bytes(b"not a package")
+    third = FastEngine(target, capacity=64, hidden_layers=LAYERS, max_width=3, compiled=True, cache_dir=tmp_path)
+    with caplog.at_level("WARNING"):
+        third.compile()
+    assert third.graph_source == "compiled" and "did not load" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [packages[0].name]  # replaced, no partial file left
+    _compare(TargetRunner(target, LAYERS), third.runner(LAYERS), STEPS, CROPS)
+
+
+def test_graph_key_follows_weights_and_shapes(target):
+    from specforge_lite.decoding.fast_target import StaticLlama, graph_key
+
+    base = graph_key(StaticLlama(target, 64, LAYERS), 3)
+    assert graph_key(StaticLlama(target, 64, LAYERS), 3) == base
+    assert graph_key(StaticLlama(target, 128, LAYERS), 3) != base
+    assert graph_key(StaticLlama(target, 64, (2,)), 3) != base
+    changed = StaticLlama(target, 64, LAYERS)
+    with torch.no_grad():
+        changed.layers[1].down[0, 0] += 1e-3  # one weight of one layer
+    assert graph_key(changed, 3) != base
+
+
+def test_graph_cache_folder_setting(monkeypatch, tmp_path):
+    from specforge_lite.decoding.fast_target import GRAPH_CACHE_ENV, graph_cache_dir
+
+    monkeypatch.setenv(GRAPH_CACHE_ENV, str(tmp_path))
+    assert graph_cache_dir() == tmp_path
+    for off in ("0", "off"):
+        monkeypatch.setenv(GRAPH_CACHE_ENV, off)
+        assert graph_cache_dir() is None
+    monkeypatch.delenv(GRAPH_CACHE_ENV)
+    monkeypatch.setenv("SPECFORGE_LITE_CACHE", str(tmp_path / "models"))
+    assert graph_cache_dir() == tmp_path / "models" / "compiled"
