@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
-import tempfile
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,11 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # compiled target graphs go to a folder of this session's (every run compiles afresh, and
 # nothing is added to the user's cache); tests of the cache itself pass their own folders
-os.environ.setdefault("SPECFORGE_LITE_GRAPH_CACHE", tempfile.mkdtemp(prefix="specforge_lite_test_graphs_"))
+_GRAPHS = tempfile.mkdtemp(prefix="specforge_lite_test_graphs_")
+if os.environ.setdefault("SPECFORGE_LITE_GRAPH_CACHE", _GRAPHS) == _GRAPHS:
+    atexit.register(shutil.rmtree, _GRAPHS, True)  # a SmolLM2 package is 650 MB
+else:
+    os.rmdir(_GRAPHS)
 
 
 def compose(overrides: list[str] | None = None):

@@ -463,7 +463,10 @@ def _package(module: StaticLlama, max_width: int, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
         try:
-            with _GemmRows(gemm_rows()):
+            # built in a scratch inductor cache: the build leaves a copy of the whole shared
+            # library (weights included) in inductor's cache, which the package makes redundant
+            with tempfile.TemporaryDirectory(prefix="specforge_lite_build_") as build, \
+                    _scratch_inductor_cache(build), _GemmRows(gemm_rows()):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(partial),
                     inductor_configs={"freezing": True, "max_autotune": True, "autotune_num_choices_displayed": 0,
@@ -471,6 +474,18 @@ def _package(module: StaticLlama, max_width: int, path: Path) -> None:
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
+
+
+def _scratch_inductor_cache(directory: str):
+    """Inductor's cache folder moved to `directory` for a while (torch's own switch where it
+    has one)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    except ImportError:  # an older layout: build in the usual cache
+        import contextlib
+
+        return contextlib.nullcontext()
+    return temporary_cache_dir(directory)
 
 
 def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
