@@ -691,7 +691,8 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
             info["gemm_rows"] = gemm_rows() if engine.device.type == "cpu" else None
             info["compile_s"] = engine.compile()
             info["graph"] = engine.graph_source  # compiled this run, or loaded from the cache
-            info["graph_cache"] = str(engine.cache_dir) if engine.cache_dir and engine.device.type == "cpu" else None
+            # whether the graphs are kept between runs (not where: a report names no local paths)
+            info["graph_cache"] = bool(engine.cache_dir) and engine.packaged
             engines["compiled"] = engine
         except Exception as error:  # no C++ compiler, an inductor limitation: say so, keep the others
             if choice == "compiled":
