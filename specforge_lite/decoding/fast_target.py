@@ -388,9 +388,9 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple], dynamic_ar
 
 GRAPH_FORMAT = 1  # bump when what a package holds changes shape
 GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
-# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size,
-# which cost nothing measurable against graphs built per width (docs/BENCHMARKS.md "Target
-# forward"), so evaluations at other k up to 15 load the same package
+# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size
+# (a package of widths 1..5 was as fast as per-width graphs at t = 1-3 and faster at 4-5,
+# docs/BENCHMARKS.md engine_avx2), so evaluations at other k up to 15 load the same package
 PACKAGE_WIDTHS = 16
 
 
@@ -447,6 +447,7 @@ def _package(module: StaticLlama, max_width: int, path: Path) -> None:
     """Export the forward (width 1..max_width and window length dynamic) and compile it
     with AOTInductor into the package `path` (written whole or not at all)."""
     import torch._inductor
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
     from torch.export import Dim, export
 
     device = module.lm_head.device
@@ -466,7 +467,7 @@ def _package(module: StaticLlama, max_width: int, path: Path) -> None:
             # built in a scratch inductor cache: the build leaves a copy of the whole shared
             # library (weights included) in inductor's cache, which the package makes redundant
             with tempfile.TemporaryDirectory(prefix="specforge_lite_build_") as build, \
-                    _scratch_inductor_cache(build), _GemmRows(gemm_rows()):
+                    temporary_cache_dir(build), _GemmRows(gemm_rows()):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(partial),
                     inductor_configs={"freezing": True, "max_autotune": True, "autotune_num_choices_displayed": 0,
@@ -474,18 +475,6 @@ def _package(module: StaticLlama, max_width: int, path: Path) -> None:
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
-
-
-def _scratch_inductor_cache(directory: str):
-    """Inductor's cache folder moved to `directory` for a while (torch's own switch where it
-    has one)."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-    except ImportError:  # an older layout: build in the usual cache
-        import contextlib
-
-        return contextlib.nullcontext()
-    return temporary_cache_dir(directory)
 
 
 def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
