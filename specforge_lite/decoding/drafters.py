@@ -94,6 +94,7 @@ class DraftModelDrafter:
     def __init__(self, model):
         self.model = model
         self.runner = None  # a compiled static-cache runner once `compile` built one
+        self.graph_source = None  # "compiled" or "loaded" by `compile`
         self.reset()
 
     def reset(self) -> None:
@@ -120,7 +121,7 @@ class DraftModelDrafter:
             return 0.0
         engine = FastEngine(self.model, capacity, (), max_width=2, compiled=True)
         seconds = engine.compile()
-        self.runner = engine.runner()
+        self.runner, self.graph_source = engine.runner(), engine.graph_source
         self.reset()
         return seconds
 

@@ -33,11 +33,8 @@ then keeps Hugging Face's forward.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -45,6 +42,9 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from specforge_lite.decoding import graph_cache
+from specforge_lite.decoding.graph_cache import GRAPH_CACHE_ENV, graph_cache_dir  # noqa: F401  (their old home)
 
 log = logging.getLogger(__name__)
 
@@ -386,25 +386,10 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple], dynamic_ar
 
 # --------------------------------------------------------------------------- graph packages
 
-GRAPH_FORMAT = 1  # bump when what a package holds changes shape
-GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
 # a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size
 # (a package of widths 1..5 was as fast as per-width graphs at t = 1-3 and faster at 4-5,
 # docs/BENCHMARKS.md engine_avx2), so evaluations at other k up to 15 load the same package
 PACKAGE_WIDTHS = 16
-
-
-def graph_cache_dir() -> Path | None:
-    """Where compiled target graphs are kept between runs: $SPECFORGE_LITE_GRAPH_CACHE, else
-    `compiled/` under the model cache ($SPECFORGE_LITE_CACHE); "0" (or "off") keeps none."""
-    value = os.environ.get(GRAPH_CACHE_ENV, "").strip()
-    if value.lower() in ("0", "off", "false", "none"):
-        return None
-    if value:
-        return Path(value)
-    from specforge_lite.targets import cache_root
-
-    return cache_root() / "compiled"
 
 
 class _Exported(nn.Module):
@@ -425,29 +410,19 @@ def _caches(module: StaticLlama) -> list[torch.Tensor]:
 
 
 def graph_key(module: StaticLlama, max_width: int) -> str:
-    """A digest of everything a package is built from: the weights and rotary tables (every
-    byte), the shapes, the source of this file, torch's version, the CPU capability inductor
-    compiles for and the thread count its kernels are built for."""
-    digest = hashlib.blake2b(digest_size=16)
-    facts = {"format": GRAPH_FORMAT, "torch": torch.__version__, "max_width": max_width,
-             "capacity": module.capacity, "batch": module.batch, "hidden_layers": list(module.hidden_layers),
-             "threads": torch.get_num_threads(), "gemm_rows": gemm_rows(),
-             "cpu": torch.backends.cpu.get_cpu_capability(), "window_step": WINDOW_STEP}
-    digest.update(json.dumps(facts, sort_keys=True).encode())
-    digest.update(Path(__file__).read_bytes())
-    for name, tensor in [*module.named_parameters(), *[(n, b) for n, b in module.named_buffers()
-                                                       if n in ("cos", "sin")]]:
-        data = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tuple(data.shape)}:{data.dtype}".encode())
-        digest.update(data.view(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return digest.hexdigest()
+    """A digest of everything a target package is built from: the weights and rotary tables
+    (every byte), the shapes, the source of the files that build it, torch's version, the
+    CPU capability inductor compiles for and the thread count its kernels are built for
+    (`graph_cache.graph_key`)."""
+    facts = {"max_width": max_width, "capacity": module.capacity, "batch": module.batch,
+             "hidden_layers": list(module.hidden_layers), "window_step": WINDOW_STEP}
+    tensors = [*module.named_parameters(), *[(n, b) for n, b in module.named_buffers() if n in ("cos", "sin")]]
+    here = Path(__file__).parent
+    return graph_cache.graph_key(facts, tensors, [here / "fast_target.py", here / "graph_cache.py"])
 
 
-def _package(module: StaticLlama, max_width: int, path: Path) -> None:
-    """Export the forward (width 1..max_width and window length dynamic) and compile it
-    with AOTInductor into the package `path` (written whole or not at all)."""
-    import torch._inductor
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+def _export(module: StaticLlama, max_width: int):
+    """The forward exported with width 1..max_width and the window length dynamic."""
     from torch.export import Dim, export
 
     device = module.lm_head.device
@@ -459,52 +434,20 @@ def _package(module: StaticLlama, max_width: int, path: Path) -> None:
     dims = ({0: width_dim} if width_dim else None, {0: width_dim} if width_dim else None,
             {0: Dim("window", min=2, max=module.capacity)}, (None,) * len(caches))
     with torch.no_grad():
-        program = export(_Exported(module), (ids, torch.arange(width, device=device), window, *caches),
-                         dynamic_shapes=dims)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
-        try:
-            # built in a scratch inductor cache: the build leaves a copy of the whole shared
-            # library (weights included) in inductor's cache, which the package makes redundant
-            with tempfile.TemporaryDirectory(prefix="specforge_lite_build_") as build, \
-                    temporary_cache_dir(build), _GemmRows(gemm_rows()):
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(partial),
-                    inductor_configs={"freezing": True, "max_autotune": True, "autotune_num_choices_displayed": 0,
-                                      "max_autotune_report_choices_stats": False})
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
+        return export(_Exported(module), (ids, torch.arange(width, device=device), window, *caches),
+                      dynamic_shapes=dims)
 
 
 def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
                      ) -> tuple[Callable, float, str]:
     """The module's forward for widths 1..max_width (and up to PACKAGE_WIDTHS) as one
-    AOTInductor package: loaded from
-    `cache_dir` when a package built from the same weights, shapes and software is there,
-    else compiled (and kept there unless `cache_dir` is None).
+    AOTInductor package: loaded from `cache_dir` when a package built from the same weights,
+    shapes and software is there, else compiled (and kept there unless `cache_dir` is None;
+    `graph_cache.kept_package`).
     Returns (forward taking the module's arguments, seconds taken, "loaded" or "compiled")."""
-    import torch._inductor
-
-    start = time.perf_counter()
-    how = "compiled"
     widths = max(max_width, PACKAGE_WIDTHS)
-    with tempfile.TemporaryDirectory(prefix="specforge_lite_graph_") as scratch:
-        folder = cache_dir if cache_dir is not None else Path(scratch)
-        path = folder / f"target-{graph_key(module, widths)}.pt2"
-        runner = None
-        if path.exists():
-            try:
-                runner = torch._inductor.aoti_load_package(str(path))
-                how = "loaded"
-            except Exception as error:  # a damaged or foreign file: build it again
-                log.warning("compiled graph %s did not load (%s: %s); compiling it again",
-                            path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
-        if runner is None:
-            _package(module, widths, path)
-            runner = torch._inductor.aoti_load_package(str(path))
-            if cache_dir is not None:
-                log.info("kept the compiled target forward in %s (%.0f MB)", path, path.stat().st_size / 1e6)
+    runner, seconds, how = graph_cache.kept_package("target", graph_key(module, widths),
+                                                    lambda: _export(module, widths), cache_dir)
     caches = _caches(module)
 
     def forward(ids, positions, start=None, last_only=False, window=None):
@@ -512,7 +455,7 @@ def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
             raise ValueError("the packaged forward takes batch-1 ids, positions and a window")
         return runner(ids, positions, window, *caches)
 
-    return forward, time.perf_counter() - start, how
+    return forward, seconds, how
 
 
 class FastEngine:
@@ -534,7 +477,7 @@ class FastEngine:
         self.max_width = max_width
         self.compiled = compiled
         self.compile_s: float | None = None
-        self.cache_dir = graph_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
+        self.cache_dir = graph_cache.resolve_cache_dir(cache_dir)
         self.graph_source: str | None = None  # "compiled" or "loaded" (from cache_dir)
         self.packaged = self.device.type == "cpu" if packaged is None else packaged
         self._graph = None

@@ -170,12 +170,14 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,
                                  layers, k + 1)
     if target.info["used"] == "compiled":  # the drafters' forwards through the same mechanism
-        target.info["drafters_compile_s"] = {}
+        target.info["drafters_compile_s"], target.info["drafters_graph"] = {}, {}
         for name, drafter in drafters.items():
             if hasattr(drafter, "compile"):
                 seconds = drafter.compile(k, target.engine.capacity)
+                how = getattr(drafter, "graph_source", None) or "compiled"
                 target.info["drafters_compile_s"][name] = seconds
-                log.info("%s: compiled its drafting for k=%d in %.0f s", name, k, seconds)
+                target.info["drafters_graph"][name] = how
+                log.info("%s: %s its drafting graphs for k=%d in %.0f s", name, how, k, seconds)
     plain_runner = target.runner()
     decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}

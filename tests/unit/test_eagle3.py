@@ -185,10 +185,11 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
         write_sglang_dir(drafter, tmp_path / "sglang")
 
 
-def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles):
-    """`compile(k)` (frozen graphs for the greedy chain and 1..k+1 new anchors) proposes what
-    the eager drafter proposes, call for call; outgrowing the compiled cache falls back to
-    eager drafting with the same proposals."""
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path):
+    """`compile(k)` (frozen graphs for the greedy chain and 1..k+1 new anchors; on a CPU two
+    packages kept in the graph folder, which a later drafter loads) proposes what the eager
+    drafter proposes, call for call; outgrowing the compiled cache falls back to eager
+    drafting with the same proposals."""
     from specforge_lite.contract import DraftContext
     from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
 
@@ -197,7 +198,11 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles)
         param.data.mul_(3)
     eager, compiled = Eagle3DecodeDrafter(drafter, capacity=64), Eagle3DecodeDrafter(drafter, capacity=64)
     k = 3
-    assert compiled.compile(k) > 0
+    assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
+    assert sorted(p.name.split("-")[:2] for p in tmp_path.iterdir()) == [["eagle3", "anchors"], ["eagle3", "chain"]]
+    loaded = Eagle3DecodeDrafter(drafter, capacity=64)
+    loaded.compile(k, cache_dir=tmp_path)
+    assert loaded.graph_source == "loaded" and len(list(tmp_path.iterdir())) == 2
     forbid_recompiles()  # the graphs built are the ones used
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (100,), generator=gen).tolist()
@@ -207,7 +212,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles)
     for hi in [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]:  # prompt, then 1..4 new positions per step
         hidden = {layer: aux[:, lo:hi, 64 * i: 64 * (i + 1)] for i, layer in enumerate(layers)}
         ctx = DraftContext(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
-        calls.append((eager.propose(ctx, k).tokens, compiled.propose(ctx, k).tokens))
+        calls.append((eager.propose(ctx, k).tokens, compiled.propose(ctx, k).tokens, loaded.propose(ctx, k).tokens))
         lo = hi
-    assert all(a == b and len(a) == k for a, b in calls), calls
-    assert compiled.compiled_k is None  # 74 positions outgrew the 64-slot cache
+    assert all(a == b == c and len(a) == k for a, b, c in calls), calls
+    assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache

@@ -140,17 +140,21 @@ def test_save_load_round_trip(tiny_target, tmp_path):
     assert max_logit_difference(heads, medusa.load(tmp_path, model)) == 0.0
 
 
-def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles):
-    """`compile(k)` makes the greedy read-out of k heads one graph: the same drafts as eager
-    heads (same accepted lengths, step for step), output identical to plain decoding."""
+def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles, tmp_path):
+    """`compile(k)` makes the greedy read-out of k heads one graph (on a CPU a package a later
+    drafter loads): the same drafts as eager heads (same accepted lengths, step for step),
+    output identical to plain decoding."""
     model, _ = tiny_target
     torch.manual_seed(3)
     heads = build(tiny_target, heads=4, layers=1)
     with torch.no_grad():
         for block in heads.blocks:
             block.layers[0].weight.normal_(0, 0.05)
-    eager, compiled = MedusaDecodeDrafter(heads), MedusaDecodeDrafter(heads)
-    assert compiled.compile(3) > 0 and compiled.compiled_k == 3
+    eager, first = MedusaDecodeDrafter(heads), MedusaDecodeDrafter(heads)
+    assert first.compile(3, cache_dir=tmp_path) > 0 and first.compiled_k == 3 and first.graph_source == "compiled"
+    compiled = MedusaDecodeDrafter(heads)
+    compiled.compile(3, cache_dir=tmp_path)
+    assert compiled.graph_source == "loaded" and compiled.compiled_k == 3  # the drafts below come from the loaded one
     forbid_recompiles()  # the graph built is the one used
     accepted = 0
     for seed in range(4):

@@ -229,10 +229,11 @@ def test_greedy_decoding_is_identical_to_plain(tiny_target):
     assert accepted > 0  # depth 0 starts as the target's read-out: some drafts are accepted
 
 
-def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles):
-    """`compile(k)` (one frozen graph per count of new anchors, 1..k+1, with its k - 1 mask
-    rows and the read-out) proposes what the eager drafter proposes, call for call, greedy
-    and sampled; outgrowing the compiled cache falls back to eager drafting."""
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path):
+    """`compile(k)` (one frozen graph for 1..k+1 new anchors with their k - 1 mask rows and
+    the read-out; on a CPU a package kept in the graph folder, which a later drafter loads)
+    proposes what the eager drafter proposes, call for call, greedy and sampled; outgrowing
+    the compiled cache falls back to eager drafting."""
     from specforge_lite.drafters.peagle.decode import PEagleDecodeDrafter
 
     drafter = tiny_drafter(tiny_target, randomise=0.3)
@@ -240,7 +241,10 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles)
         param.data.mul_(2)
     eager, compiled = PEagleDecodeDrafter(drafter, capacity=64), PEagleDecodeDrafter(drafter, capacity=64)
     k = 3
-    assert compiled.compile(k) > 0
+    assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
+    loaded = PEagleDecodeDrafter(drafter, capacity=64)
+    loaded.compile(k, cache_dir=tmp_path)
+    assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in tmp_path.iterdir()] == [["peagle", "rows"]]
     forbid_recompiles()  # the graphs built are the ones used
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (100,), generator=gen).tolist()
@@ -253,13 +257,16 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles)
             ctx["sampling"] = SamplingParams(0.8)
             a = eager.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
             b = compiled.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
-            assert compiled.compiled_k == k and torch.allclose(a.probs, b.probs, atol=1e-5)
+            c = loaded.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+            assert compiled.compiled_k == loaded.compiled_k == k
+            assert torch.allclose(a.probs, b.probs, atol=1e-5) and torch.allclose(a.probs, c.probs, atol=1e-5)
         else:
-            greedy.append((eager.propose(DraftContext(**ctx), k).tokens, compiled.propose(DraftContext(**ctx), k).tokens))
+            greedy.append((eager.propose(DraftContext(**ctx), k).tokens, compiled.propose(DraftContext(**ctx), k).tokens,
+                           loaded.propose(DraftContext(**ctx), k).tokens))
         lo = hi
-    assert all(a == b and len(a) == k for a, b in greedy), greedy
-    assert len({tuple(a) for a, _ in greedy}) > 3  # the proposals follow the context
-    assert compiled.compiled_k is None  # 74 positions outgrew the 64-slot cache
+    assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
+    assert len({tuple(a) for a, _, _ in greedy}) > 3  # the proposals follow the context
+    assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache
 
 
 def test_sampling_keeps_the_target_law():

@@ -144,9 +144,10 @@ class Eagle3DecodeDrafter:
     the cache, so rejection needs no roll-back: the next call writes the anchors of
     whatever was accepted.
 
-    `compile(k)` compiles the greedy k-step chain into one graph and new anchors into one
-    graph per count (`fast_target.compile_frozen`: frozen weights, autotuned products), the
-    engine's answer to Python and dispatch costs that dominate a small layer's step.
+    `compile(k)` compiles the greedy k-step chain into one graph and 1..k+1 new anchors into
+    another (frozen weights, autotuned products; on a CPU packages kept between runs,
+    `decoding/graph_cache.py`), the engine's answer to Python and dispatch costs that
+    dominate a small layer's step.
     """
 
     name = "eagle3"
@@ -161,29 +162,38 @@ class Eagle3DecodeDrafter:
         self.compiled_k = None
         self._anchor_rows = _AnchorRows(drafter, self.kv)
         self._anchor_graph = None
+        self.graph_source = None  # "compiled" or "loaded" by `compile`
         self.reset()
 
     def reset(self) -> None:
         self.last_hidden = None  # layer output at the newest anchor
 
-    def compile(self, k: int, capacity: int | None = None) -> float:
-        """Build the graphs of the greedy k-step chain and of 1..k+1 new anchors (with a cache
-        of `capacity` slots) now, outside any timing; returns the seconds it took. Weights
-        are frozen and products autotuned, as for the target (`decoding/fast_target.py`)."""
-        from specforge_lite.decoding.fast_target import compile_frozen
+    def compile(self, k: int, capacity: int | None = None, cache_dir="default") -> float:
+        """Build (or load) the graphs of the greedy k-step chain and of 1..k+1 new anchors (with
+        a cache of `capacity` slots) now, outside any timing; returns the seconds it took.
+        Weights are frozen and products autotuned, as for the target; on a CPU each graph is a
+        package kept in `cache_dir` between runs (`decoding/graph_cache.py`)."""
+        from torch.export import Dim
+
+        from specforge_lite.decoding.graph_cache import compile_kept
 
         if capacity and capacity > self.kv.capacity:
             self.kv = self.kv.grown(capacity)
             self._anchor_rows = _AnchorRows(self.drafter, self.kv)
         weight, device = self.drafter.fc.weight, self.kv.k.device
-        chain, chain_s = compile_frozen(_GreedyChain(self.drafter, self.kv, k),
-                                        [(weight.new_zeros(1, 1, self.drafter.config.hidden_size),
-                                          torch.tensor([0], device=device))])
-        anchors, anchors_s = compile_frozen(self._anchor_rows, [
-            (weight.new_zeros(1, n, weight.shape[1]), torch.zeros(1, n, dtype=torch.long, device=device),
-             torch.arange(n, device=device)) for n in range(1, k + 2)])
+        chain, chain_s, chain_how = compile_kept(
+            "eagle3-chain", _GreedyChain(self.drafter, self.kv, k),
+            [(weight.new_zeros(1, 1, self.drafter.config.hidden_size), torch.tensor([0], device=device))],
+            state=("k", "v"), cache_dir=cache_dir)
+        calls = [(weight.new_zeros(1, n, weight.shape[1]), torch.zeros(1, n, dtype=torch.long, device=device),
+                  torch.arange(n, device=device)) for n in range(1, k + 2)]
+        rows = Dim("rows", min=1, max=k + 1)
+        anchors, anchors_s, anchors_how = compile_kept(
+            "eagle3-anchors", self._anchor_rows, calls, state=("k", "v"),
+            dynamic_shapes=({1: rows}, {1: rows}, {0: rows}), example=calls[1], cache_dir=cache_dir)
         self._chain_graph, self.compiled_k = chain, k
         self._anchor_graph = anchors
+        self.graph_source = "loaded" if chain_how == anchors_how == "loaded" else "compiled"
         return chain_s + anchors_s
 
     @torch.inference_mode()

@@ -42,16 +42,18 @@ class MedusaDecodeDrafter:
     def __init__(self, heads: MedusaHeads):
         self.heads = heads.eval()
         self.full_vocab = heads.config.draft_vocab_size == heads.config.vocab_size
-        self.graph, self.compiled_k = None, None
+        self.graph, self.compiled_k, self.graph_source = None, None, None
 
-    def compile(self, k: int, capacity: int | None = None) -> float:
-        """Build the graph of k greedy heads now, outside any timing; returns the seconds it took."""
-        from specforge_lite.decoding.fast_target import compile_frozen
+    def compile(self, k: int, capacity: int | None = None, cache_dir="default") -> float:
+        """Build (or load) the graph of k greedy heads now, outside any timing; returns the
+        seconds it took (on a CPU a package kept between runs, `decoding/graph_cache.py`)."""
+        from specforge_lite.decoding.graph_cache import compile_kept
 
         k = min(k, self.heads.config.num_heads)
         weight = self.heads.lm_heads[0].weight
         example = (weight.new_zeros(self.heads.config.hidden_size),)
-        graph, seconds = compile_frozen(_GreedyHeads(self.heads, k), [example])
+        graph, seconds, self.graph_source = compile_kept("medusa-heads", _GreedyHeads(self.heads, k), [example],
+                                                         cache_dir=cache_dir)
         self.graph, self.compiled_k = graph, k
         return seconds
 

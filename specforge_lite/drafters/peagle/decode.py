@@ -78,10 +78,10 @@ class PEagleDecodeDrafter:
     reads (embed(mask_token_id), fc(mask_hidden)) at position a + d after the newest anchor a
     (`_Rows`). The newest anchor's output gives draft 0, mask row d gives draft d.
 
-    `compile(k, capacity)` builds one frozen graph per count of new anchors (1..k+1, what a
-    verification can commit) with its k - 1 mask rows and the read-out, as EAGLE-3 and the
-    target do (`decoding/fast_target.py`); other shapes (the prompt's anchors) run eagerly
-    on the same caches.
+    `compile(k, capacity)` builds the frozen graph for 1..k+1 new anchors (what a
+    verification can commit) with their k - 1 mask rows and the read-out, as EAGLE-3 and the
+    target do (on a CPU one package kept between runs, `decoding/graph_cache.py`); other
+    shapes (the prompt's anchors) run eagerly on the same caches.
     """
 
     name = "peagle"
@@ -102,7 +102,7 @@ class PEagleDecodeDrafter:
         """Draft on these caches from now on (eagerly until `compile` builds graphs over them)."""
         self.caches = caches
         self.rows = _Rows(self.drafter, caches)
-        self.graph, self.compiled_k = None, None
+        self.graph, self.compiled_k, self.graph_source = None, None, None
 
     @property
     def capacity(self) -> int:
@@ -111,17 +111,25 @@ class PEagleDecodeDrafter:
     def reset(self) -> None:
         self.last_hidden = None  # final hidden of the newest anchor (a call that brings no new position)
 
-    def compile(self, k: int, capacity: int | None = None) -> float:
-        """Build the graphs for k drafts (1..k+1 new anchors) on a cache of `capacity` slots now,
-        outside any timing; returns the seconds it took."""
-        from specforge_lite.decoding.fast_target import compile_frozen
+    def compile(self, k: int, capacity: int | None = None, cache_dir="default") -> float:
+        """Build (or load) the graph for k drafts (1..k+1 new anchors) on a cache of `capacity`
+        slots now, outside any timing; returns the seconds it took (on a CPU one package kept
+        between runs, `decoding/graph_cache.py`)."""
+        from torch.export import Dim
+
+        from specforge_lite.decoding.graph_cache import compile_kept
 
         k = min(k, self.max_drafts)
         self._build(max(capacity or 0, self.capacity))
         weight, device = self.drafter.fc.weight, self.drafter.fc.weight.device
         calls = [(weight.new_zeros(1, n, weight.shape[1]), torch.zeros(1, n + k - 1, dtype=torch.long, device=device),
                   torch.arange(n + k - 1, device=device)) for n in range(1, k + 2)]
-        graph, seconds = compile_frozen(self.rows, calls)
+        rows = Dim("rows", min=1, max=k + 1)
+        state = [name for name, _ in self.rows.named_buffers() if name != "slots"]
+        graph, seconds, self.graph_source = compile_kept(
+            "peagle-rows", self.rows, calls, state=state,
+            dynamic_shapes=({1: rows}, {1: rows + (k - 1)}, {0: rows + (k - 1)}), example=calls[1],
+            cache_dir=cache_dir)
         self.graph, self.compiled_k = graph, k
         return seconds
 

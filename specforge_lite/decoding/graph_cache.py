@@ -1,0 +1,210 @@
+"""Compiled graphs kept between runs: AOTInductor packages keyed on everything they are built from.
+
+Inductor's own graph cache skips the graphs decoding wants on a CPU (frozen weights packed for
+oneDNN are not picklable), so every `torch.compile` of the target or a drafter would cost its
+full compile (minutes for SmolLM2, 1-2 min for an EAGLE-3 or P-EAGLE drafting chain) on every
+run. Instead a graph is exported (`torch.export`, with chosen sizes dynamic) and compiled by
+AOTInductor into one `.pt2` package, with frozen, pre-packed weights and autotuned products,
+written atomically into `graph_cache_dir()` under a name `<label>-<key>.pt2`; `key` is a digest
+of every weight byte, the example shapes, the dynamic ranges, the source files of the modules
+involved, torch's version, the CPU capability, the thread count and the GEMM settings. A later
+run with the same inputs loads it in seconds. A damaged or foreign file is compiled again, and
+at most KEEP_PER_LABEL packages of one label are kept (the least recently used go first).
+
+State a graph writes in place (KV caches) is not in the package: `with_state_inputs` turns a
+module's cache buffers into trailing inputs, so the package holds the weights and the caller
+passes the same cache tensors its eager path uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.nn as nn
+
+log = logging.getLogger(__name__)
+
+GRAPH_FORMAT = 1  # bump when what a package holds changes shape
+GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
+# packages of one label (the target, one drafter's chain, ...) kept in the folder: retraining a
+# drafter or switching targets leaves older ones behind (a SmolLM2 target package is 656 MB)
+KEEP_PER_LABEL = 4
+
+
+def graph_cache_dir() -> Path | None:
+    """Where compiled graphs are kept between runs: $SPECFORGE_LITE_GRAPH_CACHE, else
+    `compiled/` under the model cache ($SPECFORGE_LITE_CACHE); "0" (or "off") keeps none."""
+    value = os.environ.get(GRAPH_CACHE_ENV, "").strip()
+    if value.lower() in ("0", "off", "false", "none"):
+        return None
+    if value:
+        return Path(value)
+    from specforge_lite.targets import cache_root
+
+    return cache_root() / "compiled"
+
+
+def resolve_cache_dir(cache_dir: Path | str | None) -> Path | None:
+    """"default" is `graph_cache_dir()`; None or "" keeps nothing."""
+    if cache_dir == "default":
+        return graph_cache_dir()
+    return Path(cache_dir) if cache_dir else None
+
+
+def graph_key(facts: dict, tensors: Iterable[tuple[str, torch.Tensor]], files: Iterable[str | Path]) -> str:
+    """A digest of `facts` (JSON-able), every byte of the named tensors and the source files,
+    with what inductor compiles for on this machine (torch, CPU capability, threads, GEMM rows)."""
+    from specforge_lite.decoding.fast_target import gemm_rows
+
+    digest = hashlib.blake2b(digest_size=16)
+    machine = {"format": GRAPH_FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "gemm_rows": gemm_rows(), "cpu": torch.backends.cpu.get_cpu_capability()}
+    digest.update(json.dumps({**facts, **machine}, sort_keys=True, default=str).encode())
+    for file in sorted({str(f) for f in files}):
+        digest.update(Path(file).read_bytes())
+    for name, tensor in tensors:
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(data.shape)}:{data.dtype}".encode())
+        if data.numel():
+            digest.update(data.view(-1).view(torch.uint8).numpy())  # the buffer itself, not a copy
+    return digest.hexdigest()
+
+
+def source_files(module: nn.Module) -> set[str]:
+    """The files defining `module`'s classes and its submodules', and this file's neighbours
+    that shape every graph (this file, fast_target.py)."""
+    files = {inspect.getfile(type(m)) for m in module.modules()}
+    here = Path(__file__).parent
+    return files | {str(here / "graph_cache.py"), str(here / "fast_target.py")}
+
+
+def example_facts(example: Sequence) -> list:
+    return [(tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in example]
+
+
+class _StateInputs(nn.Module):
+    """`module`'s forward with the buffers named in `state` passed as trailing inputs
+    (torch.export wants the state a graph writes in place as inputs; the package then holds
+    the weights only, and callers pass the cache tensors the eager path shares)."""
+
+    def __init__(self, module: nn.Module, state: Sequence[str]):
+        super().__init__()
+        self.module, self.state = module, tuple(state)
+
+    def forward(self, *args):
+        inputs, tensors = args[:len(args) - len(self.state)], args[len(args) - len(self.state):]
+        return torch.func.functional_call(self.module, dict(zip(self.state, tensors)), inputs)
+
+
+def _evict(folder: Path, label: str, keep: Path) -> None:
+    """Remove the least recently used packages of `label` beyond KEEP_PER_LABEL (never `keep`)."""
+    found = sorted((p for p in folder.glob(f"{label}-*.pt2") if p != keep),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in found[KEEP_PER_LABEL - 1:]:
+        try:
+            old.unlink()
+            log.info("removed the compiled graph %s (more than %d of %s kept)", old.name, KEEP_PER_LABEL, label)
+        except OSError:
+            pass
+
+
+def _build(program_of: Callable[[], "torch.export.ExportedProgram"], path: Path) -> None:
+    """Compile the exported program with AOTInductor into `path` (written whole or not at all)."""
+    import torch._inductor
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    from specforge_lite.decoding.fast_target import _GemmRows, gemm_rows
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
+    try:
+        # built in a scratch inductor cache: the build leaves a copy of the whole shared library
+        # (weights included) in inductor's cache, which the package makes redundant
+        with torch.no_grad(), tempfile.TemporaryDirectory(prefix="specforge_lite_build_") as build, \
+                temporary_cache_dir(build), _GemmRows(gemm_rows()):
+            torch._inductor.aoti_compile_and_package(
+                program_of(), package_path=str(partial),
+                inductor_configs={"freezing": True, "max_autotune": True, "autotune_num_choices_displayed": 0,
+                                  "max_autotune_report_choices_stats": False})
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.ExportedProgram"],
+                 cache_dir: Path | None) -> tuple[Callable, float, str]:
+    """The package `<label>-<key>.pt2` from `cache_dir` when it is there and loads, else
+    compiled from `program_of()` (and kept there unless `cache_dir` is None).
+    Returns (its runner, seconds taken, "loaded" or "compiled")."""
+    import torch._inductor
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="specforge_lite_graph_") as scratch:
+        folder = cache_dir if cache_dir is not None else Path(scratch)
+        path = folder / f"{label}-{key}.pt2"
+        if path.exists():
+            try:
+                runner = torch._inductor.aoti_load_package(str(path))
+                os.utime(path)  # recently used: evicted last
+                return runner, time.perf_counter() - start, "loaded"
+            except Exception as error:  # a damaged or foreign file: build it again
+                log.warning("compiled graph %s did not load (%s: %s); compiling it again",
+                            path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+        _build(program_of, path)
+        runner = torch._inductor.aoti_load_package(str(path))
+        if cache_dir is not None:
+            log.info("kept the compiled graph %s (%.0f MB)", path, path.stat().st_size / 1e6)
+            _evict(folder, label, path)
+    return runner, time.perf_counter() - start, "compiled"
+
+
+def compile_kept(label: str, module: nn.Module, example_calls: Sequence[tuple], state: Sequence[str] = (),
+                 dynamic_shapes: tuple | None = None, example: tuple | None = None,
+                 cache_dir: Path | str | None = "default") -> tuple[Callable, float, str]:
+    """A drafter's graph for the calls in `example_calls`, built now.
+
+    On a CPU: one AOTInductor package of `module` (exported at `example`, default the last
+    call, with `dynamic_shapes` in torch.export's form for the call's own arguments), kept
+    between runs (`kept_package`); the buffers named in `state` are passed at every call, so
+    the graph writes the module's current cache tensors in place. Elsewhere (a GPU):
+    `fast_target.compile_frozen` graphs, one per call, built every run.
+    Returns (graph taking the call's arguments, seconds taken, "compiled" or "loaded")."""
+    from specforge_lite.decoding.fast_target import compile_frozen
+
+    device = next(iter(module.parameters())).device
+    if device.type != "cpu":
+        graph, seconds = compile_frozen(module, example_calls)
+        return graph, seconds, "compiled"
+    example = tuple(example if example is not None else example_calls[-1])
+    wrapper = _StateInputs(module, state)
+    state_tensors = lambda: [module.get_buffer(name) for name in state]  # noqa: E731  (current caches)
+    buffers = [(n, b) for n, b in module.named_buffers() if n not in state]
+    facts = {"label": label, "example": example_facts(example), "dynamic": repr(dynamic_shapes),
+             "calls": [example_facts(call) for call in example_calls],
+             "state": [(n, tuple(t.shape), str(t.dtype)) for n, t in zip(state, state_tensors())]}
+    key = graph_key(facts, [*module.named_parameters(), *buffers], source_files(module))
+
+    def program():
+        from torch.export import export
+
+        args = (*[a.clone() if isinstance(a, torch.Tensor) else a for a in example],
+                *[t.clone() for t in state_tensors()])  # not the buffers: export rejects aliased inputs
+        # the wrapper's one parameter is *args: its shapes are one tuple, state static
+        dims = None if dynamic_shapes is None else ((*dynamic_shapes, *(None,) * len(state)),)
+        return export(wrapper, args, dynamic_shapes=dims)
+
+    runner, seconds, how = kept_package(label, key, program, resolve_cache_dir(cache_dir))
+
+    def graph(*args):
+        return runner(*args, *state_tensors())
+
+    return graph, seconds, how

@@ -1,0 +1,81 @@
+"""The folder of compiled graphs kept between runs: keys, eviction, state passed as inputs."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specforge_lite.decoding import graph_cache
+
+
+def test_older_packages_of_a_label_are_evicted_first(tmp_path):
+    # KEEP_PER_LABEL per label, the least recently used (mtime: a load touches it) removed;
+    # other labels and the package just written are left alone
+    keep = graph_cache.KEEP_PER_LABEL
+    names = [f"eagle3-chain-{i:02d}.pt2" for i in range(keep + 2)]
+    for age, name in enumerate(names):  # names[0] the newest
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (1e9 - age * 100, 1e9 - age * 100))
+    (tmp_path / "target-00.pt2").write_bytes(b"x")
+    os.utime(tmp_path / "target-00.pt2", (1, 1))  # oldest of all, but another label
+    written = tmp_path / names[-1]  # the oldest mtime, yet the one this run wrote
+    graph_cache._evict(tmp_path, "eagle3-chain", written)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*names[:keep - 1], names[-1], "target-00.pt2"])
+
+
+def test_key_follows_weights_facts_and_threads():
+    w = torch.arange(6, dtype=torch.float32)
+    base = graph_cache.graph_key({"a": 1}, [("w", w)], [graph_cache.__file__])
+    assert graph_cache.graph_key({"a": 1}, [("w", w.clone())], [graph_cache.__file__]) == base
+    assert graph_cache.graph_key({"a": 2}, [("w", w)], [graph_cache.__file__]) != base
+    changed = w.clone()
+    changed[5] += 1e-6
+    assert graph_cache.graph_key({"a": 1}, [("w", changed)], [graph_cache.__file__]) != base
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert graph_cache.graph_key({"a": 1}, [("w", w)], [graph_cache.__file__]) != base
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _Cached(torch.nn.Module):
+    """A product whose result is also written into a cache buffer at `positions`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(16, 8), persistent=False)
+
+    def forward(self, x, positions):
+        y = self.proj(x)
+        self.cache.index_copy_(0, positions, y)
+        return y.sum(0), self.cache.sum(0)
+
+
+def test_kept_graph_writes_the_current_cache_and_loads_in_a_later_run(tmp_path):
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module = _Cached().eval()
+    calls = [(torch.zeros(n, 8), torch.arange(n)) for n in (1, 2, 3)]
+    rows = Dim("rows", min=1, max=3)
+    built = [graph_cache.compile_kept("toy", module, calls, state=("cache",), dynamic_shapes=({0: rows}, {0: rows}),
+                                      example=calls[1], cache_dir=tmp_path) for _ in range(2)]
+    assert [how for _, _, how in built] == ["compiled", "loaded"]
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["toy"]
+    eager_cache = torch.zeros(16, 8)
+    for graph, _, _ in built:
+        module.cache = torch.zeros(16, 8)  # a new cache tensor (as a grown one): the graph writes it
+        eager = _Cached().eval()
+        eager.load_state_dict(module.state_dict())
+        eager.cache = eager_cache.zero_()
+        for n, start in ((3, 0), (1, 3), (2, 4)):
+            x, positions = torch.randn(n, 8), torch.arange(start, start + n)
+            with torch.inference_mode():
+                got, want = graph(x, positions), eager(x, positions)
+            torch.testing.assert_close(got, want)
+        torch.testing.assert_close(module.cache, eager.cache)
+        assert module.cache[:6].abs().sum() > 0 and module.cache[6:].abs().sum() == 0
