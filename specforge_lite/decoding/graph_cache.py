@@ -169,20 +169,22 @@ def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.Ex
 
 def compile_kept(label: str, module: nn.Module, example_calls: Sequence[tuple], state: Sequence[str] = (),
                  dynamic_shapes: tuple | None = None, example: tuple | None = None,
-                 cache_dir: Path | str | None = "default") -> tuple[Callable, float, str]:
+                 cache_dir: Path | str | None = "default", dynamic_args: Iterable[int] = ()
+                 ) -> tuple[Callable, float, str]:
     """A drafter's graph for the calls in `example_calls`, built now.
 
     On a CPU: one AOTInductor package of `module` (exported at `example`, default the last
     call, with `dynamic_shapes` in torch.export's form for the call's own arguments), kept
     between runs (`kept_package`); the buffers named in `state` are passed at every call, so
     the graph writes the module's current cache tensors in place. Elsewhere (a GPU):
-    `fast_target.compile_frozen` graphs, one per call, built every run.
+    `fast_target.compile_frozen` graphs, one per call (the first dimension of the arguments
+    at `dynamic_args` dynamic), built every run.
     Returns (graph taking the call's arguments, seconds taken, "compiled" or "loaded")."""
     from specforge_lite.decoding.fast_target import compile_frozen
 
     device = next(iter(module.parameters())).device
     if device.type != "cpu":
-        graph, seconds = compile_frozen(module, example_calls)
+        graph, seconds = compile_frozen(module, example_calls, dynamic_args)
         return graph, seconds, "compiled"
     example = tuple(example if example is not None else example_calls[-1])
     wrapper = _StateInputs(module, state)

@@ -104,13 +104,17 @@ class StaticBackend:
     (a short last batch repeats its first prompt in the spare rows) over a cache of
     `max_prompt_length + max_new_tokens` positions, so one graph of width 1 serves every
     decoding step, its attention spanning only the cache slots written so far
-    (`StaticLlama.window`); the prefill runs eagerly, the prompts packed into one sequence
+    (`StaticLlama.window`; on a CPU one package kept between runs, `decoding/graph_cache.py`);
+    the prefill runs eagerly, the prompts packed into one sequence
     so no padding is computed (`StaticLlama.prefill_rows`). Finished rows keep their place (a
     fixed shape) and their tokens are dropped; the batch stops when every row has finished.
     Llama-family targets only (`fast_target.unsupported_reason`)."""
 
     def __init__(self, model, tokenizer, sample_cfg, compiled: bool):
-        from specforge_lite.decoding.fast_target import WINDOW_STEP, StaticLlama, compile_frozen
+        from torch.export import Dim
+
+        from specforge_lite.decoding.fast_target import WINDOW_STEP, StaticLlama
+        from specforge_lite.decoding.graph_cache import compile_kept
 
         self.model, self.cfg = model, sample_cfg
         self.eos_ids = set(eos_token_ids(model, tokenizer))
@@ -124,15 +128,19 @@ class StaticBackend:
             raise SpecforgeError(f"sample.backend={sample_cfg.backend}: {error}; use sample.backend=hf") from None
         self.device = self.module.lm_head.device
         self.step = self.module
-        self.compile_s = None
+        self.compile_s, self.graph_source = None, None  # graph_source: "compiled" or "loaded"
         if compiled:
             with torch.inference_mode():
                 example = (torch.zeros(self.batch, 1, dtype=torch.long, device=self.device),
                            torch.zeros(1, dtype=torch.long, device=self.device),
                            torch.zeros(self.batch, dtype=torch.long, device=self.device), False,
                            self.module.window(WINDOW_STEP))
-            self.step, self.compile_s = compile_frozen(self.module, [example], dynamic_args=(4,))
-            log.info("compiled the target's batch-%d decoding step in %.0f s", self.batch, self.compile_s)
+            caches = [name for name, _ in self.module.named_buffers() if name.endswith(("k_cache", "v_cache"))]
+            self.step, self.compile_s, self.graph_source = compile_kept(
+                "sample-step", self.module, [example], state=caches, dynamic_args=(4,),
+                dynamic_shapes=(None, None, None, None, {0: Dim("window", min=2, max=capacity)}))
+            log.info("%s the target's batch-%d decoding step in %.0f s", self.graph_source, self.batch,
+                     self.compile_s)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:

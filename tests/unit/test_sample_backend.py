@@ -75,9 +75,12 @@ def test_static_backends_equal_the_hf_backend(tiny_target, forbid_recompiles):
     assert {finish for _, finish in want} == {"stop", "length"}
     cfg = OmegaConf.create({"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 16, "batch_size": 4,
                             "max_prompt_length": 96, "backend": "static"})
-    for compiled in (False, True):
+    sources = []
+    for compiled in (False, True, True):  # the second compiled backend loads the first one's package
         static = StaticBackend(model, tokenizer, cfg, compiled=compiled)
         forbid_recompiles(compiled)  # the graph built is used
         static.eos_ids = hf.eos_ids
         assert static.generate(prompts) == want  # 7 prompts: batches of 4 and 3 (+1 spare row)
         assert (static.compile_s is not None) == compiled
+        sources.append(static.graph_source)
+    assert sources == [None, "compiled", "loaded"]
