@@ -154,7 +154,10 @@ def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.Ex
         if path.exists():
             try:
                 runner = torch._inductor.aoti_load_package(str(path))
-                os.utime(path)  # recently used: evicted last
+                try:
+                    os.utime(path)  # recently used: evicted last
+                except OSError:  # a read-only folder: still usable
+                    pass
                 return runner, time.perf_counter() - start, "loaded"
             except Exception as error:  # a damaged or foreign file: build it again
                 log.warning("compiled graph %s did not load (%s: %s); compiling it again",
