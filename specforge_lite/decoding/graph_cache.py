@@ -6,8 +6,8 @@ full compile (minutes for SmolLM2, 1-2 min for an EAGLE-3 or P-EAGLE drafting ch
 run. Instead a graph is exported (`torch.export`, with chosen sizes dynamic) and compiled by
 AOTInductor into one `.pt2` package, with frozen, pre-packed weights and autotuned products,
 written atomically into `graph_cache_dir()` under a name `<label>-<key>.pt2`; `key` is a digest
-of every weight byte, the example shapes, the dynamic ranges, the source files of the modules
-involved, torch's version, the CPU capability, the thread count and the GEMM settings. A later
+of every weight byte, the example shapes, the dynamic ranges, the plain attributes of the
+modules (a chain's number of drafts) and their source files, torch's version, the CPU capability, the thread count and the GEMM settings. A later
 run with the same inputs loads it in seconds. A damaged or foreign file is compiled again, and
 at most KEEP_PER_LABEL packages of one label are kept (the least recently used go first).
 
@@ -85,6 +85,23 @@ def source_files(module: nn.Module) -> set[str]:
     files = {inspect.getfile(type(m)) for m in module.modules()}
     here = Path(__file__).parent
     return files | {str(here / "graph_cache.py"), str(here / "fast_target.py")}
+
+
+PLAIN = (int, float, str, bool, type(None))
+
+
+def module_facts(module: nn.Module) -> dict:
+    """The plain attributes of `module` and its submodules (a chain's number of drafts, a
+    head count): settings a graph bakes in that are neither weights nor input shapes."""
+    facts = {}
+    for name, sub in module.named_modules():
+        plain = {key: value for key, value in vars(sub).items()
+                 if not key.startswith("_") and key != "training" and isinstance(value, PLAIN)}
+        plain.update({key: list(value) for key, value in vars(sub).items() if not key.startswith("_")
+                      and isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value)})
+        if plain:
+            facts[name or "."] = plain
+    return facts
 
 
 def example_facts(example: Sequence) -> list:
@@ -194,7 +211,7 @@ def compile_kept(label: str, module: nn.Module, example_calls: Sequence[tuple], 
     state_tensors = lambda: [module.get_buffer(name) for name in state]  # noqa: E731  (current caches)
     buffers = [(n, b) for n, b in module.named_buffers() if n not in state]
     facts = {"label": label, "example": example_facts(example), "dynamic": repr(dynamic_shapes),
-             "calls": [example_facts(call) for call in example_calls],
+             "calls": [example_facts(call) for call in example_calls], "module": module_facts(module),
              "state": [(n, tuple(t.shape), str(t.dtype)) for n, t in zip(state, state_tensors())]}
     key = graph_key(facts, [*module.named_parameters(), *buffers], source_files(module))
 

@@ -98,9 +98,10 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
     if speculative:
         top_tau = max(speculative, key=lambda n: speculative[n]["tau"])
         if top_tau != deploy and speculative[top_tau]["tau"] > best["tau"]:
-            alternatives.append(f"{top_tau} has the highest tau ({speculative[top_tau]['tau']:.2f} vs "
-                                f"{best['tau']:.2f}): prefer it where a target forward costs much more than a "
-                                f"draft step (large targets on GPUs)")
+            top, other = speculative[top_tau]["tau"], best["tau"]
+            digits = 2 if f"{top:.2f}" != f"{other:.2f}" else 3  # 1.434 vs 1.433, not 1.43 vs 1.43
+            alternatives.append(f"{top_tau} has the highest tau ({top:.{digits}f} vs {other:.{digits}f}): prefer it "
+                                f"where a target forward costs much more than a draft step (large targets on GPUs)")
     for category in report.get("per_category_tau", {}):
         rates = {n: m["per_category"].get(category, {}).get("speedup") for n, m in lossless.items()}
         rates = {n: r for n, r in rates.items() if r is not None}

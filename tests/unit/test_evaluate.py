@@ -144,6 +144,11 @@ def test_recommendation_follows_the_numbers():
     assert any(a.startswith("distilled has the highest tau (3.10 vs 2.60)") for a in rec["alternatives"])
     assert any(a.startswith("for extraction prompts ngram is faster (2.00x vs 1.40x") for a in rec["alternatives"])
     assert not any("writing" in a for a in rec["alternatives"])
+    # taus equal to two decimals are told apart with a third
+    close = {"plain": methods["plain"], "ngram": _entry(1.4327, 13.0, 10.0), "eagle3": _entry(1.4341, 10.0, 10.0)}
+    rec = recommend({"methods": close, "per_category_tau": {}})
+    assert rec["deploy"] == "ngram"
+    assert any(a.startswith("eagle3 has the highest tau (1.434 vs 1.433)") for a in rec["alternatives"])
 
 
 def test_recommendation_when_medusa_or_nothing_wins():

@@ -166,3 +166,10 @@ def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles
         assert a.accepted_lengths == b.accepted_lengths
         accepted += sum(b.accepted_lengths)
     assert accepted > 0
+    # another k is another graph (the head count is baked in, not an input shape): compiled
+    # anew, not the k = 3 package loaded
+    two = MedusaDecodeDrafter(heads)
+    two.compile(2, cache_dir=tmp_path)
+    assert two.graph_source == "compiled" and len(list(tmp_path.iterdir())) == 2
+    spec = generate_speculative(model, two, prompt, 40, 2)
+    assert spec.tokens == plain.tokens and max(spec.draft_lengths) == 2
