@@ -502,8 +502,8 @@ class FastEngine:
             self.graph_source = "compiled"
         self._graph = graph
         self.length = 0
-        log.info("%s the target's forward for widths 1..%d in %.0f s", self.graph_source, self.max_width,
-                 self.compile_s)
+        widths = max(self.max_width, PACKAGE_WIDTHS) if self.packaged else self.max_width
+        log.info("%s the target's forward for widths 1..%d in %.0f s", self.graph_source, widths, self.compile_s)
         return self.compile_s
 
     def runner(self, layers: Iterable[int] = ()) -> "FastRunner":
