@@ -2,17 +2,18 @@
 
 Inductor's own graph cache skips the graphs decoding wants on a CPU (frozen weights packed for
 oneDNN are not picklable), so every `torch.compile` of the target or a drafter would cost its
-full compile (minutes for SmolLM2, 1-2 min for an EAGLE-3 or P-EAGLE drafting chain) on every
-run. Instead a graph is exported (`torch.export`, with chosen sizes dynamic) and compiled by
+full compile on every run (SmolLM2's target 249 s, EAGLE-3's drafting 116 s and P-EAGLE's
+113 s in docs/BENCHMARKS.md's runs). Instead a graph is exported (`torch.export`, with chosen sizes dynamic) and compiled by
 AOTInductor into one `.pt2` package, with frozen, pre-packed weights and autotuned products,
 written atomically into `graph_cache_dir()` under a name `<label>-<key>.pt2`; `key` is a digest
 of every weight byte, the example shapes, the dynamic ranges, the plain attributes of the
-modules (a chain's number of drafts) and their source files, torch's version, the CPU capability, the thread count and the GEMM settings. A later
-run with the same inputs loads it in seconds. A damaged or foreign file is compiled again, and
+modules (a chain's number of drafts) and their source files, torch's version, the CPU
+capability, the thread count and the GEMM settings. A later run with the same inputs loads
+it in seconds. A damaged or foreign file is compiled again, and
 at most KEEP_PER_LABEL packages of one label are kept (the least recently used go first).
 
-State a graph writes in place (KV caches) is not in the package: `with_state_inputs` turns a
-module's cache buffers into trailing inputs, so the package holds the weights and the caller
+State a graph writes in place (KV caches) is not in the package: `compile_kept` turns a
+module's cache buffers into trailing inputs (`_StateInputs`), so the package holds the weights and the caller
 passes the same cache tensors its eager path uses.
 """
 
@@ -95,10 +96,14 @@ def module_facts(module: nn.Module) -> dict:
     head count): settings a graph bakes in that are neither weights nor input shapes."""
     facts = {}
     for name, sub in module.named_modules():
-        plain = {key: value for key, value in vars(sub).items()
-                 if not key.startswith("_") and key != "training" and isinstance(value, PLAIN)}
-        plain.update({key: list(value) for key, value in vars(sub).items() if not key.startswith("_")
-                      and isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value)})
+        plain = {}
+        for key, value in vars(sub).items():
+            if key.startswith("_") or key == "training":
+                continue
+            if isinstance(value, PLAIN):
+                plain[key] = value
+            elif isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value):
+                plain[key] = list(value)
         if plain:
             facts[name or "."] = plain
     return facts
@@ -208,7 +213,10 @@ def compile_kept(label: str, module: nn.Module, example_calls: Sequence[tuple], 
         return graph, seconds, "compiled"
     example = tuple(example if example is not None else example_calls[-1])
     wrapper = _StateInputs(module, state)
-    state_tensors = lambda: [module.get_buffer(name) for name in state]  # noqa: E731  (current caches)
+    # (owning submodule, buffer name) found once, not per call: get_buffer walks every dotted
+    # name, and the sampler's step passes 60 caches per decoding step
+    owners = [(module.get_submodule(parent), leaf) for parent, _, leaf in (n.rpartition(".") for n in state)]
+    state_tensors = lambda: [owner._buffers[leaf] for owner, leaf in owners]  # noqa: E731
     buffers = [(n, b) for n, b in module.named_buffers() if n not in state]
     facts = {"label": label, "example": example_facts(example), "dynamic": repr(dynamic_shapes),
              "calls": [example_facts(call) for call in example_calls], "module": module_facts(module),
