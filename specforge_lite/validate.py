@@ -42,12 +42,13 @@ def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
 def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
     problems: list[str] = []
     _walk(cfg, "", problems, target_config)
-    from specforge_lite.decoding.fast_target import gemm_rows
+    from specforge_lite.decoding.fast_target import autotune, gemm_rows
 
-    try:  # an environment setting the compiled forwards read: refused with the config
-        gemm_rows()
-    except ValueError as error:
-        problems.append(str(error))
+    for setting in (gemm_rows, autotune):  # environment settings the compiled forwards read
+        try:
+            setting()
+        except ValueError as error:
+            problems.append(str(error))
     if not problems:  # cross-field rules assume every single value is sane
         problems += cross_field_problems(cfg)
     return problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,27 @@ if os.environ.setdefault("SPECFORGE_LITE_GRAPH_CACHE", _GRAPHS) == _GRAPHS:
     atexit.register(shutil.rmtree, _GRAPHS, True)  # a SmolLM2 package is 650 MB
 else:
     os.rmdir(_GRAPHS)
+
+
+# under pytest-xdist (`make test` runs TEST_WORKERS side by side) each worker, and every process
+# it starts, gets its share of the cores: two workers of two torch threads each on two cores
+# ran the numeric tests 3-5x slower than alone (threads spinning on one another)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    if "torch" in sys.modules:  # imported before this file: its pool is already sized
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# compiled graphs here use inductor's default kernels: autotuning every product of the tiny test
+# models costs minutes of compiling per test and checks inductor's kernels, not our graphs;
+# `autotuned` (below) turns it back on for the tests about the autotuned kernels themselves
+os.environ.setdefault("SPECFORGE_LITE_AUTOTUNE", "0")
+
+
+@pytest.fixture
+def autotuned(monkeypatch):
+    """Compiled graphs built in this test autotune their products, as users' do by default."""
+    monkeypatch.setenv("SPECFORGE_LITE_AUTOTUNE", "1")
 
 
 def compose(overrides: list[str] | None = None):
@@ -52,6 +74,13 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"CLI {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a launcher's rendezvous: tests may run side by side)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -287,6 +287,25 @@ def gemm_rows() -> int:
     return int(value)
 
 
+# Whether compiled graphs autotune their matrix products (inductor's max-autotune: each product
+# timed over its candidate kernels, the C++ GEMM micro-kernel among them on a CPU). On by
+# default: the decoding forwards are what evaluate measures. SPECFORGE_LITE_AUTOTUNE=0 keeps
+# inductor's default kernels: far shorter compiles (the test suite's tiny graphs) and slower
+# forwards (docs/BENCHMARKS.md "Compile time with and without autotuning").
+AUTOTUNE_ENV = "SPECFORGE_LITE_AUTOTUNE"
+
+
+def autotune() -> bool:
+    """Whether `compile_frozen` and the kept packages autotune every matrix product."""
+    value = os.environ.get(AUTOTUNE_ENV, "").strip().lower()
+    if value in ("", "1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{AUTOTUNE_ENV}={value!r}: expected 1 (autotune every product, the default) "
+                     "or 0 (inductor's default kernels)")
+
+
 class inductor_gemm_rows:
     """While active, `compile_frozen` keeps inductor's own GEMM register blocks (as
     SPECFORGE_LITE_GEMM_ROWS=0 does); the environment is restored on exit."""
@@ -350,7 +369,8 @@ class _GemmRows:
 
 def compile_frozen(module: nn.Module, example_calls: Iterable[tuple], dynamic_args: Iterable[int] = ()
                    ) -> tuple[Callable, float]:
-    """`module` under `torch.compile` (inductor, every product autotuned; CUDA graphs on a GPU),
+    """`module` under `torch.compile` (inductor, every product autotuned unless
+    SPECFORGE_LITE_AUTOTUNE=0; CUDA graphs on a GPU),
     with one graph built per call in `example_calls` (argument tuples, one per shape the caller
     will use) now, in inference mode as the decoders call it (dynamo keys graphs on it: a graph
     built outside would be rebuilt, unfrozen, inside the first timed call) and with inductor's
@@ -367,7 +387,10 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple], dynamic_ar
     calls, dynamic = list(example_calls), tuple(dynamic_args)
     allow_graphs(len(calls))
     device = next(iter(module.parameters()), torch.empty(0)).device
-    mode = "max-autotune" if device.type == "cuda" else "max-autotune-no-cudagraphs"
+    if device.type == "cuda":
+        mode = "max-autotune" if autotune() else "reduce-overhead"  # both capture CUDA graphs
+    else:
+        mode = "max-autotune-no-cudagraphs" if autotune() else "default"
     graph = torch.compile(module, mode=mode, dynamic=False)
     start = time.perf_counter()
     with torch.inference_mode(), _GemmRows(gemm_rows() if device.type == "cpu" else 0), \
@@ -621,6 +644,7 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
         engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True, cache_dir=cache_dir)
         try:
             info["gemm_rows"] = gemm_rows() if engine.device.type == "cpu" else None
+            info["autotune"] = autotune()
             info["compile_s"] = engine.compile()
             info["graph"] = engine.graph_source  # compiled this run, or loaded from the cache
             # whether the graphs are kept between runs (not where: a report names no local paths)

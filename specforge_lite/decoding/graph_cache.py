@@ -63,12 +63,13 @@ def resolve_cache_dir(cache_dir: Path | str | None) -> Path | None:
 
 def graph_key(facts: dict, tensors: Iterable[tuple[str, torch.Tensor]], files: Iterable[str | Path]) -> str:
     """A digest of `facts` (JSON-able), every byte of the named tensors and the source files,
-    with what inductor compiles for on this machine (torch, CPU capability, threads, GEMM rows)."""
-    from specforge_lite.decoding.fast_target import gemm_rows
+    with what inductor compiles for on this machine (torch, CPU capability, threads, GEMM rows,
+    autotuning)."""
+    from specforge_lite.decoding.fast_target import autotune, gemm_rows
 
     digest = hashlib.blake2b(digest_size=16)
     machine = {"format": GRAPH_FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "gemm_rows": gemm_rows(), "cpu": torch.backends.cpu.get_cpu_capability()}
+               "gemm_rows": gemm_rows(), "autotune": autotune(), "cpu": torch.backends.cpu.get_cpu_capability()}
     digest.update(json.dumps({**facts, **machine}, sort_keys=True, default=str).encode())
     for file in sorted({str(f) for f in files}):
         digest.update(Path(file).read_bytes())
@@ -144,7 +145,7 @@ def _build(program_of: Callable[[], "torch.export.ExportedProgram"], path: Path)
     import torch._inductor
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    from specforge_lite.decoding.fast_target import _GemmRows, gemm_rows
+    from specforge_lite.decoding.fast_target import _GemmRows, autotune, gemm_rows
 
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
@@ -155,7 +156,7 @@ def _build(program_of: Callable[[], "torch.export.ExportedProgram"], path: Path)
                 temporary_cache_dir(build), _GemmRows(gemm_rows()):
             torch._inductor.aoti_compile_and_package(
                 program_of(), package_path=str(partial),
-                inductor_configs={"freezing": True, "max_autotune": True, "autotune_num_choices_displayed": 0,
+                inductor_configs={"freezing": True, "max_autotune": autotune(), "autotune_num_choices_displayed": 0,
                                   "max_autotune_report_choices_stats": False})
         os.replace(partial, path)
     finally:

@@ -165,6 +165,8 @@ def _engine_sentence(engine: dict | None) -> str:
     if engine["used"] == "compiled" and engine.get("compile_s") is not None:
         verb = "loaded from the graph cache" if engine.get("graph") == "loaded" else "compiled"
         text += f", its graphs {verb} in {engine['compile_s']:.1f} s before timing"
+        if engine.get("autotune") is False:
+            text += " (SPECFORGE_LITE_AUTOTUNE=0: inductor's default kernels, not autotuned ones)"
     drafting = [f"{name} {'loaded' if engine.get('drafters_graph', {}).get(name) == 'loaded' else 'compiled'} "
                 f"in {seconds:.1f} s" for name, seconds in (engine.get("drafters_compile_s") or {}).items()]
     if drafting:

@@ -124,6 +124,14 @@ def test_a_bad_gemm_rows_environment_setting_is_refused_at_the_door(capsys, tmp_
     assert written(tmp_path) == set()
 
 
+def test_a_bad_autotune_environment_setting_is_refused_at_the_door(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFORGE_LITE_AUTOTUNE", "maybe")
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}")
+    assert_user_error(code, err, "SPECFORGE_LITE_AUTOTUNE='maybe': expected 1 (autotune every product, "
+                                 "the default) or 0 (inductor's default kernels)")
+    assert written(tmp_path) == set()
+
+
 def test_every_recipe_passes_validation_and_zero_disables_checkpoints():
     from specforge_lite.validate import config_problems
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, free_port, run_cli
 
 ARGS = ["+recipe=smoke", "train.checkpoint_every=0", "train.max_steps=10", "train.log_every=2"]
 
@@ -26,7 +26,7 @@ def test_two_ranks_match_one_rank(tmp_path, batch_size):
     run_cli("train", *args, f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", "29533", "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
+                           "--master_port", str(free_port()), "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count("drafter written") == 1, "only rank 0 writes the drafter"

@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, free_port, run_cli
 
 ARGS = ["+recipe=smoke", "train.max_steps=10", "train.log_every=2", "train.checkpoint_every=4"]
 STRATEGIES = ["ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp"]
@@ -30,12 +29,6 @@ SHARDED_TARGET = {"deepspeed_zero3", "fsdp"}
 SHARDED_OPTIMIZER = {"deepspeed_zero2", "deepspeed_zero3", "fsdp"}
 # resume a checkpoint written by 2 ranks on this many ranks (DeepSpeed's ZeRO shards: same count only)
 RESUME_RANKS = {"ddp": 1, "deepspeed_zero2": 2, "deepspeed_zero3": 2, "fsdp": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train(run_dir, ranks: int, *overrides: str) -> str:

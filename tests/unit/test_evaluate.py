@@ -257,3 +257,7 @@ def test_report_names_the_target_forward_and_where_its_graphs_came_from():
     built = _engine_sentence({"requested": "compiled", "used": "compiled", "compile_s": 138.2, "graph": "compiled"})
     assert built == " Target forward: `compiled`, its graphs compiled in 138.2 s before timing."
     assert _engine_sentence({"requested": "hf", "used": "hf", "compile_s": None}) == " Target forward: `hf`."
+    untuned = _engine_sentence({"requested": "compiled", "used": "compiled", "compile_s": 20.0, "graph": "compiled",
+                                "autotune": False})
+    assert untuned == (" Target forward: `compiled`, its graphs compiled in 20.0 s before timing "
+                       "(SPECFORGE_LITE_AUTOTUNE=0: inductor's default kernels, not autotuned ones).")

@@ -170,6 +170,22 @@ def test_compiled_draft_model_drafts_like_the_eager_one(target, forbid_recompile
         assert a.accepted_lengths == b.accepted_lengths and sum(b.accepted_lengths) > 0
 
 
+def test_autotune_setting(monkeypatch):
+    from specforge_lite.decoding.fast_target import AUTOTUNE_ENV, autotune
+    from specforge_lite.decoding.graph_cache import graph_key
+
+    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
+    assert autotune() is True  # users' default
+    key_autotuned = graph_key({}, [], [])
+    for off in ("0", "off", "False"):
+        monkeypatch.setenv(AUTOTUNE_ENV, off)
+        assert autotune() is False
+    assert graph_key({}, [], []) != key_autotuned  # a package of the other kernels is another package
+    monkeypatch.setenv(AUTOTUNE_ENV, "sometimes")
+    with pytest.raises(ValueError, match=AUTOTUNE_ENV):
+        autotune()
+
+
 def test_gemm_rows_setting_and_restore(monkeypatch):
     from torch._inductor.codegen import cpp_micro_gemm as micro
 
@@ -200,8 +216,9 @@ def test_gemm_rows_setting_and_restore(monkeypatch):
         assert micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec] == before
 
 
-def test_compiled_forward_wider_than_one_register_block(target, forbid_recompiles):
-    # a width of 6 rows spans a full 4-row register block and a 2-row tail
+def test_compiled_forward_wider_than_one_register_block(target, forbid_recompiles, autotuned):
+    # a width of 6 rows spans a full 4-row register block and a 2-row tail (autotuned: the C++
+    # GEMM micro-kernel, whose blocks these are, is one of the autotuned choices)
     from specforge_lite.decoding.fast_target import StaticLlama, compile_frozen
 
     eager = StaticLlama(target, 64, LAYERS).eval()
