@@ -3,7 +3,7 @@ same compiled; what a verification of k + 1 tokens costs next to one token; plai
 decoding against HF `generate` and vLLM at the same thread count.
 
     python -m benchmarks.bench_engine [--widths 9] [--context 128] [--rounds 5]
-                                      [--plain-prompts 8] [--plain-tokens 96] [--no-vllm]
+                                      [--plain-prompts 8] [--plain-tokens 96] [--no-vllm] [--untuned]
 
 1. Forward costs (this process, SmolLM2 fp32, `torch` default threads): after a
    `--context`-token prefill, the median time of one forward over t = 1..--widths new
@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 from benchmarks.common import ROOT, machine, update_doc_section, write_results
 
@@ -39,7 +40,7 @@ def forward_costs(args) -> dict:
     from omegaconf import OmegaConf
 
     from specforge_lite.decoding.engine import TargetRunner
-    from specforge_lite.decoding.fast_target import FastEngine, gemm_rows, inductor_gemm_rows
+    from specforge_lite.decoding.fast_target import AUTOTUNE_ENV, FastEngine, gemm_rows, inductor_gemm_rows
     from specforge_lite.targets import load_target
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
@@ -61,6 +62,12 @@ def forward_costs(args) -> dict:
         dynamo = FastEngine(model, capacity, max_width=args.widths, compiled=True, packaged=False)
         dynamo_s = dynamo.compile()
         runners["compiled_dynamo"] = dynamo.runner()
+    untuned_s = None
+    if args.untuned:  # the same package with inductor's default kernels, compiled in this process
+        with mock.patch.dict(os.environ, {AUTOTUNE_ENV: "0"}):
+            untuned = FastEngine(model, capacity, max_width=args.widths, compiled=True, cache_dir=None)
+            untuned_s = untuned.compile()
+        runners["compiled_untuned"] = untuned.runner()
     if not args.skip_inductor_rows:
         # the same graphs with inductor's own register blocks for its fp32 GEMM micro-kernel
         with inductor_gemm_rows():
@@ -98,7 +105,7 @@ def forward_costs(args) -> dict:
     ms = {name: {t: 1e3 * statistics.median(v) for t, v in by_t.items()} for name, by_t in times.items()}
     flips = argmax_flips(args, model, tokenizer, compiled)
     return {"argmax_flips": flips, "context": args.context, "rounds": args.rounds, "compile_s": compile_s,
-            "load_s": load_s, "dynamo_compile_s": dynamo_s, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "load_s": load_s, "dynamo_compile_s": dynamo_s, "untuned_compile_s": untuned_s, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "ms": ms,
             "gemm_rows": gemm_rows(),
             "ratio_to_one_token": {name: {t: v[t] / v[1] for t in widths} for name, v in ms.items()},
@@ -169,11 +176,14 @@ def markdown(costs: dict, plain: tuple[dict, str] | None, command: str) -> str:
     widths = sorted(ms["hf"], key=int)
     dynamo = (f"; `compiled_dynamo`: torch.compile's graphs, one per width, {costs['dynamo_compile_s']:.0f} s to build, "
               "every run" if costs.get("dynamo_compile_s") is not None else "")
+    untuned = (f"; `compiled_untuned`: the same package with inductor's default kernels instead of autotuned ones "
+               f"(`SPECFORGE_LITE_AUTOTUNE=0`), {costs['untuned_compile_s']:.0f} s to compile"
+               if costs.get("untuned_compile_s") is not None else "")
     lines = [f"## Target forward: static cache and compiled graphs (SmolLM2, CPU {costs.get('cpu_capability')}, fp32)",
              "", f"Command: `{command}` ({machine()}). `compiled`: one AOTInductor package for widths "
              f"1..{widths[-1]} (frozen, pre-packed weights, autotuned products), {costs['compile_s']:.0f} s to compile "
              f"into an empty cache, then {costs['load_s']:.1f} s to load from it, as a later run does; the loaded "
-             f"one is timed{dynamo}.", "",
+             f"one is timed{dynamo}{untuned}.", "",
              f"Median ms of one forward over t new tokens after a {costs['context']}-token context "
              f"({costs['rounds']} interleaved rounds), and the ratio to t = 1 (a verification of k drafts "
              f"has t = k + 1). The compiled forwards use inductor's fp32 GEMM micro-kernel with {costs['gemm_rows']}-row "
@@ -228,6 +238,8 @@ def main() -> None:
     parser.add_argument("--skip-plain", action="store_true")
     parser.add_argument("--skip-dynamo", action="store_true",
                         help="do not also time torch.compile's per-width graphs")
+    parser.add_argument("--untuned", action="store_true",
+                        help="also time the package built with inductor's default kernels (SPECFORGE_LITE_AUTOTUNE=0)")
     parser.add_argument("--name", default="engine", help="results file and docs section name")
     parser.add_argument("--skip-inductor-rows", action="store_true",
                         help="do not also time the compiled graphs with inductor's own GEMM register blocks")

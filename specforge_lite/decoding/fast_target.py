@@ -290,8 +290,9 @@ def gemm_rows() -> int:
 # Whether compiled graphs autotune their matrix products (inductor's max-autotune: each product
 # timed over its candidate kernels, the C++ GEMM micro-kernel among them on a CPU). On by
 # default: the decoding forwards are what evaluate measures. SPECFORGE_LITE_AUTOTUNE=0 keeps
-# inductor's default kernels: far shorter compiles (the test suite's tiny graphs) and slower
-# forwards (docs/BENCHMARKS.md "Compile time with and without autotuning").
+# inductor's default kernels: shorter compiles (three compile tests of the tiny test models: 407 s
+# autotuned, 145 s without, on a 2-core AVX2 CPU) and forwards not tuned for this CPU
+# (`python -m benchmarks.bench_engine --untuned` times both packages of SmolLM2 side by side).
 AUTOTUNE_ENV = "SPECFORGE_LITE_AUTOTUNE"
 
 
