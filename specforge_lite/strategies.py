@@ -211,6 +211,19 @@ class DDPStrategy(Strategy):
     can_shard_target = False
 
 
+def skip_inference_allreduce_build() -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce op when it starts its
+    communication backend. On a CPU that op is a C++ build of about a minute and a half
+    (56-94 s here, every time DeepSpeed's build flags change) on a rank's first start, and
+    only DeepSpeed's tensor-parallel inference calls it; ZeRO training reduces through
+    torch.distributed. DeepSpeed skips any op its compatibility table marks unavailable."""
+    import deepspeed.ops
+
+    table = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(table, dict):
+        table["deepspeed_shm_comm"] = False
+
+
 class DeepSpeedStrategy(Strategy):
     """A DeepSpeed ZeRO engine around the drafter, with the stage's torch AdamW as client optimizer."""
 
@@ -220,11 +233,13 @@ class DeepSpeedStrategy(Strategy):
         super().__init__(cfg)
         ensure_process_group(self.device)
         # DeepSpeed builds C++ ops on first use; none is needed here, but keep any build cached
+        # (the one it would build on every start is skipped: skip_inference_allreduce_build)
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
 
     def prepare(self, drafter, optimizer):
         import deepspeed
 
+        skip_inference_allreduce_build()
         gradient_checkpointing(drafter, self.cfg)
         self.skeleton = copy.deepcopy(drafter).to("meta") if self.stage == 3 else None
         config = deepspeed_config(self.cfg, self.stage, world_size(), self.mixed)
