@@ -167,6 +167,10 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
     if sample.rank is not None and sample.world_size is not None and sample.rank >= sample.world_size:
         problems.append(f"sample.rank={sample.rank} with sample.world_size={sample.world_size}: "
                         "the rank must be below the world size")
+    for key, vcfg in (("sample.vllm", sample.vllm), ("eval.vllm", ecfg.vllm)):
+        if vcfg.single_process and vcfg.tensor_parallel_size > 1:
+            problems.append(f"{key}.single_process=true runs one worker: {key}.tensor_parallel_size="
+                            f"{vcfg.tensor_parallel_size} needs it false (or null)")
     if ecfg.ngram_min > ecfg.ngram_max:
         problems.append(f"eval.ngram_min={ecfg.ngram_min} is above eval.ngram_max={ecfg.ngram_max}")
     from specforge_lite.registry import RENAMED

@@ -65,11 +65,23 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def single_process(vcfg) -> bool:
+    """Whether vLLM runs in one process (`vllm.single_process`; CPU only, one worker)."""
+    if on_gpu():
+        return False
+    return vcfg.tensor_parallel_size == 1 if vcfg.single_process is None else bool(vcfg.single_process)
+
+
 def runner_env(vcfg) -> dict:
-    """Environment of the vLLM process: its CPU KV cache and cores (ignored on GPUs)."""
+    """Environment of the vLLM process: its CPU KV cache, cores and process layout (ignored on GPUs)."""
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.cpu_kvcache_gib))
-    if vcfg.cpu_threads:  # vLLM's CPU worker binds one core unless told otherwise
+    if single_process(vcfg):
+        # the engine steps in the runner's own process, its threads as many as asked (vLLM's CPU
+        # default is one); there is no worker process for VLLM_CPU_OMP_THREADS_BIND to bind
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env["OMP_NUM_THREADS"] = str(vcfg.cpu_threads or 1)
+    elif vcfg.cpu_threads:  # vLLM's CPU worker binds one core unless told otherwise
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{vcfg.cpu_threads - 1}"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
@@ -86,6 +98,8 @@ def engine_kwargs(model: str, dtype: str, vcfg, seed: int, speculative_config: d
               "gpu_memory_utilization": vcfg.gpu_memory_utilization}
     if vcfg.max_model_len is not None:
         kwargs["max_model_len"] = vcfg.max_model_len
+    if single_process(vcfg):
+        kwargs["distributed_executor_backend"] = "uni"
     if speculative_config is not None:
         kwargs["speculative_config"] = speculative_config
     return kwargs
@@ -374,6 +388,8 @@ def raise_failures(section: dict | None, log_path: Path) -> None:
 def _threads(vcfg) -> str:
     if on_gpu():
         return "GPU"
+    if single_process(vcfg):
+        return f"{vcfg.cpu_threads or 1}, engine and worker in one process"
     return f"{vcfg.cpu_threads} (VLLM_CPU_OMP_THREADS_BIND)" if vcfg.cpu_threads else "1 (vLLM's CPU default)"
 
 

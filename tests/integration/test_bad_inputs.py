@@ -96,6 +96,8 @@ RANGE_CASES = [
     ("evaluate", ["eval.methods=[plain,eagle4]"], "unknown ['eagle4']"),
     ("sample", ["target.device=tpu"], "target.device='tpu': allowed: auto, cpu, cuda or cuda:N"),
     ("sample", ["sample.rank=2", "sample.world_size=2"], "the rank must be below the world size"),
+    ("evaluate", ["eval.vllm.single_process=true", "eval.vllm.tensor_parallel_size=2"],
+     "eval.vllm.single_process=true runs one worker: eval.vllm.tensor_parallel_size=2 needs it false"),
     # the second pass, against the target's own config (the tiny Llama has 6 layers)
     ("train", ["drafter.aux_layer_ids=[1,3,6]"], "the target has num_hidden_layers=6, so every value must be below 6"),
     ("run", ["drafter.aux_layer_ids=[1,3,60]"], "must be below 6"),

@@ -75,7 +75,7 @@ def test_vllm_serves_eagle3_export_losslessly_and_counts_like_us(smollm2_run):
     """The export loads in vLLM as {"method": "eagle3", "model": DIR, ...}; speculative output
     equals plain (vLLM's and ours); vLLM's tau agrees with our engine's for the same drafter."""
     run_dir, args = smollm2_run
-    run_cli("evaluate", *args, "eval.max_prompts=4", "eval.max_new_tokens=48", "eval.num_draft_tokens=3",
+    run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.engine=static",
             "eval.methods=[plain,eagle3,vllm_plain,vllm_eagle3]",
             check=True, timeout=1200)

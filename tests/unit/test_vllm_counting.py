@@ -14,8 +14,10 @@ def _output(tokens, drafts=0, accepted_per_position=(), iterations=None):
 
 
 def test_counters_to_tau_and_per_position():
+    from specforge_lite.config import VllmConfig
+
     cfg = OmegaConf.create({"eval": {"num_draft_tokens": 3, "temperature": 0.0,
-                                     "vllm": {"cpu_threads": None}}})
+                                     "vllm": OmegaConf.structured(VllmConfig)}})
     # 10 tokens: prefill gives 1, then 4 verify steps give 9 (accepted 3, 1, 0, 1 -> 4+2+1+2)
     spec = _output(list(range(10)), drafts=4, accepted_per_position=(3, 1, 1), iterations=5)
     plain = _output(list(range(10)))
@@ -40,3 +42,25 @@ def test_sampling_params_and_seeds():
     assert sampling_params(8, 0.7, 0.9, [2], seeds=[5])["seeds"] == [5]
     assert prompt_seed(0, [1, 2]) == prompt_seed(0, [1, 2]) != prompt_seed(1, [1, 2])
     assert all(m.startswith("vllm_") for m in VLLM_METHODS)
+
+
+def test_process_layout_on_cpu(monkeypatch):
+    """On a CPU vLLM runs engine and worker in the runner's process unless tensor parallelism
+    needs workers (or the user says single_process=false); the thread count follows cpu_threads."""
+    from specforge_lite.config import VllmConfig
+    from specforge_lite.serving.vllm_engine import engine_kwargs, runner_env
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    default, two_threads = OmegaConf.structured(VllmConfig), OmegaConf.structured(VllmConfig(cpu_threads=2))
+    kwargs, env = engine_kwargs("m", "float32", default, 0), runner_env(default)
+    assert kwargs["distributed_executor_backend"] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "1"
+    assert runner_env(two_threads)["OMP_NUM_THREADS"] == "2"
+    for separate in (VllmConfig(single_process=False, cpu_threads=2), VllmConfig(tensor_parallel_size=2)):
+        vcfg = OmegaConf.structured(separate)
+        env = runner_env(vcfg)
+        assert "distributed_executor_backend" not in engine_kwargs("m", "float32", vcfg, 0)
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert runner_env(OmegaConf.structured(VllmConfig(single_process=False, cpu_threads=2))
+                      )["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
