@@ -54,7 +54,7 @@ demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_s
 	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)
 
 test: setup  ## run the whole test suite (TEST_WORKERS processes side by side, a test file each)
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 test-vllm: setup vllm  ## the vLLM tests only (they fail, not skip, when vLLM is missing)
 	SPECFORGE_LITE_REQUIRE_VLLM=1 $(PY) -m pytest -q -ra -m vllm $(ARGS)

@@ -129,8 +129,8 @@ def forbid_recompiles():
 
 
 # the longest test files start first: `make test` hands whole files to its workers in collection
-# order, so a long file collected late runs alone at the end while the other worker idles
-# (test_vllm.py 328 s and test_strategies.py 288 s of a 1080 s suite, measured with --durations)
+# order (--no-loadscope-reorder; pytest-xdist's own order puts the files with the most tests first,
+# which left test_vllm.py, 3 tests and 328 s of a 1080 s suite, running alone at the end)
 LONGEST_FIRST = ("integration/test_vllm.py", "integration/test_strategies.py")
 
 
