@@ -77,11 +77,12 @@ class VllmConfig:
     gpu_memory_utilization: float = checked(0.9, gt=0.0, le=1.0)
     max_model_len: Optional[int] = checked(None, ge=1)
     enforce_eager: Optional[bool] = None  # null: true on CPU (no graph capture there), false on GPU
-    cpu_threads: Optional[int] = checked(None, ge=1)  # CPU only: cores vLLM's worker binds; null: vLLM's default (one)
+    cpu_threads: Optional[int] = checked(None, ge=1)  # CPU only: vLLM's threads (cores its worker binds with single_process=false); null: one
     cpu_kvcache_gib: int = checked(1, ge=1)  # CPU only: VLLM_CPU_KVCACHE_SPACE
     # CPU only: vLLM's engine and its one worker run inside the runner process instead of an
-    # engine-core and a worker process of their own (starts in about half the time and decodes
-    # faster on a small CPU: README "vLLM"); null: true when tensor_parallel_size is 1
+    # engine-core and a worker process of their own (engine load 6.1 s against 25.6 s, decoding
+    # speed within noise: docs/BENCHMARKS.md "vLLM's process layout"); null: true when
+    # tensor_parallel_size is 1
     single_process: Optional[bool] = None
     # evaluate only: the export folder whose drafters the vllm_* methods serve; null: run_dir/export
     export_dir: Optional[str] = None

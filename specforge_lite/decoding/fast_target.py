@@ -294,8 +294,8 @@ def gemm_rows() -> int:
 # inductor's default kernels: shorter compiles (three compile tests of the tiny test models,
 # test_compiled_forward_equals_transformers, test_compiled_graph_is_kept_and_loaded_by_a_later_engine
 # and EAGLE-3's test_compiled_drafting_equals_eager_drafting: 407 s autotuned, 138 s without, on a
-# 2-core AVX2 CPU, pytest --durations) and forwards not tuned for this CPU, by how much not yet
-# measured (`python -m benchmarks.bench_engine --untuned` times both packages of SmolLM2).
+# 2-core AVX2 CPU, pytest --durations) and slower forwards (SmolLM2 on that CPU: 36.5 against
+# 23.6 ms for one token, 1.09-1.37x slower at 2-5: docs/BENCHMARKS.md engine_autotune).
 AUTOTUNE_ENV = "SPECFORGE_LITE_AUTOTUNE"
 
 
