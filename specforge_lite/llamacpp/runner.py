@@ -1,0 +1,152 @@
+"""llama.cpp as an evaluation backend, in-process through `xllamacpp` (`make llamacpp`).
+
+One `LlamaCppRunner` holds one llama.cpp server (target GGUF, optional draft) and decodes
+prompts given as token ids through its native `/completion` endpoint: greedy, a fixed number
+of new tokens (end-of-sequence ignored), batch 1, no prompt cache. It returns the tokens, the
+wall time and llama.cpp's own counters (`timings.draft_n`, `timings.draft_n_accepted`).
+
+tau follows the project's convention (tokens emitted per target forward, bonus included,
+plain = 1.00). llama.cpp emits accepted + 1 tokens per verifying forward, so the forwards are
+`predicted_n - draft_n_accepted` and tau = predicted_n / (predicted_n - draft_n_accepted).
+
+Methods: `llamacpp_plain`; `llamacpp_ngram` (llama.cpp's `ngram-simple` drafter: the last
+n-gram's previous continuation in the context); `llamacpp_eagle3` (`draft-eagle3`, our
+EAGLE-3 GGUF); `llamacpp_distilled` (`draft-simple`, our distilled draft model's GGUF).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+
+INSTALL_HINT = "make llamacpp (or pip install '.[llamacpp]')"
+
+# method -> llama.cpp speculative type (None: plain decoding)
+METHODS = {
+    "llamacpp_plain": None,
+    "llamacpp_ngram": "NGRAM_SIMPLE",
+    "llamacpp_eagle3": "DRAFT_EAGLE3",
+    "llamacpp_distilled": "DRAFT_SIMPLE",
+}
+NEEDS_DRAFT = {"llamacpp_eagle3", "llamacpp_distilled"}
+# the command-line spelling of each type, for the recipe card and the results file
+SPEC_TYPE_FLAGS = {"NGRAM_SIMPLE": "ngram-simple", "DRAFT_EAGLE3": "draft-eagle3", "DRAFT_SIMPLE": "draft-simple"}
+
+
+def import_xllamacpp():
+    try:
+        import xllamacpp
+    except ImportError:
+        raise SpecforgeError(f"llama.cpp methods need xllamacpp: {INSTALL_HINT}") from None
+    return xllamacpp
+
+
+def available() -> bool:
+    try:
+        import_xllamacpp()
+    except SpecforgeError:
+        return False
+    return True
+
+
+def version() -> str:
+    return str(import_xllamacpp().__version__)
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    seconds: float  # llama.cpp's own decoding time (prompt processing excluded)
+    wall_seconds: float  # the whole request, as the caller saw it
+    drafted: int
+    accepted: int
+
+    @property
+    def tau(self) -> float:
+        n = len(self.tokens)
+        return n / max(1, n - self.accepted)
+
+
+@dataclass
+class LlamaCppRunner:
+    target_gguf: Path
+    method: str = "llamacpp_plain"
+    draft_gguf: Path | None = None
+    threads: int = 2
+    speculative_tokens: int = 4
+    n_ctx: int = 2048
+    server: object = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SpecforgeError(f"unknown llama.cpp method {self.method!r}; one of {sorted(METHODS)}")
+        if (self.method in NEEDS_DRAFT) != (self.draft_gguf is not None):
+            raise SpecforgeError(f"{self.method} {'needs' if self.method in NEEDS_DRAFT else 'takes no'} draft GGUF")
+        for path in (self.target_gguf, self.draft_gguf):
+            if path is not None and not Path(path).is_file():
+                raise SpecforgeError(f"{path}: no such GGUF file")
+
+    def start(self) -> "LlamaCppRunner":
+        xl = import_xllamacpp()
+        params = xl.CommonParams()
+        params.model.path = str(self.target_gguf)
+        params.n_ctx = self.n_ctx
+        params.n_parallel = 1
+        params.cpuparams.n_threads = self.threads
+        params.cpuparams_batch.n_threads = self.threads
+        params.sampling.temp = 0.0
+        params.sampling.top_k = 1
+        params.warmup = True
+        spec_type = METHODS[self.method]
+        if spec_type is not None:
+            params.speculative.types = [getattr(xl.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_{spec_type}")]
+            params.speculative.draft.n_max = self.speculative_tokens
+            params.speculative.draft.n_min = 0
+            params.speculative.draft.p_min = 0.0  # greedy chains: draft every step, let the target judge
+            if self.draft_gguf is not None:
+                params.speculative.draft.mparams.path = str(self.draft_gguf)
+                params.speculative.draft.cpuparams.n_threads = self.threads
+                params.speculative.draft.cpuparams_batch.n_threads = self.threads
+        try:
+            self.server = xl.Server(params)
+        except Exception as err:
+            raise SpecforgeError(f"llama.cpp (xllamacpp {version()}) cannot load {Path(self.target_gguf).name}"
+                                 f"{' with draft ' + Path(self.draft_gguf).name if self.draft_gguf else ''}: "
+                                 f"{err}") from None
+        return self
+
+    def __enter__(self) -> "LlamaCppRunner":
+        return self.start() if self.server is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.server = None  # the server stops when the object is freed
+
+    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
+        """Greedy decoding of exactly `max_new_tokens` tokens after `prompt_ids`."""
+        if self.server is None:
+            self.start()
+        body = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens), "temperature": 0.0,
+                "top_k": 1, "ignore_eos": True, "cache_prompt": False, "return_tokens": True,
+                "speculative.n_max": self.speculative_tokens, "speculative.n_min": 0, "speculative.p_min": 0.0}
+        request = urllib.request.Request(f"{self.server.listening_address}/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                reply = json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            raise SpecforgeError(f"llama.cpp refused the request: {err.read().decode(errors='replace')[:300]}") from None
+        wall = time.perf_counter() - start
+        timings = reply.get("timings", {})
+        return Completion(tokens=[int(t) for t in reply["tokens"]], seconds=float(timings["predicted_ms"]) / 1000,
+                          wall_seconds=wall, drafted=int(timings.get("draft_n", 0)),
+                          accepted=int(timings.get("draft_n_accepted", 0)))
