@@ -180,6 +180,9 @@ def add_llama_block(writer, prefix: str, block: int, weights: dict, layer: dict,
 
 # ---------------------------------------------------------------- EAGLE-3
 
+EAGLE3_LAYER_KEYS = ("eagle3.extract_layers", "eagle3.target_layers")
+
+
 def llamacpp_extract_layers(n_target_layers: int) -> list[int]:
     """The target layers llama.cpp's converter writes for every EAGLE-3 draft."""
     return [2, n_target_layers // 2, n_target_layers - 3]
@@ -206,7 +209,10 @@ def eagle3_to_gguf(export_dir: Path, target_gguf: Path, out: Path, precision: st
                               f"{target['embedding_length']})")
     writer = new_writer(out, "eagle3")
     write_llama_hparams(writer, layer, 1, target["vocab_size"], precision, where)
-    writer.add_array("eagle3.extract_layers", wanted)
+    # upstream's converter names the key `extract_layers`; the llama.cpp inside xllamacpp
+    # 2026.10.11549 reads `target_layers` (shared with DFlash): write both, same value
+    for key in EAGLE3_LAYER_KEYS:
+        writer.add_array(key, wanted)
     writer.add_uint32("eagle3.target_hidden_size", int(target["embedding_length"]))
     writer.add_bool("eagle3.norm_before_residual", bool(config["norm_before_residual"]))
     copy_tokenizer(read_gguf(target_gguf), writer)
