@@ -38,9 +38,9 @@ def forward_costs(args) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    from specforge_lite.decoding.engine import TargetRunner
-    from specforge_lite.decoding.fast_target import (AUTOTUNE_ENV, FastEngine, env_setting, gemm_rows,
-                                                     inductor_gemm_rows)
+    from specforge_lite.runtime.hf_runner import TargetRunner
+    from specforge_lite.runtime.compile import AUTOTUNE_ENV, env_setting, gemm_rows, inductor_gemm_rows
+    from specforge_lite.runtime.fast_engine import FastEngine
     from specforge_lite.targets import load_target
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
@@ -121,9 +121,9 @@ def argmax_flips(args, model, tokenizer, engine) -> dict:
     import torch
 
     from specforge_lite.data.chat import prompt_ids
-    from specforge_lite.data.readers import read_eval_prompts
+    from specforge_lite.data.eval_prompts import read_eval_prompts
     from specforge_lite.decoding.engine import generate_plain
-    from specforge_lite.stages.evaluate import select_prompts
+    from specforge_lite.data.eval_prompts import select_prompts
 
     prompts = select_prompts(read_eval_prompts("builtin:mt_bench"), args.flip_prompts)
     runner = engine.runner()

@@ -22,7 +22,8 @@ import time
 import torch
 
 from benchmarks.common import load_smollm2, update_doc_section, write_results
-from specforge_lite.decoding.fast_target import StaticLlama, compile_frozen
+from specforge_lite.runtime.static_llama import StaticLlama
+from specforge_lite.runtime.compile import compile_frozen
 from specforge_lite.drafters.eagle3.model import default_aux_layers
 from specforge_lite.features import target_hidden
 

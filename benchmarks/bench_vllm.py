@@ -43,8 +43,8 @@ def sampling(args) -> dict:
 
     from specforge_lite.data.chat import prompt_ids
     from specforge_lite.data.readers import heldout_split, read_conversations
-    from specforge_lite.serving.vllm_engine import VllmSampleBackend
-    from specforge_lite.stages.sample import HFBackend
+    from specforge_lite.sample_backends import VllmSampleBackend
+    from specforge_lite.sample_backends import HFBackend
     from specforge_lite.targets import load_target, resolve_target_path
 
     torch.set_num_threads(args.threads)

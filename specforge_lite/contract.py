@@ -75,7 +75,7 @@ class Drafter(Protocol):
     - optional `compile(k, capacity) -> seconds`: build compiled graphs for drafting k
       tokens with room for `capacity` positions, before anything is timed. The evaluate
       stage calls it when the target runs compiled (`eval.engine`), so drafter and target
-      go through the same mechanism (`decoding/graph_cache.compile_kept`: on a CPU packages
+      go through the same mechanism (`runtime/graph_cache.compile_kept`: on a CPU packages
       kept between runs; its `graph_source`, "compiled" or "loaded", goes in the report);
       a drafter without it drafts eagerly.
     """

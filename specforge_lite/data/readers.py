@@ -1,4 +1,4 @@
-"""Readers for conversation sources and evaluation prompt sets.
+"""Readers for conversation sources (evaluation prompt sets: `data/eval_prompts.py`).
 
 Every conversation source becomes a list of records
 `{"id": str, "messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`.
@@ -367,65 +367,3 @@ def heldout_split(records: list[dict], fraction: float, seed: int) -> tuple[list
         digest = hashlib.sha256(f"{seed}:{record['id']}".encode()).digest()
         (heldout if int.from_bytes(digest[:8], "big") / 2**64 < fraction else train).append(record)
     return train, heldout
-
-
-def read_eval_prompts(source: str, strict: bool = False) -> list[dict[str, Any]]:
-    """Evaluation prompts as `{"id", "category", "turns": [user message, ...]}`.
-
-    `builtin:mt_bench` reads the 80 MT-Bench questions; a `.jsonl` file (or a `.json` array)
-    takes records with `turns` (a list of non-empty strings) or `prompt` (one string), and
-    optional `category` (a string) and `id`. Bad records are skipped and counted by reason
-    like training data (`strict`: the first one is an error naming file and record).
-    """
-    if source == "builtin:mt_bench":
-        path = package_file(MT_BENCH_MEMBER)
-    else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise SpecforgeError(f"eval.dataset {source!r} does not exist" if not path.exists()
-                                 else f"eval.dataset {source!r} is not a file")
-    stats = ReadStats(source=source)
-    if path.suffix == ".json":
-        raw_iter = iter_json_array(path, stats, strict)
-    elif path.suffix == ".jsonl":
-        raw_iter = iter_jsonl(path, stats, strict)
-    else:
-        raise SpecforgeError(f"eval.dataset {source!r}: expected a .jsonl (or .json) file of prompts")
-    prompts = []
-    for index, raw in raw_iter:
-        try:
-            prompts.append(eval_prompt(raw, fallback_id=str(index)))
-        except BadRecord as bad:
-            if strict:
-                raise SpecforgeError(f"{path}: record {index}: {bad.reason}: {bad}") from None
-            stats.skipped[bad.reason] += 1
-    stats.recovered = len(prompts)
-    if stats.num_skipped:
-        log.warning("%s", stats.summary())
-    return prompts
-
-
-def eval_prompt(raw: Any, fallback_id: str) -> dict[str, Any]:
-    """One raw evaluation prompt record to `{"id", "category", "turns"}`."""
-    if not isinstance(raw, dict):
-        raise BadRecord("not_an_object", "record is not a JSON object")
-    if "turns" in raw:
-        turns = raw["turns"]
-        if not isinstance(turns, list):
-            raise BadRecord("turns_not_a_list", f"'turns' is a {type(turns).__name__}, not a list of strings")
-    elif "prompt" in raw:
-        turns = [raw["prompt"]]
-    else:
-        raise BadRecord("missing_key", "record has neither 'turns' nor 'prompt'")
-    if not turns:
-        raise BadRecord("empty_conversation", "no turns")
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, str):
-            raise BadRecord("non_string_turn", f"turn {i} is {type(turn).__name__}, not a string")
-        if not turn.strip():
-            raise BadRecord("empty_turn", f"turn {i} is empty")
-    category = raw.get("category", "all")
-    if not isinstance(category, str):
-        raise BadRecord("non_string_category", f"category is {type(category).__name__}, not a string")
-    record_id = raw.get("question_id", raw.get("id", fallback_id))
-    return {"id": str(record_id), "category": category, "turns": list(turns)}

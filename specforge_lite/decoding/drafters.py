@@ -18,6 +18,9 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa: F401  (the interface, re-exported)
 from specforge_lite.decoding.verify import warp_probs
+from specforge_lite.runtime.fast_engine import FastEngine
+from specforge_lite.runtime.hf_runner import crop_cache
+from specforge_lite.runtime.static_llama import unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +112,10 @@ class DraftModelDrafter:
         self.base = 0
 
     def compile(self, k: int, capacity: int | None = None) -> float:
-        """Run the draft model on the target's own fast forward (`decoding/fast_target.py`): a
+        """Run the draft model on the target's own fast forward (`runtime/fast_engine.py`): a
         static cache of `capacity` positions and compiled graphs of widths 1 and 2 (what a
         call feeds after the prompt). Returns the seconds compiling took; 0.0 and eager
         drafting for a model the static forward does not cover."""
-        from specforge_lite.decoding.fast_target import FastEngine, unsupported_reason
-
         reason = unsupported_reason(self.model.config)
         if reason or not capacity:
             log.info("%s: drafting eagerly (%s)", self.name, reason or "no cache capacity given")
@@ -160,17 +161,6 @@ class DraftModelDrafter:
             else:
                 crop_cache(self.cache, keep)
             self.cached = keep
-
-
-def crop_cache(cache, keep: int) -> None:
-    """Drop all but the first `keep` positions of a KV cache.
-
-    transformers 5.x `Cache.crop(n)` accepts only n <= 0 and removes |n| tokens;
-    4.x also reads a negative n as "remove |n|", so this call works in both.
-    """
-    remove = cache.get_seq_length() - keep
-    if remove > 0:
-        cache.crop(-remove)
 
 
 # --------------------------------------------------------------------------- building

@@ -19,7 +19,6 @@ included; plain decoding scores exactly 1.00 (Spec-Bench's convention).
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -27,7 +26,7 @@ from typing import Iterable
 import torch
 
 from specforge_lite.contract import DraftContext, Drafter
-from specforge_lite.decoding.drafters import crop_cache
+from specforge_lite.runtime.hf_runner import TargetRunner  # noqa: F401  (the decoders' runner)
 from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, pick_tokens,
                                             rejection_verify, warp_probs)
 
@@ -64,49 +63,6 @@ class Generation:
     def overhead_s(self) -> float:
         """Decoding time spent outside target forwards and drafter calls (the loop itself)."""
         return max(self.total_s - self.prefill_s - self.target_s - self.draft_s, 0.0)
-
-
-class TargetRunner:
-    """Forward passes of the target over new tokens, extending its own KV cache.
-
-    Asks the model for exactly the hidden-state layers a drafter declared.
-    """
-
-    def __init__(self, model, hidden_state_layers: Iterable[int] = ()):
-        from transformers import DynamicCache
-
-        self.model = model
-        self.device = model.device
-        self.layers = tuple(hidden_state_layers)
-        self._cache_cls = DynamicCache
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        self.cache = None
-
-    def reset(self) -> None:
-        self.cache = self._cache_cls(config=self.model.config)
-
-    @property
-    def length(self) -> int:
-        return self.cache.get_seq_length()
-
-    def forward(self, token_ids: list[int], last_only: bool = False
-                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Logits [t, V] for the t new tokens (or [1, V] with last_only) and the
-        declared hidden states {layer: [1, t, H]}."""
-        kwargs = {}
-        if self._keep_arg:
-            kwargs["logits_to_keep"] = 1 if last_only else 0
-        if self.layers:
-            kwargs["output_hidden_states"] = list(self.layers)
-        out = self.model(input_ids=torch.tensor([token_ids], device=self.device),
-                         past_key_values=self.cache, use_cache=True, **kwargs)
-        logits = out.logits[0, -1:] if last_only else out.logits[0]
-        hidden = {layer: out.hidden_states[layer] for layer in self.layers}
-        return logits, hidden
-
-    def crop(self, keep: int) -> None:
-        crop_cache(self.cache, keep)
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingParams, generator) -> int:

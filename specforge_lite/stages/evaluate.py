@@ -28,110 +28,27 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
+from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
-from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
+from specforge_lite.data.eval_prompts import load_prompts, select_prompts
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
-from specforge_lite.decoding.fast_target import TargetForward, build_target_engine
+from specforge_lite.runtime.fast_engine import TargetForward, build_target_engine
 from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.registry import DRAFTERS, RENAMED, detect_drafter
-from specforge_lite.serving import vllm_engine
-from specforge_lite.serving.vllm_engine import VLLM_METHODS
+from specforge_lite.eval_methods import HF_METHODS, PLAIN, VLLM_METHODS, labelled_drafters, run_order
+from specforge_lite.registry import DRAFTERS, detect_drafter
+from specforge_lite.serving import vllm_engine, vllm_report
 from specforge_lite.targets import eos_token_ids, load_target
 
 log = logging.getLogger(__name__)
 
-HF_METHODS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
-
-
 # --------------------------------------------------------------------------- prompts
 
-def load_prompts(cfg: DictConfig) -> list[dict]:
-    """Eval prompts as {"id", "category", "system", "turns": [user message, ...]}."""
-    dataset = cfg.eval.dataset
-    if dataset != "heldout":
-        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset, cfg.data.strict)]
-    else:
-        records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
-        split = samples_dir(cfg) / "split.json"
-        if split.exists():
-            ids = set(read_json_object(split, required=("heldout_ids",))["heldout_ids"])
-            heldout = [r for r in records if r["id"] in ids]
-            if ids and not heldout:
-                raise SpecforgeError(f"none of the held-out ids in {split} are in {cfg.data.source}: "
-                                     "was the data source changed after the sample stage?")
-        else:
-            log.warning("%s not found (sample stage not run); splitting %s with data.heldout_fraction=%s",
-                        split, cfg.data.source, cfg.data.heldout_fraction)
-            _, heldout = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
-        prompts = []
-        for record in heldout:
-            messages = record["messages"]
-            prompts.append({"id": record["id"], "category": "heldout",
-                            "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
-                            "turns": [m["content"] for m in messages if m["role"] == "user"]})
-    if not prompts:
-        raise SpecforgeError(f"eval.dataset={dataset} gave no prompts")
-    if cfg.eval.max_turns is not None:
-        prompts = [{**p, "turns": p["turns"][:cfg.eval.max_turns]} for p in prompts]
-    return prompts
-
-
-def select_prompts(prompts: list[dict], max_prompts: int | None) -> list[dict]:
-    """The first `max_prompts` in round-robin order over categories, in source order."""
-    if max_prompts is None or max_prompts >= len(prompts):
-        return prompts
-    by_category: dict[str, list[int]] = defaultdict(list)
-    for i, prompt in enumerate(prompts):
-        by_category[prompt["category"]].append(i)
-    picked: list[int] = []
-    queues = list(by_category.values())
-    while len(picked) < max_prompts:
-        for queue in queues:
-            if queue and len(picked) < max_prompts:
-                picked.append(queue.pop(0))
-    return [prompts[i] for i in sorted(picked)]
-
-
 # --------------------------------------------------------------------------- decoders
-
-def check_methods(eval_cfg) -> list[str]:
-    known = ["plain", *BUILTIN, *DRAFTERS, *HF_METHODS, *VLLM_METHODS]
-    methods = list(eval_cfg.methods)
-    if renamed := [m for m in methods if m in RENAMED]:
-        raise SpecforgeError(f"eval.methods: {renamed[0]} was renamed: untrained_draft (a draft model used as it "
-                             f"is) or {RENAMED[renamed[0]]} (one trained here)")
-    unknown = [m for m in methods if m not in known]
-    if unknown:
-        raise SpecforgeError(f"eval.methods has unknown {unknown}; known: {', '.join(known)}")
-    extra = list(labelled_drafters(eval_cfg))
-    if clash := [label for label in extra if label in known]:
-        raise SpecforgeError(f"eval.extra_drafters: label {clash[0]!r} is a method name; pick another label")
-    if eval_cfg.num_draft_tokens < 1:
-        raise SpecforgeError(f"eval.num_draft_tokens must be >= 1, got {eval_cfg.num_draft_tokens}")
-    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in methods + extra:
-        raise SpecforgeError(f"eval.best_k_method={eval_cfg.best_k_method} is not in eval.methods")
-    return ["plain"] + [m for m in dict.fromkeys(methods + extra) if m != "plain"]
-
-
-def labelled_drafters(eval_cfg) -> dict[str, str]:
-    """`eval.extra_drafters` entries LABEL:FOLDER as {label: folder}."""
-    out = {}
-    for item in eval_cfg.get("extra_drafters") or []:
-        label, sep, folder = str(item).partition(":")
-        if not sep or not label or not folder:
-            raise SpecforgeError(f"eval.extra_drafters: {item!r} should be LABEL:FOLDER")
-        if label in out:
-            raise SpecforgeError(f"eval.extra_drafters: label {label!r} appears twice")
-        out[label] = folder
-    return out
-
 
 def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_ids: list[int],
                    sampling: SamplingParams, capacity: int = 0) -> tuple[dict, dict, TargetForward]:
@@ -179,7 +96,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
                 target.info["drafters_graph"][name] = how
                 log.info("%s: %s its drafting graphs for k=%d in %.0f s", name, how, k, seconds)
     plain_runner = target.runner()
-    decoders = {"plain": lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
+    decoders = {PLAIN: lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}
     for name in methods:
         if name in drafters:
@@ -226,7 +143,7 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
 
 def run(cfg: DictConfig) -> None:
     ecfg = cfg.eval
-    methods = check_methods(ecfg)
+    methods = run_order(ecfg)
     served = [m for m in methods if m in VLLM_METHODS]  # real vLLM, run after ours (serving/vllm_engine.py)
     methods = [m for m in methods if m not in served]
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
@@ -257,15 +174,15 @@ def run(cfg: DictConfig) -> None:
             gens = {name: decoders[name](ids, ecfg.max_new_tokens, _seed(cfg.seed, prompt["id"], turn, name))
                     for name in methods}
             requests.append(ids)
-            plain_tokens.append(gens["plain"].tokens)
+            plain_tokens.append(gens[PLAIN].tokens)
             for name, gen in gens.items():
-                identical = gen.tokens == gens["plain"].tokens if sampling.greedy else None
+                identical = gen.tokens == gens[PLAIN].tokens if sampling.greedy else None
                 answers.append({"prompt": prompt, "turn": turn, "method": name, "gen": gen, "identical": identical})
-            plain = [t for t in gens["plain"].tokens if t not in eos_ids]
+            plain = [t for t in gens[PLAIN].tokens if t not in eos_ids]
             replies.append(tokenizer.decode(plain, skip_special_tokens=True).strip())
 
     # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
-    plain_gens = [a["gen"] for a in answers if a["method"] == "plain"]
+    plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
     costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats,
                                   runner=target.runner())
@@ -276,14 +193,14 @@ def run(cfg: DictConfig) -> None:
     if served:
         results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
                                           lambda *parts: _seed(cfg.seed, "vllm", *parts) & 0x7FFFFFFF)
-        report["vllm"] = vllm_engine.report_section(results, report, plain_tokens, cfg)
+        report["vllm"] = vllm_report.report_section(results, report, plain_tokens, cfg)
     atomic_write_json(out / "report.json", report)
     if ecfg.plots:
         report["plots"] = write_plots(report, out)
         atomic_write_json(out / "report.json", report)
     markdown = render_markdown(report)
     if "vllm" in report:
-        markdown += vllm_engine.markdown(report["vllm"], ecfg.num_draft_tokens)
+        markdown += vllm_report.markdown(report["vllm"], ecfg.num_draft_tokens)
     atomic_write_text(out / "report.md", markdown)
     write_provenance(out, cfg)
     for name, entry in report["methods"].items():
@@ -298,7 +215,7 @@ def run(cfg: DictConfig) -> None:
                  "-" if entry["vllm_mean_acceptance_length"] is None else f"{entry['vllm_mean_acceptance_length']:.2f}",
                  entry["tokens_per_s"], "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS")
     log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
-    vllm_engine.raise_failures(report.get("vllm"), out / "vllm.log")
+    vllm_report.raise_failures(report.get("vllm"), out / "vllm.log")
 
 
 def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
@@ -330,11 +247,11 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
     for a in answers:
         by_method[a["method"]].append(a)
         by_method_cat[a["method"]][a["prompt"]["category"]].append(a["gen"])
-    plain = summarise([a["gen"] for a in by_method["plain"]])
-    plain_gens = [a["gen"] for a in by_method["plain"]]  # mean answer, for best k's per-answer rates
+    plain = summarise([a["gen"] for a in by_method[PLAIN]])
+    plain_gens = [a["gen"] for a in by_method[PLAIN]]  # mean answer, for best k's per-answer rates
     answer_shape = (statistics.fmean(g.prefill_s for g in plain_gens),
                     statistics.fmean(len(g.tokens) for g in plain_gens))
-    plain_cat = {c: summarise(g) for c, g in by_method_cat["plain"].items()}
+    plain_cat = {c: summarise(g) for c, g in by_method_cat[PLAIN].items()}
     hf_plain = summarise([a["gen"] for a in by_method["hf_generate"]]) if "hf_generate" in by_method else None
     answer_rows = [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
                     "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
@@ -344,7 +261,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
                    for a in answers]
     # intervals from the rows report.json keeps, so that they can be recomputed from the report alone
     boot = ecfg.bootstrap
-    intervals = method_intervals(prompt_totals(answer_rows), "plain", boot.resamples, boot.seed, boot.level)
+    intervals = method_intervals(prompt_totals(answer_rows), PLAIN, boot.resamples, boot.seed, boot.level)
 
     entries = {}
     for name in methods:
@@ -384,7 +301,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
                          f"{boot.seed}): prompts drawn with replacement, all turns of a prompt together, the same "
                          "prompts for every method (paired); tau and speedup recomputed on each resample as above",
         },
-        "num_prompts": len(prompts), "num_answers": len(by_method["plain"]),
+        "num_prompts": len(prompts), "num_answers": len(by_method[PLAIN]),
         "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
         "methods": entries,
         "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in methods}

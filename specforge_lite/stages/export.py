@@ -12,7 +12,6 @@ failed export leaves the previous one, and its `export.json`, untouched.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil

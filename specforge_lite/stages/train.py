@@ -32,10 +32,14 @@ from specforge_lite.artifact_io import ArtifactError, read_json_object, write_fa
 from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
+from specforge_lite.dry_run import dry_run
 from specforge_lite.features import FeatureCache, collate, target_hidden
 from specforge_lite.checkpoints import resume
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.strategies import build_strategy
+from specforge_lite.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
+from specforge_lite.targets import sizing_config
+from specforge_lite.validate import validate_config
 
 log = logging.getLogger(__name__)
 
@@ -170,47 +174,14 @@ def already_trained(cfg: DictConfig, stamp: str) -> bool:
     return False
 
 
-# --------------------------------------------------------------------------- trackers
-
-class Tracker:
-    def __init__(self, cfg: DictConfig, out: Path, enabled: bool):
-        self.kind = cfg.train.tracker if enabled else "none"
-        self.run = None
-        if self.kind == "wandb":
-            import wandb
-
-            os.environ.setdefault("WANDB_MODE", "offline")
-            self.run = wandb.init(project="specforge_lite", name=cfg.recipe_name, dir=str(out),
-                                  reinit="finish_previous", config=OmegaConf.to_container(cfg, resolve=True))
-        elif self.kind == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise SpecforgeError("train.tracker=tensorboard needs: pip install tensorboard") from err
-            self.run = SummaryWriter(log_dir=str(out / "tensorboard"))
-
-    def log(self, metrics: dict, step: int) -> None:
-        if self.kind == "wandb":
-            self.run.log(metrics, step=step)
-        elif self.kind == "tensorboard":
-            for k, v in metrics.items():
-                self.run.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self.kind == "wandb":
-            self.run.finish()
-        elif self.kind == "tensorboard":
-            self.run.close()
-
-
 # --------------------------------------------------------------------------- the stage
 
 def run(cfg: DictConfig) -> None:
     module = chosen_drafter(cfg)
     if cfg.train.dry_run:
-        from specforge_lite.dry_run import dry_run
-
-        dry_run(cfg)
+        config = sizing_config(cfg.target.path)
+        validate_config(cfg, config)  # the fields bounded by the target (aux layer ids against its depth)
+        dry_run(cfg, config)
         return
     ensure_samples(cfg)
     stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint
@@ -358,51 +329,3 @@ def save_atomically(final: Path, write) -> None:
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def empty_window() -> dict:
-    """Counters of one logging window (summed over its steps, and over ranks when logged)."""
-    return {"tokens": 0, "time": 0.0, "target_time": 0.0, "loss": 0.0, "positions": 0, "correct": None}
-
-
-def plot_learning_curve(history: list[dict], path: Path) -> None:
-    """Simulated acceptance length and loss against training tokens."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tokens = [h["tokens_seen"] for h in history]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    left.plot(tokens, [h["simulated_tau"] for h in history], marker="o")
-    left.set(xlabel="training tokens", ylabel="simulated tau (bonus incl.)", title="acceptance length")
-    right.plot(tokens, [h["loss"] for h in history], marker="o", color="tab:red")
-    right.set(xlabel="training tokens", ylabel="loss per position", title="loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def global_window(window: dict, accelerator) -> dict:
-    """Sum a logging window's counters over ranks (time stays this rank's)."""
-    keys = sorted(window["correct"])
-    flat = [window["loss"], window["positions"], window["tokens"]] + [x for k in keys for x in window["correct"][k]]
-    summed = accelerator.reduce(torch.tensor(flat, dtype=torch.float64, device=accelerator.device), "sum").tolist()
-    out = dict(window, loss=summed[0], positions=int(summed[1]), tokens=int(summed[2]))
-    rest, out["correct"] = summed[3:], {}
-    for k in keys:
-        n = len(window["correct"][k])
-        out["correct"][k], rest = [int(x) for x in rest[:n]], rest[n:]
-    return out
-
-
-def summarise_window(window: dict, lr: float, grad_norm: float) -> dict:
-    """Means over the logging window. simulated_tau = 1 + E[consecutive correct steps from
-    step 0] (teacher-forced, bonus token included, as in Spec-Bench's tau)."""
-    correct = window["correct"] or {"correct": [0], "total": [1], "chain": [0]}
-    totals = correct["total"]
-    acc = [c / t if t else 0.0 for c, t in zip(correct["correct"], totals)]
-    simulated_tau = 1.0 + sum(c / totals[0] for c in correct["chain"]) if totals[0] else 1.0
-    return {"loss": window["loss"] / max(1, window["positions"]), "acc": acc, "simulated_tau": simulated_tau,
-            "tokens_per_s": window["tokens"] / max(window["time"], 1e-9),
-            "target_share": window["target_time"] / max(window["time"], 1e-9), "lr": lr, "grad_norm": grad_norm}

@@ -271,7 +271,8 @@ READER_CASES = [  # (name, writer, file name, kept ids, skipped reason, strict m
                          ids=[c[0] for c in READER_CASES])
 def test_readers_count_what_they_cannot_read_and_keep_the_rest(capsys, tmp_path, name, writer, file_name, kept,
                                                               reason, strict_message):
-    from specforge_lite.data.readers import read_conversations, read_eval_prompts
+    from specforge_lite.data.eval_prompts import read_eval_prompts
+    from specforge_lite.data.readers import read_conversations
 
     path = writer(tmp_path / file_name)
     is_eval = name.startswith("eval")

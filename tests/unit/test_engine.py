@@ -303,7 +303,7 @@ def test_smollm2_greedy_speculative_is_identical_to_plain(smollm2_target):
     """The real SmolLM2 (float32) on MT-Bench prompts: n-gram and a truncated 4-layer
     draft are token-identical to plain greedy decoding, which matches HF generate."""
     from specforge_lite.data.chat import prompt_ids
-    from specforge_lite.data.readers import read_eval_prompts
+    from specforge_lite.data.eval_prompts import read_eval_prompts
 
     model, tokenizer = smollm2_target
     assert model.dtype == torch.float32

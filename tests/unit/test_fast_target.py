@@ -10,7 +10,8 @@ import torch
 
 from specforge_lite.decoding.drafters import NgramDrafter
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
-from specforge_lite.decoding.fast_target import FastEngine, build_target_engine, unsupported_reason
+from specforge_lite.runtime.fast_engine import FastEngine, build_target_engine
+from specforge_lite.runtime.static_llama import unsupported_reason
 from tests.unit.test_engine import StubDrafter, prompts
 
 LAYERS = (0, 2, 6)  # embeddings, a middle layer, the last (after the final norm)
@@ -171,8 +172,8 @@ def test_compiled_draft_model_drafts_like_the_eager_one(target, forbid_recompile
 
 
 def test_autotune_setting(monkeypatch):
-    from specforge_lite.decoding.fast_target import AUTOTUNE_ENV, autotune
-    from specforge_lite.decoding.graph_cache import graph_key
+    from specforge_lite.runtime.compile import AUTOTUNE_ENV, autotune
+    from specforge_lite.runtime.graph_cache import graph_key
 
     monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
     assert autotune() is True  # users' default
@@ -189,7 +190,7 @@ def test_autotune_setting(monkeypatch):
 def test_gemm_rows_setting_and_restore(monkeypatch):
     from torch._inductor.codegen import cpp_micro_gemm as micro
 
-    from specforge_lite.decoding.fast_target import GEMM_ROWS_ENV, _GemmRows, gemm_rows
+    from specforge_lite.runtime.compile import GEMM_ROWS_ENV, _GemmRows, gemm_rows
 
     monkeypatch.delenv(GEMM_ROWS_ENV, raising=False)
     assert gemm_rows() == 4
@@ -219,7 +220,8 @@ def test_gemm_rows_setting_and_restore(monkeypatch):
 def test_compiled_forward_wider_than_one_register_block(target, forbid_recompiles, autotuned):
     # a width of 6 rows spans a full 4-row register block and a 2-row tail (autotuned: the C++
     # GEMM micro-kernel, whose blocks these are, is one of the autotuned choices)
-    from specforge_lite.decoding.fast_target import StaticLlama, compile_frozen
+    from specforge_lite.runtime.static_llama import StaticLlama
+    from specforge_lite.runtime.compile import compile_frozen
 
     eager = StaticLlama(target, 64, LAYERS).eval()
     compiled_module = StaticLlama(target, 64, LAYERS).eval()
@@ -238,7 +240,7 @@ def test_compiled_window_grows_without_recompiling(target, forbid_recompiles):
     # attention spans only the slots written so far, rounded up to WINDOW_STEP: one graph per
     # width serves every window (here 16 .. 96 slots, the last one the whole cache), and the
     # tokens are transformers' own
-    from specforge_lite.decoding.fast_target import WINDOW_STEP
+    from specforge_lite.runtime.static_llama import WINDOW_STEP
 
     engine = FastEngine(target, capacity=96, hidden_layers=(), max_width=2, compiled=True)
     engine.compile()
@@ -256,8 +258,8 @@ def test_packed_prefill_equals_the_padded_forward(target):
     # rows of different lengths prefilled as one packed sequence: each row's last logits and
     # its cache slots equal the left-padded forward's, and a windowed decoding step after it
     # equals a whole-cache step after the padded prefill
-    from specforge_lite.decoding.fast_target import StaticLlama
-    from specforge_lite.stages.sample import left_padded
+    from specforge_lite.runtime.static_llama import StaticLlama
+    from specforge_lite.sample_backends import left_padded
 
     rows = [list(range(3, 3 + n)) for n in (5, 12, 1)]
     padded = StaticLlama(target, 32, (), batch=3).eval()
@@ -285,7 +287,7 @@ def test_graph_allowance_adds_up_over_modules(monkeypatch):
     # each (a bench's two builds, a target and a draft model) need room for all 18
     import torch._dynamo.config as dynamo_config
 
-    from specforge_lite.decoding import fast_target
+    from specforge_lite.runtime import compile as fast_target
 
     monkeypatch.setattr(fast_target, "_GRAPHS_ALLOWED", [0])
     with dynamo_config.patch(recompile_limit=8):  # torch's own patcher restores it
@@ -317,7 +319,8 @@ def test_compiled_graph_is_kept_and_loaded_by_a_later_engine(target, tmp_path, c
 
 
 def test_graph_key_follows_weights_and_shapes(target):
-    from specforge_lite.decoding.fast_target import StaticLlama, graph_key
+    from specforge_lite.runtime.static_llama import StaticLlama
+    from specforge_lite.runtime.fast_engine import graph_key
 
     base = graph_key(StaticLlama(target, 64, LAYERS), 3)
     assert graph_key(StaticLlama(target, 64, LAYERS), 3) == base
@@ -330,7 +333,7 @@ def test_graph_key_follows_weights_and_shapes(target):
 
 
 def test_graph_cache_folder_setting(monkeypatch, tmp_path):
-    from specforge_lite.decoding.fast_target import GRAPH_CACHE_ENV, graph_cache_dir
+    from specforge_lite.runtime.graph_cache import GRAPH_CACHE_ENV, graph_cache_dir
 
     monkeypatch.setenv(GRAPH_CACHE_ENV, str(tmp_path))
     assert graph_cache_dir() == tmp_path

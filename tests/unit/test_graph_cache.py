@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from specforge_lite.decoding import graph_cache
+from specforge_lite.runtime import graph_cache
 
 
 def test_older_packages_of_a_label_are_evicted_first(tmp_path):

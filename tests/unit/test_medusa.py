@@ -94,7 +94,7 @@ def test_greedy_decoding_is_identical_to_plain_and_sampling_runs(tiny_target):
 
 def test_decoding_reads_the_final_norm_hidden_state(tiny_target):
     """HF hidden-state index -1 is what the heads were trained on: the final-norm output."""
-    from specforge_lite.decoding.engine import TargetRunner
+    from specforge_lite.runtime.hf_runner import TargetRunner
 
     model, _ = tiny_target
     runner = TargetRunner(model, MedusaDecodeDrafter.hidden_state_layers)

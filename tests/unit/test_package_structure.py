@@ -17,8 +17,9 @@ FILES = {"__init__.py", "options.py", "model.py", "train.py", "decode.py", "expo
 
 
 def module_imports() -> dict[str, set[str]]:
-    """Module -> the package modules it imports at module level (importing a submodule
-    imports its parent packages too; imports inside functions are lazy and left out)."""
+    """Module -> the package modules it imports, anywhere in the file: an import inside a
+    function still ties the two modules together (importing a submodule imports its parent
+    packages too; a package importing its own submodules is not counted)."""
     modules = {}
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -26,18 +27,35 @@ def module_imports() -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         deps = set()
-        for node in ast.parse(path.read_text()).body:
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
             targets = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: anchored at this module's package
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             for target in targets:
-                if target in modules:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target:
                     pieces = target.split(".")
                     deps |= {".".join(pieces[:i]) for i in range(1, len(pieces) + 1)}
-        graph[name] = {d for d in deps if d in modules and d != name and not name.startswith(d + ".")}
+        graph[name] = {d for d in deps if d in modules and d != name and not name.startswith(d + ".")
+                       and not d.startswith(name + ".")}
     return graph
+
+
+def test_the_import_graph_sees_function_level_imports():
+    """The graph counts lazy imports (the validate -> eval_methods edge is module level, the
+    stages -> validate one lives inside a function)."""
+    graph = module_imports()
+    assert "specforge_lite.validate" in graph["specforge_lite.stages"]
+    assert "specforge_lite.eval_methods" in graph["specforge_lite.validate"]
 
 
 def test_no_import_cycle():
@@ -55,6 +73,23 @@ def test_no_import_cycle():
     for node in graph:
         if node not in state:
             visit(node, [node])
+
+
+def test_arrows_point_down():
+    """Only the CLI and the stages themselves import a stage; the runtime imports nothing of
+    decoding, the drafters or the stages."""
+    for name, deps in module_imports().items():
+        if not name.startswith(("specforge_lite.stages", "specforge_lite.__main__")):
+            assert not [d for d in deps if d.startswith("specforge_lite.stages")], name
+        if name.startswith("specforge_lite.runtime"):
+            assert not [d for d in deps if d.startswith(("specforge_lite.decoding", "specforge_lite.drafters",
+                                                         "specforge_lite.serving"))], name
+
+
+def test_no_package_module_is_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines (split the second idea out): {long}"
 
 
 def test_decoding_and_the_contract_import_nothing_from_drafters():
@@ -99,3 +134,11 @@ def test_the_fingerprint_ignores_options_that_do_not_decide_the_weights(compose_
 
     assert stamp() == stamp("drafter.simulated_k=2") == stamp("train.log_every=7")
     assert stamp() != stamp("drafter.lora_rank=8") != stamp("train.lr=1e-2")
+
+
+def test_the_method_catalogue_names_what_the_engine_builds():
+    from specforge_lite.decoding.drafters import BUILTIN
+    from specforge_lite.eval_methods import ENGINE_DRAFTERS, VLLM_OF, known
+
+    assert set(ENGINE_DRAFTERS) == set(BUILTIN)
+    assert len(known()) == len(set(known())) and set(VLLM_OF.values()) <= set(known())

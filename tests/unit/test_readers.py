@@ -7,7 +7,8 @@ import json
 import pytest
 
 from specforge_lite import SpecforgeError
-from specforge_lite.data.readers import heldout_split, read_conversations, read_eval_prompts
+from specforge_lite.data.eval_prompts import read_eval_prompts
+from specforge_lite.data.readers import heldout_split, read_conversations
 
 GOOD = {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
 

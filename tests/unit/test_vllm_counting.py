@@ -2,7 +2,9 @@
 
 from omegaconf import OmegaConf
 
-from specforge_lite.serving.vllm_engine import VLLM_METHODS, prompt_seed, report_section, sampling_params
+from specforge_lite.eval_methods import VLLM_METHODS
+from specforge_lite.serving.vllm_engine import prompt_seed, sampling_params
+from specforge_lite.serving.vllm_report import report_section
 
 
 def _output(tokens, drafts=0, accepted_per_position=(), iterations=None):

@@ -14,10 +14,9 @@ from specforge_lite.contract import DrySize
 from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
 from specforge_lite.drafters.eagle3.export import export, layout
 from specforge_lite.drafters.eagle3.export import load_any as load
-from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
+from specforge_lite.drafters.eagle3.model import FROZEN, Eagle3Config, Eagle3Drafter, save, trained_weights
 from specforge_lite.drafters.eagle3.options import Eagle3Options as Options
-from specforge_lite.drafters.eagle3.train import (FROZEN, batch_preparer, build, describe, loss_and_metrics, save,
-                                                  target_layers, trained_weights)
+from specforge_lite.drafters.eagle3.train import batch_preparer, build, describe, loss_and_metrics, target_layers
 
 NAME = "eagle3"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()

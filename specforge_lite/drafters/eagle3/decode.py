@@ -146,7 +146,7 @@ class Eagle3DecodeDrafter:
 
     `compile(k)` compiles the greedy k-step chain into one graph and 1..k+1 new anchors into
     another (frozen weights, autotuned products; on a CPU packages kept between runs,
-    `decoding/graph_cache.py`), the engine's answer to Python and dispatch costs that
+    `runtime/graph_cache.py`), the engine's answer to Python and dispatch costs that
     dominate a small layer's step.
     """
 
@@ -172,10 +172,10 @@ class Eagle3DecodeDrafter:
         """Build (or load) the graphs of the greedy k-step chain and of 1..k+1 new anchors (with
         a cache of `capacity` slots) now, outside any timing; returns the seconds it took.
         Weights are frozen and products autotuned, as for the target; on a CPU each graph is a
-        package kept in `cache_dir` between runs (`decoding/graph_cache.py`)."""
+        package kept in `cache_dir` between runs (`runtime/graph_cache.py`)."""
         from torch.export import Dim
 
-        from specforge_lite.decoding.graph_cache import compile_kept
+        from specforge_lite.runtime.graph_cache import compile_kept
 
         if capacity and capacity > self.kv.capacity:
             self.kv = self.kv.grown(capacity)

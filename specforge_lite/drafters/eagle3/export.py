@@ -23,8 +23,7 @@ from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
-from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
-from specforge_lite.drafters.eagle3.train import FROZEN, load, trained_weights
+from specforge_lite.drafters.eagle3.model import FROZEN, Eagle3Config, Eagle3Drafter, load, trained_weights
 
 log = logging.getLogger(__name__)
 

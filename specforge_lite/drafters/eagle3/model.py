@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from specforge_lite.drafters.common import load_drafter_dir, save_drafter, select_weights
 
 
 
@@ -294,3 +297,31 @@ def ttt_attention(q: torch.Tensor, keys: tuple, values: tuple, causal: torch.Ten
     for i, vv in enumerate(values[1:]):
         attended = attended + probs[..., t + i: t + i + 1] * vv
     return attended
+
+
+# ---------------------------------------------------------------------- save / load
+
+FROZEN = "embed_tokens.weight"  # the target's own embedding: never saved, copied back on load
+FROZEN_WEIGHTS = {FROZEN}
+
+
+def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the state dict but the frozen embedding, on CPU, contiguous."""
+    return select_weights(drafter, FROZEN_WEIGHTS)
+
+
+def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
+    """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
+    (every weight but the frozen embedding, under the speculators names)."""
+    save_drafter(directory, "eagle3", trained_weights(drafter), drafter.config.to_dict(), extra)
+
+
+def load(directory: Path, target) -> Eagle3Drafter:
+    """A drafter saved by `save`, with the target's embedding, on the target's device; every
+    file is checked by name (`common.load_drafter_dir`)."""
+    fields = set(Eagle3Config.__dataclass_fields__)
+    drafter = load_drafter_dir(directory, lambda raw: Eagle3Drafter(Eagle3Config(
+        **{k: v for k, v in raw.items() if k in fields})), FROZEN_WEIGHTS)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    return drafter.to(target.device).eval()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.common import (draft_vocab_preparer, load_drafter_dir, save_drafter, select_weights,
-                                            shifted_targets, stepwise_loss)
+from specforge_lite.drafters.common import (draft_vocab_preparer, shifted_targets, stepwise_loss)
+from specforge_lite.drafters.eagle3.export import load_any
 from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
 
 
@@ -51,8 +50,6 @@ def warm_start(cfg, target) -> Eagle3Drafter:
     """`drafter.init_from=DIR`: continue training a drafter from a folder in any layout we read;
     its architecture (draft vocab, aux layers, norm switches) comes from the folder, its
     embedding from the target (frozen, as always)."""
-    from specforge_lite.drafters.eagle3.export import load_any
-
     drafter = load_any(cfg.drafter.init_from, target)
     check_aux_layers(drafter.config.aux_layer_ids, target.config, f"drafter.init_from={cfg.drafter.init_from}")
     with torch.no_grad():
@@ -90,28 +87,3 @@ def loss_and_metrics(drafter, batch: dict, cfg):
 
 
 # ---------------------------------------------------------------------- save / load
-
-FROZEN = "embed_tokens.weight"  # the target's own embedding: never saved, copied back on load
-FROZEN_WEIGHTS = {FROZEN}
-
-
-def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor of the state dict but the frozen embedding, on CPU, contiguous."""
-    return select_weights(drafter, FROZEN_WEIGHTS)
-
-
-def save(drafter: Eagle3Drafter, directory: Path, extra: dict | None = None) -> None:
-    """Our training output: `config.json` (Eagle3Config + `extra`) and `model.safetensors`
-    (every weight but the frozen embedding, under the speculators names)."""
-    save_drafter(directory, "eagle3", trained_weights(drafter), drafter.config.to_dict(), extra)
-
-
-def load(directory: Path, target) -> Eagle3Drafter:
-    """A drafter saved by `save`, with the target's embedding, on the target's device; every
-    file is checked by name (`common.load_drafter_dir`)."""
-    fields = set(Eagle3Config.__dataclass_fields__)
-    drafter = load_drafter_dir(directory, lambda raw: Eagle3Drafter(Eagle3Config(
-        **{k: v for k, v in raw.items() if k in fields})), FROZEN_WEIGHTS)
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-    return drafter.to(target.device).eval()

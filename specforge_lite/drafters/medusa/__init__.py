@@ -13,10 +13,9 @@ from specforge_lite.contract import DrySize
 from specforge_lite.drafters.medusa.decode import MedusaDecodeDrafter
 from specforge_lite.drafters.medusa.export import export, layout
 from specforge_lite.drafters.medusa.export import load_any as load
-from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
+from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads, save, trained_weights
 from specforge_lite.drafters.medusa.options import MedusaOptions as Options
-from specforge_lite.drafters.medusa.train import (batch_preparer, build, describe, loss_and_metrics, save,
-                                                  target_layers, trained_weights)
+from specforge_lite.drafters.medusa.train import batch_preparer, build, describe, loss_and_metrics, target_layers
 
 NAME = "medusa"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()

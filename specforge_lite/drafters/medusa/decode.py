@@ -32,7 +32,7 @@ class MedusaDecodeDrafter:
     drawn from its own warped distribution, which keeps rejection sampling exact (the
     proposal q may be any distribution that does not depend on the target's draws).
     At most `num_heads` tokens per step; nothing to roll back. `compile(k)` makes the
-    greedy read-out of the k heads one frozen graph (`decoding/fast_target.py`'s mechanism).
+    greedy read-out of the k heads one frozen graph (`runtime/compile.py`'s mechanism).
     """
 
     name = "medusa"
@@ -46,8 +46,8 @@ class MedusaDecodeDrafter:
 
     def compile(self, k: int, capacity: int | None = None, cache_dir="default") -> float:
         """Build (or load) the graph of k greedy heads now, outside any timing; returns the
-        seconds it took (on a CPU a package kept between runs, `decoding/graph_cache.py`)."""
-        from specforge_lite.decoding.graph_cache import compile_kept
+        seconds it took (on a CPU a package kept between runs, `runtime/graph_cache.py`)."""
+        from specforge_lite.runtime.graph_cache import compile_kept
 
         k = min(k, self.heads.config.num_heads)
         weight = self.heads.lm_heads[0].weight

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
-from specforge_lite.drafters.medusa.train import load, trained_weights
+from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads, load, trained_weights
 
 log = logging.getLogger(__name__)
 

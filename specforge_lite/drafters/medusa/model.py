@@ -19,9 +19,12 @@ in 0.33.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from specforge_lite.drafters.common import load_drafter_dir, save_drafter, select_weights
 
 
 @dataclass
@@ -100,3 +103,21 @@ class MedusaHeads(nn.Module):
             x = hidden if masks is None else hidden[masks[i]]
             outputs.append(lm_head(block(x)))
         return outputs
+
+
+# ---------------------------------------------------------------------- save / load
+
+def trained_weights(heads: nn.Module) -> dict[str, torch.Tensor]:
+    return select_weights(heads, set())
+
+
+def save(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> None:
+    """Training output: `config.json` (MedusaConfig + `extra`) and `model.safetensors`."""
+    save_drafter(directory, "medusa", trained_weights(heads), heads.config.to_dict(), extra)
+
+
+def load(directory: Path, target) -> MedusaHeads:
+    """Heads saved by `save`, every file checked by name (`common.load_drafter_dir`)."""
+    heads = load_drafter_dir(directory, lambda raw: MedusaHeads(MedusaConfig(
+        **{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__})))
+    return heads.to(target.device).eval()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
-from torch import nn
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.common import (draft_vocab_preparer, load_drafter_dir, save_drafter, select_weights,
-                                            shifted_targets, stepwise_loss)
+from specforge_lite.drafters.common import (draft_vocab_preparer, shifted_targets, stepwise_loss)
+from specforge_lite.drafters.medusa.export import load_any
 from specforge_lite.drafters.medusa.model import MedusaConfig, MedusaHeads
 
 
@@ -17,8 +15,6 @@ def build(cfg, target, token_counts: torch.Tensor) -> MedusaHeads:
     from specforge_lite.drafters.vocab import target_draft_vocab
 
     if cfg.drafter.get("init_from"):  # warm start: the folder's heads, trained further
-        from specforge_lite.drafters.medusa.export import load_any
-
         heads = load_any(cfg.drafter.init_from, target)
         if heads.config.hidden_size != target.config.hidden_size:
             raise SpecforgeError(f"drafter.init_from={cfg.drafter.init_from}: heads of hidden size "
@@ -52,21 +48,3 @@ def loss_and_metrics(heads, batch: dict, cfg):
     targets = shifted_targets(batch["target_logits"], batch["valid"], raw.config.num_heads)
     outputs = heads(batch["last_hidden"], [mask.bool() for _, mask in targets])
     return stepwise_loss(outputs, targets, cfg.train.step_weight)
-
-
-# ---------------------------------------------------------------------- save / load
-
-def trained_weights(heads: nn.Module) -> dict[str, torch.Tensor]:
-    return select_weights(heads, set())
-
-
-def save(heads: MedusaHeads, directory: Path, extra: dict | None = None) -> None:
-    """Training output: `config.json` (MedusaConfig + `extra`) and `model.safetensors`."""
-    save_drafter(directory, "medusa", trained_weights(heads), heads.config.to_dict(), extra)
-
-
-def load(directory: Path, target) -> MedusaHeads:
-    """Heads saved by `save`, every file checked by name (`common.load_drafter_dir`)."""
-    heads = load_drafter_dir(directory, lambda raw: MedusaHeads(MedusaConfig(
-        **{k: v for k, v in raw.items() if k in MedusaConfig.__dataclass_fields__})))
-    return heads.to(target.device).eval()

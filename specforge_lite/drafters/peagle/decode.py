@@ -80,7 +80,7 @@ class PEagleDecodeDrafter:
 
     `compile(k, capacity)` builds the frozen graph for 1..k+1 new anchors (what a
     verification can commit) with their k - 1 mask rows and the read-out, as EAGLE-3 and the
-    target do (on a CPU one package kept between runs, `decoding/graph_cache.py`); other
+    target do (on a CPU one package kept between runs, `runtime/graph_cache.py`); other
     shapes (the prompt's anchors) run eagerly on the same caches.
     """
 
@@ -114,10 +114,10 @@ class PEagleDecodeDrafter:
     def compile(self, k: int, capacity: int | None = None, cache_dir="default") -> float:
         """Build (or load) the graph for k drafts (1..k+1 new anchors) on a cache of `capacity`
         slots now, outside any timing; returns the seconds it took (on a CPU one package kept
-        between runs, `decoding/graph_cache.py`)."""
+        between runs, `runtime/graph_cache.py`)."""
         from torch.export import Dim
 
-        from specforge_lite.decoding.graph_cache import compile_kept
+        from specforge_lite.runtime.graph_cache import compile_kept
 
         k = min(k, self.max_drafts)
         self._build(max(capacity or 0, self.capacity))

@@ -34,6 +34,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.nn as nn
 
+from specforge_lite.runtime.compile import _GemmRows, autotune, compile_frozen, gemm_rows
+
 log = logging.getLogger(__name__)
 
 GRAPH_FORMAT = 1  # bump when what a package holds changes shape
@@ -41,6 +43,9 @@ GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
 # packages of one label (the target, one drafter's chain, ...) kept in the folder: retraining a
 # drafter or switching targets leaves older ones behind (a SmolLM2 target package is 656 MB)
 KEEP_PER_LABEL = 4
+# the runtime files that shape every graph: a change to any of them rebuilds the packages
+RUNTIME_FILES = tuple(Path(__file__).parent / name for name in
+                      ("graph_cache.py", "compile.py", "static_llama.py", "fast_engine.py"))
 
 
 def graph_cache_dir() -> Path | None:
@@ -67,8 +72,6 @@ def graph_key(facts: dict, tensors: Iterable[tuple[str, torch.Tensor]], files: I
     """A digest of `facts` (JSON-able), every byte of the named tensors and the source files,
     with what inductor compiles for on this machine (torch, CPU capability, threads, GEMM rows,
     autotuning)."""
-    from specforge_lite.decoding.fast_target import autotune, gemm_rows
-
     digest = hashlib.blake2b(digest_size=16)
     machine = {"format": GRAPH_FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
                "gemm_rows": gemm_rows(), "autotune": autotune(), "cpu": torch.backends.cpu.get_cpu_capability()}
@@ -84,11 +87,9 @@ def graph_key(facts: dict, tensors: Iterable[tuple[str, torch.Tensor]], files: I
 
 
 def source_files(module: nn.Module) -> set[str]:
-    """The files defining `module`'s classes and its submodules', and this file's neighbours
-    that shape every graph (this file, fast_target.py)."""
-    files = {inspect.getfile(type(m)) for m in module.modules()}
-    here = Path(__file__).parent
-    return files | {str(here / "graph_cache.py"), str(here / "fast_target.py")}
+    """The files defining `module`'s classes and its submodules', and the runtime files that
+    shape every graph (`RUNTIME_FILES`)."""
+    return {inspect.getfile(type(m)) for m in module.modules()} | {str(f) for f in RUNTIME_FILES}
 
 
 PLAIN = (int, float, str, bool, type(None))
@@ -147,8 +148,6 @@ def _build(program_of: Callable[[], "torch.export.ExportedProgram"], path: Path)
     import torch._inductor
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    from specforge_lite.decoding.fast_target import _GemmRows, autotune, gemm_rows
-
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
     try:
@@ -205,11 +204,9 @@ def compile_kept(label: str, module: nn.Module, example_calls: Sequence[tuple], 
     call, with `dynamic_shapes` in torch.export's form for the call's own arguments), kept
     between runs (`kept_package`); the buffers named in `state` are passed at every call, so
     the graph writes the module's current cache tensors in place. Elsewhere (a GPU):
-    `fast_target.compile_frozen` graphs, one per call (the first dimension of the arguments
+    `compile.compile_frozen` graphs, one per call (the first dimension of the arguments
     at `dynamic_args` dynamic), built every run.
     Returns (graph taking the call's arguments, seconds taken, "compiled" or "loaded")."""
-    from specforge_lite.decoding.fast_target import compile_frozen
-
     device = next(iter(module.parameters())).device
     if device.type != "cpu":
         graph, seconds = compile_frozen(module, example_calls, dynamic_args)

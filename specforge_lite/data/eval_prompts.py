@@ -1,0 +1,128 @@
+"""Evaluation prompt sets: MT-Bench, a prompts file, or the held-out conversations of the
+training source, as `{"id", "category", "system", "turns": [user message, ...]}`."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from specforge_lite import SpecforgeError
+from specforge_lite.artifact_io import read_json_object
+from specforge_lite.artifacts import samples_dir
+from specforge_lite.data.readers import (MT_BENCH_MEMBER, BadRecord, ReadStats, heldout_split, iter_json_array,
+                                         iter_jsonl, package_file, read_conversations)
+
+log = logging.getLogger(__name__)
+
+
+def load_prompts(cfg: DictConfig) -> list[dict]:
+    """Eval prompts as {"id", "category", "system", "turns": [user message, ...]}."""
+    dataset = cfg.eval.dataset
+    if dataset != "heldout":
+        prompts = [{**p, "system": None} for p in read_eval_prompts(dataset, cfg.data.strict)]
+    else:
+        records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
+        split = samples_dir(cfg) / "split.json"
+        if split.exists():
+            ids = set(read_json_object(split, required=("heldout_ids",))["heldout_ids"])
+            heldout = [r for r in records if r["id"] in ids]
+            if ids and not heldout:
+                raise SpecforgeError(f"none of the held-out ids in {split} are in {cfg.data.source}: "
+                                     "was the data source changed after the sample stage?")
+        else:
+            log.warning("%s not found (sample stage not run); splitting %s with data.heldout_fraction=%s",
+                        split, cfg.data.source, cfg.data.heldout_fraction)
+            _, heldout = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
+        prompts = []
+        for record in heldout:
+            messages = record["messages"]
+            prompts.append({"id": record["id"], "category": "heldout",
+                            "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
+                            "turns": [m["content"] for m in messages if m["role"] == "user"]})
+    if not prompts:
+        raise SpecforgeError(f"eval.dataset={dataset} gave no prompts")
+    if cfg.eval.max_turns is not None:
+        prompts = [{**p, "turns": p["turns"][:cfg.eval.max_turns]} for p in prompts]
+    return prompts
+
+
+def select_prompts(prompts: list[dict], max_prompts: int | None) -> list[dict]:
+    """The first `max_prompts` in round-robin order over categories, in source order."""
+    if max_prompts is None or max_prompts >= len(prompts):
+        return prompts
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        by_category[prompt["category"]].append(i)
+    picked: list[int] = []
+    queues = list(by_category.values())
+    while len(picked) < max_prompts:
+        for queue in queues:
+            if queue and len(picked) < max_prompts:
+                picked.append(queue.pop(0))
+    return [prompts[i] for i in sorted(picked)]
+
+
+def read_eval_prompts(source: str, strict: bool = False) -> list[dict[str, Any]]:
+    """Evaluation prompts as `{"id", "category", "turns": [user message, ...]}`.
+
+    `builtin:mt_bench` reads the 80 MT-Bench questions; a `.jsonl` file (or a `.json` array)
+    takes records with `turns` (a list of non-empty strings) or `prompt` (one string), and
+    optional `category` (a string) and `id`. Bad records are skipped and counted by reason
+    like training data (`strict`: the first one is an error naming file and record).
+    """
+    if source == "builtin:mt_bench":
+        path = package_file(MT_BENCH_MEMBER)
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise SpecforgeError(f"eval.dataset {source!r} does not exist" if not path.exists()
+                                 else f"eval.dataset {source!r} is not a file")
+    stats = ReadStats(source=source)
+    if path.suffix == ".json":
+        raw_iter = iter_json_array(path, stats, strict)
+    elif path.suffix == ".jsonl":
+        raw_iter = iter_jsonl(path, stats, strict)
+    else:
+        raise SpecforgeError(f"eval.dataset {source!r}: expected a .jsonl (or .json) file of prompts")
+    prompts = []
+    for index, raw in raw_iter:
+        try:
+            prompts.append(eval_prompt(raw, fallback_id=str(index)))
+        except BadRecord as bad:
+            if strict:
+                raise SpecforgeError(f"{path}: record {index}: {bad.reason}: {bad}") from None
+            stats.skipped[bad.reason] += 1
+    stats.recovered = len(prompts)
+    if stats.num_skipped:
+        log.warning("%s", stats.summary())
+    return prompts
+
+
+def eval_prompt(raw: Any, fallback_id: str) -> dict[str, Any]:
+    """One raw evaluation prompt record to `{"id", "category", "turns"}`."""
+    if not isinstance(raw, dict):
+        raise BadRecord("not_an_object", "record is not a JSON object")
+    if "turns" in raw:
+        turns = raw["turns"]
+        if not isinstance(turns, list):
+            raise BadRecord("turns_not_a_list", f"'turns' is a {type(turns).__name__}, not a list of strings")
+    elif "prompt" in raw:
+        turns = [raw["prompt"]]
+    else:
+        raise BadRecord("missing_key", "record has neither 'turns' nor 'prompt'")
+    if not turns:
+        raise BadRecord("empty_conversation", "no turns")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str):
+            raise BadRecord("non_string_turn", f"turn {i} is {type(turn).__name__}, not a string")
+        if not turn.strip():
+            raise BadRecord("empty_turn", f"turn {i} is empty")
+    category = raw.get("category", "all")
+    if not isinstance(category, str):
+        raise BadRecord("non_string_category", f"category is {type(category).__name__}, not a string")
+    record_id = raw.get("question_id", raw.get("id", fallback_id))
+    return {"id": str(record_id), "category": category, "turns": list(turns)}

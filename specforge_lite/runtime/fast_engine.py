@@ -1,0 +1,289 @@
+"""The target forward a run decodes with: `FastEngine` (a `StaticLlama`, eager or
+compiled) and the chooser among it and Hugging Face's forward (`build_target_engine`).
+
+`FastEngine` owns one `StaticLlama` for a run and, when compiled, a graph for the
+decoding widths 1..max_width. On a CPU that is one AOTInductor package (`torch.export`
+with the width and the window dynamic, inductor with frozen, pre-packed weights and
+autotuned products), kept on disk under a key of everything it was built from (weights,
+shapes, torch, CPU capability, threads, these files), so a later run with the same target
+loads it instead of compiling (`graph_cache.graph_cache_dir`). On a GPU it is
+`torch.compile` graphs per width with CUDA graphs, built each run. Wider forwards (prefill)
+run the same module eagerly. (`torch.compile`'s own graph cache skips graphs whose frozen
+weights were packed for oneDNN, and without that packing its C++ GEMM template is not used:
+hence the package.)
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+from specforge_lite.runtime import graph_cache
+from specforge_lite.runtime.compile import autotune, compile_frozen, gemm_rows
+from specforge_lite.runtime.hf_runner import TargetRunner
+from specforge_lite.runtime.static_llama import WINDOW_STEP, StaticLlama, unsupported_reason
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "compiled", "static", "hf")
+
+# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size
+# (a package of widths 1..5 was as fast as per-width graphs at t = 1-3 and faster at 4-5,
+# docs/BENCHMARKS.md engine_avx2), so evaluations at other k up to 15 load the same package
+PACKAGE_WIDTHS = 16
+
+
+class _Exported(nn.Module):
+    """`StaticLlama.forward` with the KV caches as inputs (graphs write them in place), the
+    shape torch.export wants: a package then holds the weights but not the cache, which the
+    engine keeps and every width shares."""
+
+    def __init__(self, module: StaticLlama):
+        super().__init__()
+        self.module = module
+
+    def forward(self, ids, positions, window, *caches):
+        return self.module(ids, positions, None, False, window, caches)
+
+
+def _caches(module: StaticLlama) -> list[torch.Tensor]:
+    return [c for layer in module.layers for c in (layer.k_cache, layer.v_cache)]
+
+
+def graph_key(module: StaticLlama, max_width: int) -> str:
+    """A digest of everything a target package is built from: the weights and rotary tables
+    (every byte), the shapes, the source of the files that build it, torch's version, the
+    CPU capability inductor compiles for and the thread count its kernels are built for
+    (`graph_cache.graph_key`)."""
+    facts = {"max_width": max_width, "capacity": module.capacity, "batch": module.batch,
+             "hidden_layers": list(module.hidden_layers), "window_step": WINDOW_STEP}
+    tensors = [*module.named_parameters(), *[(n, b) for n, b in module.named_buffers() if n in ("cos", "sin")]]
+    return graph_cache.graph_key(facts, tensors, graph_cache.RUNTIME_FILES)
+
+
+def _export(module: StaticLlama, max_width: int):
+    """The forward exported with width 1..max_width and the window length dynamic."""
+    from torch.export import Dim, export
+
+    device = module.lm_head.device
+    width = min(2, max_width)
+    ids = torch.zeros(width, dtype=torch.long, device=device)
+    window = module.window(WINDOW_STEP)
+    caches = tuple(c.clone() for c in _caches(module))  # not the buffers: export rejects aliased inputs
+    width_dim = Dim("width", min=1, max=max_width) if max_width > 1 else None
+    dims = ({0: width_dim} if width_dim else None, {0: width_dim} if width_dim else None,
+            {0: Dim("window", min=2, max=module.capacity)}, (None,) * len(caches))
+    with torch.no_grad():
+        return export(_Exported(module), (ids, torch.arange(width, device=device), window, *caches),
+                      dynamic_shapes=dims)
+
+
+def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
+                     ) -> tuple[Callable, float, str]:
+    """The module's forward for widths 1..max_width (and up to PACKAGE_WIDTHS) as one
+    AOTInductor package: loaded from `cache_dir` when a package built from the same weights,
+    shapes and software is there, else compiled (and kept there unless `cache_dir` is None;
+    `graph_cache.kept_package`).
+    Returns (forward taking the module's arguments, seconds taken, "loaded" or "compiled")."""
+    widths = max(max_width, PACKAGE_WIDTHS)
+    runner, seconds, how = graph_cache.kept_package("target", graph_key(module, widths),
+                                                    lambda: _export(module, widths), cache_dir)
+    caches = _caches(module)
+
+    def forward(ids, positions, start=None, last_only=False, window=None):
+        if start is not None or last_only or window is None:
+            raise ValueError("the packaged forward takes batch-1 ids, positions and a window")
+        return runner(ids, positions, window, *caches)
+
+    return forward, seconds, how
+
+
+class FastEngine:
+    """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
+
+    compiled: forwards of width 1..max_width run compiled graphs (built or loaded by
+    `compile()`, before anything is timed); other widths run the module eagerly. On a CPU
+    the graphs are one AOTInductor package kept in `cache_dir` (default `graph_cache_dir()`;
+    None keeps none); on a GPU, `torch.compile` graphs with CUDA graphs (`packaged=False`
+    asks for those on a CPU too: one per width, built each run).
+    """
+
+    def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), max_width: int = 1,
+                 compiled: bool = False, cache_dir: Path | None | str = "default", packaged: bool | None = None):
+        self.model = model
+        self.num_states = model.config.num_hidden_layers + 1  # embeddings + every layer's output
+        self.module = StaticLlama(model, capacity, sorted({layer % self.num_states for layer in hidden_layers})).eval()
+        self.device = self.module.lm_head.device
+        self.max_width = max_width
+        self.compiled = compiled
+        self.compile_s: float | None = None
+        self.cache_dir = graph_cache.resolve_cache_dir(cache_dir)
+        self.graph_source: str | None = None  # "compiled" or "loaded" (from cache_dir)
+        self.packaged = self.device.type == "cpu" if packaged is None else packaged
+        self._graph = None
+        self.length = 0
+        self.owner = None  # the runner whose state the cache holds
+
+    @property
+    def capacity(self) -> int:
+        return self.module.capacity
+
+    def compile(self) -> float:
+        """Build (or load) the graphs of widths 1..max_width now; returns the seconds it took."""
+        if not self.compiled or self._graph is not None:
+            return self.compile_s or 0.0
+        if self.packaged:
+            graph, self.compile_s, self.graph_source = packaged_forward(self.module, self.max_width, self.cache_dir)
+        else:
+            with torch.inference_mode():
+                widths = [(torch.zeros(w, dtype=torch.long, device=self.device), torch.arange(w, device=self.device),
+                           None, False, self.module.window(WINDOW_STEP)) for w in range(1, self.max_width + 1)]
+            graph, self.compile_s = compile_frozen(self.module, widths, dynamic_args=(4,))
+            self.graph_source = "compiled"
+        self._graph = graph
+        self.length = 0
+        widths = max(self.max_width, PACKAGE_WIDTHS) if self.packaged else self.max_width
+        log.info("%s the target's forward for widths 1..%d in %.0f s", self.graph_source, widths, self.compile_s)
+        return self.compile_s
+
+    def runner(self, layers: Iterable[int] = ()) -> "FastRunner":
+        return FastRunner(self, tuple(layers))
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        width = len(token_ids)
+        start = self.length
+        if start + width > self.capacity:
+            raise RuntimeError(f"the static KV cache holds {self.capacity} positions; this forward needs "
+                               f"{start + width} (raise the engine's capacity)")
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + width, device=self.device)
+        use_graph = self._graph is not None and width <= self.max_width
+        window = self.module.window(start + width)
+        logits, hidden = (self._graph if use_graph else self.module)(ids, positions, None, False, window)
+        self.length = start + width
+        return logits, hidden
+
+
+class FastRunner:
+    """`engine.TargetRunner`'s interface over a `FastEngine`: extends the shared cache."""
+
+    def __init__(self, engine: FastEngine, layers: tuple[int, ...]):
+        built = engine.module.hidden_layers
+        missing = [layer for layer in layers if layer % engine.num_states not in built]
+        if missing:
+            raise ValueError(f"the engine was built without hidden layers {missing}")
+        self.engine = engine
+        self.model = engine.model
+        self.device = engine.device
+        self.layers = layers  # as the drafter asked (negative ones count from the end)
+        self._index = [built.index(layer % engine.num_states) for layer in layers]
+        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+
+    def reset(self) -> None:
+        self.engine.length = 0
+        self.engine.owner = self
+
+    @property
+    def length(self) -> int:
+        return self.engine.length
+
+    def forward(self, token_ids: list[int], last_only: bool = False
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        if self.engine.owner is not self:
+            raise RuntimeError("another runner used the shared cache since this one's reset()")
+        logits, hidden = self.engine.forward(token_ids)
+        if last_only:
+            logits = logits[-1:]
+        return logits, {layer: hidden[i][None] for layer, i in zip(self.layers, self._index)}
+
+    def crop(self, keep: int) -> None:
+        self.engine.length = min(self.engine.length, keep)
+
+
+# --------------------------------------------------------------------------- choosing
+
+def _median_forward_s(runner, context: list[int], width: int, repeats: int) -> float:
+    runner.reset()
+    runner.forward(context, last_only=True)
+    ids = context[:width]
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        runner.forward(ids)
+        runner._sync()
+        times.append(time.perf_counter() - start)
+        runner.crop(len(context))
+    return statistics.median(times[1:])
+
+
+class TargetForward:
+    """The target forward a run decodes with: `runner(layers)` gives each decoder its
+    runner; `info` is what choosing it measured (the report's `settings.engine`)."""
+
+    def __init__(self, model, engine: FastEngine | None, info: dict):
+        self.model, self.engine, self.info = model, engine, info
+
+    def runner(self, layers: Iterable[int] = ()):
+        return self.engine.runner(layers) if self.engine is not None else TargetRunner(self.model, layers)
+
+
+def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterable[int], max_width: int,
+                        repeats: int = 5, cache_dir: Path | None | str = "default") -> TargetForward:
+    """The target forward a run decodes with, and what choosing it measured.
+
+    choice: hf (transformers' forward), static (`StaticLlama`, eager), compiled (its
+    graphs for widths 1..max_width) or auto: every candidate this model and machine
+    can run, timed on widths 1 and max_width after a 64-token context, the one with the
+    least total kept. cache_dir: where compiled graphs are kept (`FastEngine`).
+    """
+    info = {"requested": choice, "capacity": capacity, "compile_s": None, "measured_ms": {}, "fallback": None}
+    reason = unsupported_reason(model.config)
+    if reason:
+        if choice in ("static", "compiled"):
+            raise ValueError(f"eval.engine={choice}: the static forward does not support {reason}; "
+                             "use eval.engine=hf or auto")
+        info.update(used="hf", fallback=f"the static forward does not support {reason}")
+        return TargetForward(model, None, info)
+    if choice == "hf":
+        info["used"] = "hf"
+        return TargetForward(model, None, info)
+    engines = {}
+    if choice in ("static", "auto"):
+        engines["static"] = FastEngine(model, capacity, hidden_layers, max_width)
+    if choice in ("compiled", "auto"):
+        engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True, cache_dir=cache_dir)
+        try:
+            info["gemm_rows"] = gemm_rows() if engine.device.type == "cpu" else None
+            info["autotune"] = autotune()
+            info["compile_s"] = engine.compile()
+            info["graph"] = engine.graph_source  # compiled this run, or loaded from the cache
+            # whether the graphs are kept between runs (not where: a report names no local paths)
+            info["graph_cache"] = bool(engine.cache_dir) and engine.packaged
+            engines["compiled"] = engine
+        except Exception as error:  # no C++ compiler, an inductor limitation: say so, keep the others
+            if choice == "compiled":
+                raise RuntimeError(f"eval.engine=compiled: compiling the target failed: {error}") from error
+            info["fallback"] = f"compiling failed ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+            log.warning("eval.engine=auto: %s; choosing among the others", info["fallback"])
+    if choice != "auto":
+        info["used"] = choice
+        return TargetForward(model, engines[choice], info)
+    vocab = model.config.vocab_size
+    context_len = max(1, min(64, capacity - max_width))
+    context = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    candidates = {"hf": TargetRunner(model), **{name: e.runner() for name, e in engines.items()}}
+    for name, runner in candidates.items():
+        info["measured_ms"][name] = {w: 1e3 * _median_forward_s(runner, context, w, repeats)
+                                     for w in sorted({1, max_width})}
+    used = min(info["measured_ms"], key=lambda n: sum(info["measured_ms"][n].values()))
+    info["used"] = used
+    log.info("eval.engine=auto: %s (ms per forward of width %s: %s)", used, sorted({1, max_width}),
+             "; ".join(f"{n} " + "/".join(f"{v:.1f}" for v in ms.values()) for n, ms in info["measured_ms"].items()))
+    return TargetForward(model, engines.get(used), info)

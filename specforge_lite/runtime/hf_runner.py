@@ -1,0 +1,63 @@
+"""Hugging Face's own forward as a target runner: the model's dynamic KV cache, extended
+by each forward and cropped when drafts are rejected."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Iterable
+
+import torch
+
+
+def crop_cache(cache, keep: int) -> None:
+    """Drop all but the first `keep` positions of a KV cache.
+
+    transformers 5.x `Cache.crop(n)` accepts only n <= 0 and removes |n| tokens;
+    4.x also reads a negative n as "remove |n|", so this call works in both.
+    """
+    remove = cache.get_seq_length() - keep
+    if remove > 0:
+        cache.crop(-remove)
+
+
+class TargetRunner:
+    """Forward passes of the target over new tokens, extending its own KV cache.
+
+    Asks the model for exactly the hidden-state layers a drafter declared.
+    """
+
+    def __init__(self, model, hidden_state_layers: Iterable[int] = ()):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.device = model.device
+        self.layers = tuple(hidden_state_layers)
+        self._cache_cls = DynamicCache
+        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.cache = None
+
+    def reset(self) -> None:
+        self.cache = self._cache_cls(config=self.model.config)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def forward(self, token_ids: list[int], last_only: bool = False
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Logits [t, V] for the t new tokens (or [1, V] with last_only) and the
+        declared hidden states {layer: [1, t, H]}."""
+        kwargs = {}
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = 1 if last_only else 0
+        if self.layers:
+            kwargs["output_hidden_states"] = list(self.layers)
+        out = self.model(input_ids=torch.tensor([token_ids], device=self.device),
+                         past_key_values=self.cache, use_cache=True, **kwargs)
+        logits = out.logits[0, -1:] if last_only else out.logits[0]
+        hidden = {layer: out.hidden_states[layer] for layer in self.layers}
+        return logits, hidden
+
+    def crop(self, keep: int) -> None:
+        crop_cache(self.cache, keep)

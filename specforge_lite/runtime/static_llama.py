@@ -1,0 +1,231 @@
+"""A static-cache forward for Llama-family targets (`StaticLlama`).
+
+Hugging Face's forward is general: every call builds masks and cache objects and walks
+output dataclasses, and its products run eager kernels that on a CPU are slow at the
+widths speculative decoding uses (2-9 rows). `StaticLlama` does only the arithmetic,
+on the same weights (q/k/v and gate/up fused into one product each):
+
+- the KV cache is one preallocated buffer per layer written in place at explicit
+  positions, so rejecting drafts is a change of one integer (`fast_engine.FastRunner.crop`);
+- attention spans a window of the cache, its first slots up to the newest position
+  rounded up to WINDOW_STEP (`StaticLlama.window`), under a mask built from the
+  positions; the window's length is the one dynamic size of a compiled graph, so one
+  graph per width serves every decoding step of that width and no step reads the
+  unused end of the cache (docs/BENCHMARKS.md "Batched sampling");
+- rotary tables come from the model's own rotary module (every RoPE variant
+  transformers implements), computed once for the cache length.
+
+Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) with
+the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine
+then keeps Hugging Face's forward.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# attention windows grow in steps of this many cache slots (a multiple of SIMD widths and >= 2,
+# which dynamo would otherwise specialise on)
+WINDOW_STEP = 16
+
+
+def unsupported_reason(config) -> str | None:
+    """None when `StaticLlama` can run a model with this HF config, else why not."""
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"model_type {kind!r} (the static forward covers {', '.join(SUPPORTED_TYPES)})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "a sliding attention window"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    return None
+
+
+def _frozen(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor.detach().contiguous(), requires_grad=False)
+
+
+class _Layer(nn.Module):
+    def __init__(self, layer, capacity: int, num_kv_heads: int, head_dim: int, dtype, device, batch: int = 1):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.input_norm = _frozen(layer.input_layernorm.weight)
+        self.post_norm = _frozen(layer.post_attention_layernorm.weight)
+        self.qkv = _frozen(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        self.qkv_bias = None
+        if attn.q_proj.bias is not None:
+            self.qkv_bias = _frozen(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        self.o = _frozen(attn.o_proj.weight)
+        self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        self.down = _frozen(mlp.down_proj.weight)
+        # WINDOW_STEP spare slots, never used: a window then always slices the cache strictly, and
+        # dynamo does not specialise the one graph to (or away from) the whole-cache window
+        shape = (batch, num_kv_heads, capacity + WINDOW_STEP, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+
+class StaticLlama(nn.Module):
+    """The target's forward over t new tokens at explicit cache positions.
+
+    forward(ids [t], positions [t]) writes the tokens' keys and values at `positions`,
+    attends over every cache slot at or before each token's position (within `window`:
+    `self.window(n)` = slots 0..n-1 rounded up, n > every position; None = the whole
+    cache), and returns
+    logits [t, V] and the hidden states [t, H] of `hidden_layers` (transformers'
+    numbering: 0 = embeddings, i = output of decoder layer i, the last index after the
+    final norm) in that order.
+
+    Built with `batch` > 1 it runs B left-padded rows at once (batched sampling):
+    forward(ids [B, t], positions [t], start [B]) where row b's real tokens begin at slot
+    start[b]; its rotary positions count from there, its queries never see the slots
+    before it (a padding query sees only itself, which keeps its row finite), and the
+    outputs are [B, t, V] / [B, t, H]. `last_only` keeps only the last position's logits.
+    """
+
+    def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), batch: int = 1):
+        super().__init__()
+        config = model.config
+        reason = unsupported_reason(config)
+        if reason:
+            raise ValueError(f"the static forward does not support {reason}")
+        inner = model.model
+        weight = model.lm_head.weight
+        dtype, device = weight.dtype, weight.device
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.num_layers = config.num_hidden_layers
+        self.eps = config.rms_norm_eps
+        self.capacity = capacity
+        self.batch = batch
+        self.hidden_layers = tuple(hidden_layers)
+        self.embed = _frozen(inner.embed_tokens.weight)
+        self.final_norm = _frozen(inner.norm.weight)
+        self.lm_head = _frozen(weight)
+        self.layers = nn.ModuleList(_Layer(layer, capacity, self.num_kv_heads, self.head_dim, dtype, device, batch)
+                                    for layer in inner.layers)
+        with torch.no_grad():
+            slots = torch.arange(capacity, device=device)
+            cos, sin = inner.rotary_emb(torch.zeros(1, dtype=dtype, device=device), slots[None])
+        self.register_buffer("slots", slots, persistent=False)
+        self.register_buffer("cos", cos[0].to(dtype), persistent=False)
+        self.register_buffer("sin", sin[0].to(dtype), persistent=False)
+        with torch.inference_mode():  # views of it are graph inputs, made where the decoders run
+            self._window_ids = torch.arange(capacity, device=device)
+
+    def window(self, length: int) -> torch.Tensor:
+        """The attention window for forwards whose positions are all below `length`: slot
+        ids 0..n-1, n = `length` rounded up to WINDOW_STEP (at most the capacity). A compile
+        example needs a window shorter than the cache: a whole-cache one fixes the length."""
+        return self._window_ids[:min(self.capacity, -(-max(length, 1) // WINDOW_STEP) * WINDOW_STEP)]
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor | None = None,
+                last_only: bool = False, window: torch.Tensor | None = None,
+                caches: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None):
+        single = ids.dim() == 1
+        if single:
+            ids = ids[None]
+        b, t = ids.shape
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        slots = self.slots if window is None else window
+        span = slots.shape[0]
+        visible = slots[None, :] <= positions[:, None]  # [t, span]
+        if start is None:
+            cos, sin = self.cos[positions], self.sin[positions]
+        else:
+            rotary = (positions[None, :] - start[:, None]).clamp(min=0)  # [B, t]
+            cos, sin = self.cos[rotary][:, None], self.sin[rotary][:, None]
+            own = slots[None, None, :] >= start[:, None, None]  # [B, 1, span]
+            visible = (visible[None] & (own | (slots[None, :] == positions[:, None])[None]))[:, None]
+        x = F.embedding(ids, self.embed)
+        hidden = [x] if 0 in self.hidden_layers else []
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[..., :q_size].view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., q_size:q_size + kv_size].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            k_cache, v_cache = (layer.k_cache, layer.v_cache) if caches is None else caches[2 * i:2 * i + 2]
+            k_cache.index_copy_(2, positions, k)
+            v_cache.index_copy_(2, positions, v)
+            keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
+                                                  enable_gqa=self.num_kv_heads != self.num_heads)
+            x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o)
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+            if i + 1 in self.hidden_layers and i + 1 != self.num_layers:
+                hidden.append(x)
+        if last_only:
+            x = x[:, -1:]
+        x = _rms_norm(x, self.final_norm, self.eps)
+        if self.num_layers in self.hidden_layers:
+            hidden.append(x)
+        logits = F.linear(x, self.lm_head)
+        if single:
+            return logits[0], [h[0] for h in hidden]
+        return logits, hidden
+
+    @torch.inference_mode()
+    def prefill_rows(self, rows: list[list[int]]) -> torch.Tensor:
+        """Prefill a batch of prompts left-aligned to a common end, as `forward` with
+        `start` lays them out (row b at slots width - len(b) .. width - 1, rotary positions
+        from 0), without computing the padding: the rows run as one packed sequence through
+        the products, and attention runs per row, causal over its own tokens. Returns the
+        logits of each row's last token [B, V]."""
+        if len(rows) != self.batch or not all(rows):
+            raise ValueError(f"prefill_rows takes {self.batch} non-empty rows, got {len(rows)}")
+        lengths = [len(row) for row in rows]
+        width = max(lengths)
+        if width > self.capacity:
+            raise ValueError(f"a prompt of {width} tokens does not fit the static cache of {self.capacity}")
+        device = self.lm_head.device
+        ids = torch.tensor([token for row in rows for token in row], device=device)[None]  # [1, N]
+        rotary = torch.cat([torch.arange(n, device=device) for n in lengths])
+        cos, sin = self.cos[rotary], self.sin[rotary]
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        spans = list(zip([0] + ends[:-1], ends))
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        n = ids.shape[1]
+        x = F.embedding(ids, self.embed)
+        for layer in self.layers:
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[..., :q_size].view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., q_size:q_size + kv_size].view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = qkv[..., q_size + kv_size:].view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            parts = []
+            for b, (lo, hi) in enumerate(spans):
+                layer.k_cache[b, :, width - (hi - lo):width] = k[0, :, lo:hi]
+                layer.v_cache[b, :, width - (hi - lo):width] = v[0, :, lo:hi]
+                parts.append(F.scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi],
+                                                            is_causal=True,
+                                                            enable_gqa=self.num_kv_heads != self.num_heads))
+            attn = torch.cat(parts, dim=2)
+            x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o)
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        last = x[0, [hi - 1 for _, hi in spans]]
+        return F.linear(_rms_norm(last, self.final_norm, self.eps), self.lm_head)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
