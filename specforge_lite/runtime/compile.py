@@ -31,11 +31,9 @@ def allow_graphs(count: int) -> None:
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _GRAPHS_ALLOWED[0] + 8)
 
 
-# Rows per register block of inductor's fp32 C++ GEMM micro-kernel on AVX-512 CPUs. Inductor
-# picks 8 (or 16) rows there, and on a 2-core AVX-512 CPU that made SmolLM2's forwards of 5-9
-# tokens 1.2-1.8x slower and its batch-16 sampling step 1.3-1.4x slower than 4-row blocks
-# (docs/BENCHMARKS.md "Target forward", "Batched sampling"). Our decoding widths (k + 1 <= 9)
-# and sampling batches (<= 16 rows) sit exactly there.
+# Rows per register block of inductor's fp32 C++ GEMM micro-kernel on AVX-512 CPUs: inductor's
+# own 8 or 16 rows are slower than 4 at our decoding widths (k + 1 <= 9) and sampling batches
+# (<= 16 rows): docs/BENCHMARKS.md "Target forward" and "Batched sampling".
 # SPECFORGE_LITE_GEMM_ROWS=0 keeps inductor's own choice; any other value sets the rows.
 GEMM_ROWS_ENV = "SPECFORGE_LITE_GEMM_ROWS"
 DEFAULT_GEMM_ROWS = 4
@@ -55,11 +53,8 @@ def gemm_rows() -> int:
 # Whether compiled graphs autotune their matrix products (inductor's max-autotune: each product
 # timed over its candidate kernels, the C++ GEMM micro-kernel among them on a CPU). On by
 # default: the decoding forwards are what evaluate measures. SPECFORGE_LITE_AUTOTUNE=0 keeps
-# inductor's default kernels: shorter compiles (three compile tests of the tiny test models,
-# test_compiled_forward_equals_transformers, test_compiled_graph_is_kept_and_loaded_by_a_later_engine
-# and EAGLE-3's test_compiled_drafting_equals_eager_drafting: 407 s autotuned, 138 s without, on a
-# 2-core AVX2 CPU, pytest --durations) and slower forwards (SmolLM2 on that CPU: 36.5 against
-# 23.6 ms for one token, 1.09-1.37x slower at 2-5: docs/BENCHMARKS.md engine_autotune).
+# inductor's default kernels: shorter compiles (the test suite uses it) and slower forwards
+# (docs/BENCHMARKS.md engine_autotune).
 AUTOTUNE_ENV = "SPECFORGE_LITE_AUTOTUNE"
 
 

@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "compiled", "static", "hf")
 
-# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size
-# (a package of widths 1..5 was as fast as per-width graphs at t = 1-3 and faster at 4-5,
-# docs/BENCHMARKS.md engine_avx2), so evaluations at other k up to 15 load the same package
+# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size (as
+# fast as per-width graphs: docs/BENCHMARKS.md engine_avx2), so evaluations at other k load it
 PACKAGE_WIDTHS = 16
 
 

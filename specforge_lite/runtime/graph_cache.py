@@ -2,9 +2,8 @@
 
 Inductor's own graph cache skips the graphs decoding wants on a CPU (frozen weights packed for
 oneDNN are not picklable), so every `torch.compile` of the target or a drafter would cost its
-full compile on every run (SmolLM2's per-width target graphs 249 s and EAGLE-3's drafting
-116 s on a 2-core AVX2 CPU, docs/BENCHMARKS.md engine_avx2 and eagle_smollm2_avx2; P-EAGLE's
-drafting 113 s in its section "P-EAGLE next to EAGLE-3"). Instead a graph is exported (`torch.export`, with chosen sizes
+full compile on every run (compile times: docs/BENCHMARKS.md "Target forward" and "P-EAGLE
+next to EAGLE-3"). Instead a graph is exported (`torch.export`, with chosen sizes
 dynamic) and compiled by AOTInductor into one `.pt2` package, with frozen, pre-packed weights
 and autotuned products, written atomically into `graph_cache_dir()` under a name
 `<label>-<key>.pt2`; `key` is a digest of every weight byte, the example shapes, the dynamic
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 GRAPH_FORMAT = 1  # bump when what a package holds changes shape
 GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
 # packages of one label (the target, one drafter's chain, ...) kept in the folder: retraining a
-# drafter or switching targets leaves older ones behind (a SmolLM2 target package is 656 MB)
+# drafter or switching targets leaves older ones behind (a package holds the target's weights)
 KEEP_PER_LABEL = 4
 # the runtime files that shape every graph: a change to any of them rebuilds the packages
 RUNTIME_FILES = tuple(Path(__file__).parent / name for name in

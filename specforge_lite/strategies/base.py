@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def mixed_precision(cfg: DictConfig) -> str:
     """`train.mixed_precision` resolved: auto is bf16 on a GPU that supports it, none on CPU
-    (CPUs without native bf16 train 6-30x slower in it)."""
+    (CPUs without native bf16 train several times slower in it)."""
     mixed = cfg.train.mixed_precision
     if mixed == "auto":
         gpu = torch.cuda.is_available() and cfg.target.device != "cpu"

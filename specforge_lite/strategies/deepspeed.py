@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 def skip_inference_allreduce_build() -> None:
     """Keep DeepSpeed from compiling its shared-memory all-reduce op when it starts its
-    communication backend. On a CPU that op is a C++ build of about a minute and a half
-    (56-94 s here, every time DeepSpeed's build flags change) on a rank's first start, and
+    communication backend. On a CPU that op is a C++ build on a rank's first start (again
+    whenever DeepSpeed's build flags change; docs/BENCHMARKS.md "Scale-out on CPU"), and
     only DeepSpeed's tensor-parallel inference calls it; ZeRO training reduces through
     torch.distributed. DeepSpeed skips any op its compatibility table marks unavailable."""
     import deepspeed.ops

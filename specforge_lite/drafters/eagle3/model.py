@@ -213,9 +213,8 @@ class Eagle3Drafter(nn.Module):
         """Start as the target's own read-out of its highest aux layer: `fc` passes that
         layer's block through unchanged and the attention and MLP branches add zero
         (`o_proj`, `down_proj` at zero), so step 0 begins from the logit lens of layer
-        aux_layer_ids[-1] instead of a random projection. Measured on SmolLM2 (docs/BENCHMARKS.md,
-        "EAGLE-3 training options"): held-out simulated tau 1.33 after one epoch against 1.30
-        for a fully random layer, ahead over the whole second half of the run."""
+        aux_layer_ids[-1] instead of a random projection (ahead of a random layer on SmolLM2:
+        docs/BENCHMARKS.md "EAGLE-3 training options")."""
         h = self.config.hidden_size
         self.fc.weight.zero_()
         self.fc.weight[:, 2 * h:] = torch.eye(h, dtype=self.fc.weight.dtype)
