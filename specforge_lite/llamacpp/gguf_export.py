@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.eagle3.export import check_speculators_dir, read_weights
+from specforge_lite.artifact_io import read_json_object
 
 
 class GGUFExportError(SpecforgeError, ValueError):
@@ -82,6 +82,51 @@ def copy_tokenizer(reader, writer) -> None:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+
+
+# ---------------------------------------------------------------- reading an export
+
+def read_weights(directory: Path) -> dict:
+    """Every tensor of the folder's safetensors files."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise GGUFExportError(f"{directory}: no .safetensors weights")
+    weights = {}
+    for path in files:
+        try:
+            weights.update(load_file(str(path)))
+        except Exception as err:  # a truncated or foreign file
+            raise GGUFExportError(f"{path}: unreadable safetensors ({err})") from None
+    return weights
+
+
+def read_speculators_export(directory: Path) -> tuple[dict, dict]:
+    """(config, weights) of a speculators EAGLE-3 directory, the keys this writer reads checked."""
+    directory = Path(directory)
+    where = f"{directory.name}/config.json"
+    if not (directory / "config.json").is_file():
+        raise GGUFExportError(f"{directory}/config.json: missing (not a speculators EAGLE-3 export)")
+    config = read_json_object(directory / "config.json")
+    if config.get("speculators_model_type") != "eagle3" or not isinstance(config.get("transformer_layer_config"),
+                                                                          dict):
+        raise GGUFExportError(f"{where}: not a speculators EAGLE-3 config (speculators_model_type eagle3 with a "
+                              "transformer_layer_config)")
+    layer = config["transformer_layer_config"]
+    if layer.get("model_type", "llama") != "llama" or layer.get("num_hidden_layers", 1) != 1:
+        raise GGUFExportError(f"{where}: llama.cpp's eagle3 runs one llama draft layer")
+    if config.get("target_hidden_size") not in (None, layer["hidden_size"]):
+        raise GGUFExportError(f"{where}: target_hidden_size differs from the draft layer's; not written")
+    config.setdefault("norm_before_residual", True)  # vLLM's default when absent
+    weights = read_weights(directory)
+    wanted = ["fc.weight", "norm.weight", "lm_head.weight", "layers.0.hidden_norm.weight",
+              "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
+              *(f"layers.0.self_attn.{n}.weight" for n in ATTN), *(f"layers.0.mlp.{n}.weight" for n in MLP)]
+    missing = [name for name in wanted if name not in weights]
+    if missing:
+        raise GGUFExportError(f"{directory.name}: weights missing: {', '.join(missing)}")
+    return config, weights
 
 
 # ---------------------------------------------------------------- writing
@@ -191,7 +236,7 @@ def llamacpp_extract_layers(n_target_layers: int) -> list[int]:
 def eagle3_to_gguf(export_dir: Path, target_gguf: Path, out: Path, precision: str = "f16") -> Path:
     """Our speculators EAGLE-3 export -> an `eagle3` GGUF that runs beside `target_gguf`."""
     export_dir, where = Path(export_dir), f"{Path(export_dir).name}/config.json"
-    config, weights = check_speculators_dir(export_dir, strict=False)
+    config, weights = read_speculators_export(export_dir)
     target = gguf_summary(target_gguf)
     reasons = [name for name in ("norm_before_fc", "fc_norm", "norm_output") if config.get(name)]
     if reasons:
@@ -221,7 +266,7 @@ def eagle3_to_gguf(export_dir: Path, target_gguf: Path, out: Path, precision: st
     add_weight(writer, "output_norm.weight", to_numpy(weights["norm.weight"]), precision)
     add_weight(writer, "output.weight", to_numpy(weights["lm_head.weight"]), precision)
     if "d2t" in weights:  # ours: offsets (target id - draft id); llama.cpp: absolute target ids
-        d2t = weights["d2t"].to("cpu").numpy().astype(np.int64).reshape(-1)
+        d2t = weights["d2t"].numpy().astype(np.int64).reshape(-1)
         d2t = d2t + np.arange(d2t.size, dtype=np.int64)
         if d2t.min() < 0 or d2t.max() >= target["vocab_size"] or np.unique(d2t).size != d2t.size:
             raise GGUFExportError(f"{export_dir.name}: d2t maps outside the target vocabulary or twice to one id")
@@ -243,6 +288,9 @@ def llama_to_gguf(model_dir: Path, out: Path, vocab_gguf: Path | None = None, pr
     if layer.get("model_type") != "llama":
         raise GGUFExportError(f"{where}: model_type {layer.get('model_type')!r}; only llama models are written")
     weights = {k.removeprefix("model."): v for k, v in read_weights(model_dir).items()}
+    missing = [n for n in ("embed_tokens.weight", "norm.weight") if n not in weights]
+    if missing:
+        raise GGUFExportError(f"{model_dir.name}: weights missing: {', '.join(missing)}")
     n_layers, vocab = int(layer["num_hidden_layers"]), int(layer["vocab_size"])
     writer = new_writer(out, "llama")
     if vocab_gguf is not None:
