@@ -186,6 +186,23 @@ class Tracker(str, Enum):
 
 
 @dataclass
+class WandbConfig:
+    """`train.wandb.*`: the run as wandb users name it. One run per job: only rank 0 logs."""
+    project: str = "specforge_lite"
+    entity: Optional[str] = None  # team or user; null: wandb's default entity
+    group: Optional[str] = None  # null: the launcher's job id (TORCHELASTIC_RUN_ID / SLURM_JOB_ID) when there is one
+    tags: List[str] = field(default_factory=list)
+    name: Optional[str] = None  # null: recipe_name
+    # offline (default: no network needed; `wandb sync` uploads later) | online | disabled;
+    # the WANDB_MODE environment variable, when set, wins
+    mode: str = checked("offline", choices=("offline", "online", "disabled"))
+    # wandb's resume rule: null (a new run each time) | allow | must | never | auto; with one
+    # and no `id`, the run id is kept in run_dir/train/wandb_run_id so a restarted job continues it
+    resume: Optional[str] = checked(None, choices=("allow", "must", "never", "auto"))
+    id: Optional[str] = checked(None, pattern=r"[A-Za-z0-9_-]+", allowed="letters, digits, - and _")
+
+
+@dataclass
 class TrainConfig:
     mode: TrainMode = TrainMode.online
     epochs: float = checked(1.0, gt=0.0)
@@ -203,6 +220,7 @@ class TrainConfig:
     resume: bool = True  # continue from the newest checkpoint in run_dir/train
     log_every: int = checked(5, ge=1)
     tracker: Tracker = Tracker.wandb
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 0
     # auto (bf16 on GPU, none on CPU) | no | bf16
     mixed_precision: str = checked("auto", choices=("auto", "no", "bf16"))
@@ -233,6 +251,15 @@ class TrainerConfig:
     deepspeed_config: Optional[str] = None
     # Recompute activations in backward instead of keeping them (drafters that support it).
     gradient_checkpointing: bool = False
+    # Ranks per node. A stage started as one plain process starts them itself through torch's
+    # elastic launcher (specforge_lite/launch.py) unless a launcher (torchrun, accelerate,
+    # srun) already did; null: the CUDA devices this process sees (1 without a GPU).
+    # On a CPU, num_processes=2 rehearses the same path with gloo.
+    num_processes: Optional[int] = checked(None, ge=1)
+    num_nodes: int = checked(1, ge=1)
+    node_rank: int = checked(0, ge=0)  # this node's index (several nodes: set on each)
+    master_addr: str = "127.0.0.1"  # node 0's address (several nodes)
+    master_port: Optional[int] = checked(None, ge=1, le=65535)  # null: a free port (one node), 29500 (several)
     # Dry runs only: the number of GPUs sharded state is spread over in the per-GPU estimate.
     dry_run_gpus: int = checked(8, ge=1)
 

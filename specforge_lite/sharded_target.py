@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
+from specforge_lite.accounting import record_target
 
 
 def load_sharded_target(target_cfg, device: torch.device):
@@ -89,6 +90,7 @@ def load_sharded_target(target_cfg, device: torch.device):
         model.generation_config = GenerationConfig.from_pretrained(path)
     model.eval()
     model.requires_grad_(False)
+    record_target(model, "sharded_target.load_sharded_target (FSDP2 per layer)")
     return model, tokenizer
 
 

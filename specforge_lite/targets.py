@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
+from specforge_lite.accounting import record_target
 from specforge_lite.artifact_io import ArtifactError, read_json, read_json_object, safetensors_header
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,19 @@ CHATML_TEMPLATE = (
 )
 
 
+CACHE_ENV = "SPECFORGE_LITE_CACHE"
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("SPECFORGE_LITE_CACHE", Path.home() / ".cache" / "specforge_lite"))
+    """$SPECFORGE_LITE_CACHE, else ~/.cache/specforge_lite; set but empty is an error (it
+    would build models in the current folder)."""
+    value = os.environ.get(CACHE_ENV)
+    if value is None:
+        return Path.home() / ".cache" / "specforge_lite"
+    if not value.strip():
+        raise SpecforgeError(f"{CACHE_ENV} is set but empty; unset it (the default is ~/.cache/specforge_lite) "
+                             "or name a folder")
+    return Path(value).expanduser()
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -77,8 +89,12 @@ def _materialise(name: str, build) -> Path:
     final = cache_root() / name
     if (final / "config.json").exists():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}."))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}."))
+    except OSError as err:
+        raise SpecforgeError(f"{CACHE_ENV}: cannot build {name} in {final.parent} "
+                             f"({err.strerror or err}); set it to a writable folder") from None
     try:
         build(tmp)
         tmp.chmod(0o755)
@@ -329,6 +345,7 @@ def load_target(target_cfg, *, for_training: bool = False):
     model.eval()
     if not for_training:
         model.requires_grad_(False)
+    record_target(model, "targets.load_target (whole)")
     return model, tokenizer
 
 

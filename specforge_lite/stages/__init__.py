@@ -9,8 +9,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from specforge_lite.accounting import begin_stage
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
+from specforge_lite.launch import launch, launch_plan, stage_overrides
 
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,25 @@ MODULES = {
 }
 
 
+def launched(cfg: DictConfig, stage: str) -> bool:
+    """True when `stage` ran on ranks of its own (`trainer.num_processes` / `num_nodes`, or
+    the node's GPUs; specforge_lite/launch.py); a failed rank's exit status ends this process."""
+    plan = launch_plan(cfg, stage)
+    if plan is None:
+        return False
+    meta = samples_dir(cfg) / "meta.json"
+    if stage == "train" and cfg.train.use_samples and not (meta.exists() and read_json_object(meta).get("complete")):
+        # train's ranks cannot sample on their own: the sample stage runs first, as it would run alone
+        log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
+        if not launched(cfg, "sample"):
+            begin_stage(cfg.run_dir, "sample")
+            importlib.import_module(MODULES["sample"]).run(cfg)
+    code = launch(plan, stage, stage_overrides())
+    if code:
+        raise SystemExit(code)
+    return True
+
+
 def run_stage(cfg: DictConfig) -> None:
     """Validate the config (then again against the target's own config, for the stages that
     build a drafter) and run the stage, or all of them in order for `run`."""
@@ -32,11 +53,15 @@ def run_stage(cfg: DictConfig) -> None:
     validate_config(cfg)
     validate_for_target(cfg)
     if cfg.stage != "run":
-        importlib.import_module(MODULES[cfg.stage]).run(cfg)
+        if not launched(cfg, cfg.stage):
+            begin_stage(cfg.run_dir, cfg.stage)
+            importlib.import_module(MODULES[cfg.stage]).run(cfg)
         return
     for name in ORDER:
         log.info("=== stage %s ===", name)
-        importlib.import_module(MODULES[name]).run(cfg)
+        if not launched(cfg, name):
+            begin_stage(cfg.run_dir, name)
+            importlib.import_module(MODULES[name]).run(cfg)
     run_dir = Path(cfg.run_dir)
     lines = [f"run finished: {run_dir}"]
     for what, path in (("samples", samples_dir(cfg) / "meta.json"), ("drafter", run_dir / "train" / "drafter"),

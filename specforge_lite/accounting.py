@@ -1,0 +1,134 @@
+"""Per-rank accounting of the target's weights held in each stage.
+
+Every place that loads the target calls `record_target(model)`; while a stage runs
+(`begin_stage`, called by the stage runner in every rank) that writes what this rank holds
+to `run_dir/accounting/STAGE.rank<R>.json`: the bytes of the target's decoder-layer weights
+it holds (a sharded weight's local shard only), the layers' total over all ranks, this
+rank's share of them (the rows FSDP's even split gives it) and the bytes of everything else
+(embeddings, final norm, lm_head). A stage that loads the target several times keeps the
+peak. `stage_summary(run_dir)` reads them back, one verdict per stage: does every rank hold
+at most its share of the layer weights? (`make rehearse` asserts it; `specforge_lite/rehearse.py`.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+ACCOUNTING_DIR = "accounting"
+_stage: dict = {}  # {"run_dir": Path, "stage": str} while a stage runs
+
+
+def begin_stage(run_dir, stage: str) -> None:
+    """From here on `record_target` writes under `run_dir/accounting` for `stage`."""
+    _stage.clear()
+    _stage.update(run_dir=Path(run_dir), stage=stage)
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def is_layer_weight(name: str) -> bool:
+    """A decoder layer's weight (`model.layers.N.*`, `layers.N.*`), as opposed to the
+    embeddings, the final norm and the lm_head."""
+    parts = name.split(".")
+    return any(p == "layers" and i + 1 < len(parts) and parts[i + 1].isdigit() for i, p in enumerate(parts))
+
+
+def target_weights(model, world: int) -> dict:
+    """Bytes of `model`'s parameters this rank holds, split into decoder layers and the rest,
+    with the layers' total and this rank's share of them over `world` ranks."""
+    from torch.distributed.tensor import DTensor
+
+    held = layers_total = other = 0
+    shapes: dict[str, int] = {}  # "rows x row_bytes" -> how many layer weights have that shape
+    seen = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:  # tied embeddings count once
+            continue
+        seen.add(id(param))
+        local = param.to_local() if isinstance(param, DTensor) else getattr(param, "ds_tensor", param)
+        size = param.element_size()
+        local_bytes = 0 if local.device.type == "meta" else local.numel() * size
+        if not is_layer_weight(name):
+            other += local_bytes
+            continue
+        held += local_bytes
+        shape = tuple(getattr(param, "ds_shape", None) or param.shape)
+        numel = math.prod(shape)
+        layers_total += numel * size
+        rows = shape[0] if shape else 1
+        key = f"{rows}x{numel // max(rows, 1) * size}"
+        shapes[key] = shapes.get(key, 0) + 1
+    return {"layer_bytes_held": held, "layer_bytes_total": layers_total,
+            "layer_bytes_share": share_bytes(shapes, world), "other_bytes_held": other, "layer_shapes": shapes}
+
+
+def share_bytes(shapes: dict, world: int) -> int:
+    """The layer bytes one rank holds when every layer weight is split by rows over `world`
+    ranks the way FSDP2 splits them (chunks of ceil(rows / world)): the largest chunk."""
+    total = 0
+    for key, count in shapes.items():
+        rows, row_bytes = (int(x) for x in key.split("x"))
+        total += math.ceil(rows / world) * row_bytes * count
+    return total
+
+
+def record_target(model, how: str) -> dict | None:
+    """Record what this rank holds of the target just loaded (`how`: which loader). A no-op
+    outside a stage. Returns the record written."""
+    if not _stage:
+        return None
+    rank, world = _rank_world()
+    entry = dict(target_weights(model, world), stage=_stage["stage"], rank=rank, world_size=world, loaded_by=how)
+    path = _stage["run_dir"] / ACCOUNTING_DIR / f"{_stage['stage']}.rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():  # keep the peak over this stage's loads
+        try:
+            before = json.loads(path.read_text())
+        except (OSError, ValueError):
+            before = None
+        if before and before.get("world_size") == world and before["layer_bytes_held"] >= entry["layer_bytes_held"]:
+            return before
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entry, indent=1))
+    tmp.replace(path)
+    return entry
+
+
+def clear(run_dir) -> None:
+    """Forget earlier records (a rehearsal starts from none)."""
+    folder = Path(run_dir) / ACCOUNTING_DIR
+    for path in folder.glob("*.json") if folder.is_dir() else ():
+        path.unlink()
+
+
+def stage_summary(run_dir, world: int | None = None) -> dict:
+    """`{stage: {world_size, ranks: {rank: layer bytes held}, peak, total, share, within_share}}`
+    over the records under `run_dir/accounting`. `world`: the share is 1/world of the layers
+    even for a stage that ran in fewer processes (one process holding the whole target is
+    over its share of an 8-device layout); null: each stage's own world size."""
+    folder = Path(run_dir) / ACCOUNTING_DIR
+    records: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*.rank*.json")) if folder.is_dir() else ():
+        entry = json.loads(path.read_text())
+        records.setdefault(entry["stage"], []).append(entry)
+    out = {}
+    for stage, entries in records.items():
+        peak = max(e["layer_bytes_held"] for e in entries)
+        share = max(share_bytes(e["layer_shapes"], world) if world else e["layer_bytes_share"] for e in entries)
+        out[stage] = {
+            "world_size": max(e["world_size"] for e in entries),
+            "loaded_by": sorted({e["loaded_by"] for e in entries}),
+            "ranks": {str(e["rank"]): e["layer_bytes_held"] for e in sorted(entries, key=lambda e: e["rank"])},
+            "other_bytes_held_peak": max(e["other_bytes_held"] for e in entries),
+            "layer_bytes_peak": peak, "layer_bytes_total": max(e["layer_bytes_total"] for e in entries),
+            "layer_bytes_share": share, "within_share": peak <= share}
+    return out
