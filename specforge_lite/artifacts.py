@@ -30,6 +30,23 @@ def samples_dir(cfg: DictConfig) -> Path:
     return Path(cfg.samples_dir) if cfg.get("samples_dir") else Path(cfg.run_dir) / STAGE_DIRS["sample"]
 
 
+def folder_problem(folder: Path, setting: str) -> str | None:
+    """Why `folder` (named by `setting`) cannot be created or written, or None: the folder or
+    one of its parents is a file, or the nearest existing one is not writable."""
+    folder = Path(folder)
+    probe = folder
+    while not probe.exists():
+        if probe.is_symlink():
+            return f"{setting}: {folder} cannot be created ({probe} is a broken link)"
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "is a file" if probe == folder else f"cannot be created: {probe} is a file"
+        return f"{setting}: {folder} {where}, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{setting}: {folder} cannot be written ({probe} is not writable)"
+    return None
+
+
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in _VERSIONED:
@@ -40,12 +57,36 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def umask() -> int:
+    """This process's umask (read without changing it where /proc says it; else set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def readable_temp_dir(parent: Path, prefix: str) -> Path:
+    """`tempfile.mkdtemp` in `parent`, with the mode a plain `mkdir` gives (mkdtemp's is 700,
+    which a folder renamed into place would keep: a server running as another user could
+    not read an export)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    tmp.chmod(0o777 & ~umask())
+    return tmp
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder and rename it into place."""
+    """Write through a temporary file in the same folder and rename it into place; the file
+    gets the mode a plain `open` gives under the user's umask (mkstemp's is 600)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~umask())
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

@@ -19,6 +19,21 @@ DRAFTERS = {
 # names of earlier versions, and what they are called now
 RENAMED = {"draft_model": "distilled"}
 
+# why `export.sglang=true` cannot be honoured for a drafter; a drafter not named here has an
+# SGLang layout (its export writes `export/sglang`)
+NO_SGLANG_LAYOUT = {
+    "peagle": "SGLang has no P-EAGLE drafter (parallel drafting with a mask token); export it for vLLM only "
+              "(export.sglang=false)",
+    "medusa": "SGLang serves no Medusa heads; export them for vLLM only (export.sglang=false)",
+    "distilled": "a draft model is a plain Hugging Face folder (export/draft_model) that SGLang loads as it is; "
+                 "set export.sglang=false",
+}
+
+
+def sglang_refusal(name: str) -> str | None:
+    """Why SGLang's layout cannot hold drafter `name` (export.sglang=true), or None when it can."""
+    return NO_SGLANG_LAYOUT.get(RENAMED.get(name, name))
+
 
 def drafter_module(name: str):
     """The drafter package registered as `name` (an earlier name is read as its new one)."""

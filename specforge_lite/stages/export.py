@@ -15,15 +15,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object, write_failure
-from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, write_provenance
-from specforge_lite.registry import DRAFTERS, detect_drafter
+from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, readable_temp_dir, write_provenance
+from specforge_lite.registry import DRAFTERS, detect_drafter, sglang_refusal
 from specforge_lite.targets import HUB_IDS, load_target, resolve_target_path
 
 log = logging.getLogger(__name__)
@@ -45,15 +44,19 @@ def run(cfg: DictConfig) -> None:
     if not trained.exists():
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first (or set export.drafter_dir)")
     kind, found = detect_drafter(trained)
+    if cfg.export.sglang and (problem := sglang_refusal(kind)):
+        raise SpecforgeError(f"export.sglang=true: {trained} holds a {kind} drafter; {problem}")
     log.info("exporting the %s drafter in %s (%s layout)", kind, trained, found)
     final = Path(cfg.run_dir) / STAGE_DIRS["export"]
+    if final.exists() and not final.is_dir():  # never renamed aside and left hidden
+        raise SpecforgeError(f"{final} is a file, not an export folder; move or delete it (or set another run_dir)")
     target, tokenizer = load_target(cfg.target)
     k, k_source = chosen_k(cfg)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
     # written whole into a temporary folder, checked strictly there, then renamed into place:
     # a failure leaves the previous export (and its export.json) as it was
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    tmp = readable_temp_dir(final.parent, f".{final.name}.")
     try:
         write_provenance(tmp, cfg)
         try:
