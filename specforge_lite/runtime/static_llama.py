@@ -148,12 +148,12 @@ class StaticLlama(nn.Module):
         x = F.embedding(ids, self.embed)
         hidden = [x] if 0 in self.hidden_layers else []
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.input_norm, self.eps)
+            h = rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             q = qkv[..., :q_size].view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
             k = qkv[..., q_size:q_size + kv_size].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             k_cache, v_cache = (layer.k_cache, layer.v_cache) if caches is None else caches[2 * i:2 * i + 2]
             k_cache.index_copy_(2, positions, k)
             v_cache.index_copy_(2, positions, v)
@@ -161,14 +161,14 @@ class StaticLlama(nn.Module):
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
                                                   enable_gqa=self.num_kv_heads != self.num_heads)
             x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o)
-            h = _rms_norm(x, layer.post_norm, self.eps)
+            h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
             if i + 1 in self.hidden_layers and i + 1 != self.num_layers:
                 hidden.append(x)
         if last_only:
             x = x[:, -1:]
-        x = _rms_norm(x, self.final_norm, self.eps)
+        x = rms_norm(x, self.final_norm, self.eps)
         if self.num_layers in self.hidden_layers:
             hidden.append(x)
         logits = F.linear(x, self.lm_head)
@@ -199,12 +199,12 @@ class StaticLlama(nn.Module):
         n = ids.shape[1]
         x = F.embedding(ids, self.embed)
         for layer in self.layers:
-            h = _rms_norm(x, layer.input_norm, self.eps)
+            h = rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             q = qkv[..., :q_size].view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
             k = qkv[..., q_size:q_size + kv_size].view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = qkv[..., q_size + kv_size:].view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             parts = []
             for b, (lo, hi) in enumerate(spans):
                 layer.k_cache[b, :, width - (hi - lo):width] = k[0, :, lo:hi]
@@ -214,18 +214,18 @@ class StaticLlama(nn.Module):
                                                             enable_gqa=self.num_kv_heads != self.num_heads))
             attn = torch.cat(parts, dim=2)
             x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o)
-            h = _rms_norm(x, layer.post_norm, self.eps)
+            h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
         last = x[0, [hi - 1 for _, hi in spans]]
-        return F.linear(_rms_norm(last, self.final_norm, self.eps), self.lm_head)
+        return F.linear(rms_norm(last, self.final_norm, self.eps), self.lm_head)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -45,7 +45,7 @@ def _layer_rows(d: Eagle3Drafter, kv, embeds: torch.Tensor, hidden: torch.Tensor
     layer = d.layers[0]
     attn = layer.self_attn
     x, residual = layer.attention_input(embeds, hidden)
-    q, k, v = attn.project(x, positions[None])
+    q, k, v = attn.project_at(x, positions[None])
     kv.k.index_copy_(2, positions, k)
     kv.v.index_copy_(2, positions, v)
     visible = kv.slots[None, :] <= positions[:, None]
@@ -70,7 +70,7 @@ class _Chain:
         attn = layer.self_attn
         x, residual = layer.attention_input(d.embed_tokens(token), hidden)
         position = self.anchor + len(self.keys)
-        q, k, v = attn.project(x, position[None])
+        q, k, v = attn.project_at(x, position[None])
         self.keys.append(k)
         self.values.append(v)
         visible = torch.cat([self.anchors_visible, self.anchors_visible.new_ones(len(self.keys) - 1)])

@@ -23,51 +23,16 @@ from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
+from specforge_lite.drafters.eagle_family import default_aux_layers, transformer_layer_config
+from specforge_lite.drafters.eagle_family import speculators_config as family_config
 from specforge_lite.drafters.eagle3.model import FROZEN, Eagle3Config, Eagle3Drafter, load, trained_weights
 
 log = logging.getLogger(__name__)
 
 
-def transformer_layer_config(cfg: Eagle3Config, num_layers: int = 1) -> dict[str, Any]:
-    """The Llama config of the draft decoder layers (`num_layers` of them; EAGLE-3 has one)."""
-    return {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": num_layers,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
-        "hidden_act": cfg.hidden_act, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
-    }
-
-
 def speculators_config(cfg: Eagle3Config, speculative_tokens: int, verifier: str,
                        verifier_architectures: list[str]) -> dict[str, Any]:
-    return {
-        "speculators_model_type": "eagle3",
-        "architectures": ["Eagle3DraftModel"],
-        "speculators_version": "0.9.0",
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": None,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "norm_before_residual": bool(cfg.norm_before_residual),
-        "norm_before_fc": bool(cfg.norm_before_fc),
-        "fc_norm": bool(cfg.fc_norm),
-        "norm_output": bool(cfg.norm_output),
-        "transformer_layer_config": transformer_layer_config(cfg),
-        "speculators_config": proposal_config("eagle3", speculative_tokens, verifier, verifier_architectures),
-    }
-
-
-def proposal_config(algorithm: str, speculative_tokens: int, verifier: str,
-                    verifier_architectures: list[str]) -> dict[str, Any]:
-    """speculators' `speculators_config`: one greedy proposal of k tokens and the verifier."""
-    return {
-        "algorithm": algorithm,
-        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
-                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-        "default_proposal_method": "greedy",
-        "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
-    }
+    return family_config(cfg, "eagle3", "Eagle3DraftModel", 1, speculative_tokens, verifier, verifier_architectures)
 
 
 def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -224,8 +189,6 @@ def build_loaded(config: dict, layer: dict, weights: dict, target) -> Eagle3Draf
     """Our module from a checked folder's settings and weights, on the target's device. The
     folder's `embed_tokens` is used when it has one (what vLLM serves), else the target's."""
     from types import SimpleNamespace
-
-    from specforge_lite.drafters.eagle3.model import default_aux_layers
 
     layer_config = llama_layer_config(layer)
     aux = config.get("eagle_aux_hidden_state_layer_ids") or default_aux_layers(target.config.num_hidden_layers)

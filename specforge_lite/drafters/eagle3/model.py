@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specforge_lite.drafters.common import load_drafter_dir, save_drafter, select_weights
+from specforge_lite.drafters.eagle_family import FusedFirstLayer, RMSNorm, default_aux_layers, target_fields  # noqa: F401
 
 
 
@@ -56,114 +57,12 @@ class Eagle3Config:
     @classmethod
     def from_target(cls, target_config, drafter_cfg) -> "Eagle3Config":
         """The drafter for a target (its HF config) with the run's `drafter` settings."""
-        draft_vocab_size, aux_layer_ids = drafter_cfg.draft_vocab_size, drafter_cfg.aux_layer_ids
-        layers = target_config.num_hidden_layers
-        rope = getattr(target_config, "rope_parameters", None) or {}
-        head_dim = getattr(target_config, "head_dim", None) or \
-            target_config.hidden_size // target_config.num_attention_heads
-        return cls(hidden_size=target_config.hidden_size, num_attention_heads=target_config.num_attention_heads,
-                   num_key_value_heads=target_config.num_key_value_heads, head_dim=head_dim,
-                   intermediate_size=target_config.intermediate_size, vocab_size=target_config.vocab_size,
-                   draft_vocab_size=min(draft_vocab_size, target_config.vocab_size),
-                   aux_layer_ids=list(aux_layer_ids) if aux_layer_ids else default_aux_layers(layers),
-                   rms_norm_eps=target_config.rms_norm_eps,
-                   rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
-                   max_position_embeddings=target_config.max_position_embeddings,
-                   hidden_act=target_config.hidden_act,
-                   norm_before_residual=bool(drafter_cfg.norm_before_residual),
-                   norm_before_fc=bool(drafter_cfg.norm_before_fc),
+        return cls(**target_fields(target_config, drafter_cfg),
                    fc_norm=bool(getattr(drafter_cfg, "fc_norm", False)),
                    norm_output=bool(getattr(drafter_cfg, "norm_output", False)))
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """Low, middle and high layers: `[2, L//2, L-3]` (the EAGLE-3 default)."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (Llama's rotate-half form). x [B, heads, T, D], positions [B, T]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    angles = positions[:, None, :, None].float() * inv_freq  # [B, 1, T, D/2]
-    cos = torch.cat([angles.cos()] * 2, dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin()] * 2, dim=-1).to(x.dtype)
-    half = dim // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class Eagle3Attention(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        self.cfg = cfg
-        width = 2 * cfg.hidden_size
-        self.q_proj = nn.Linear(width, cfg.num_attention_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """q [B, heads, T, D], k and v [B, heads, T, D] (kv heads repeated), rotary applied."""
-        cfg = self.cfg
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
-        groups = cfg.num_attention_heads // cfg.num_key_value_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        return q, k, v
-
-    def output(self, attended: torch.Tensor) -> torch.Tensor:
-        b, _, t, _ = attended.shape
-        return self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
-
-
-class Eagle3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Eagle3Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.norm_before_residual = cfg.norm_before_residual
-        self.mlp = nn.ModuleDict({
-            "gate_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
-            "up_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
-            "down_proj": nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False),
-        })
-
-    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(cat(input_layernorm(embeds), hidden_norm(hidden)) [.., 2H], residual [.., H])`: the
-        residual is the hidden input, or its normalised form when `norm_before_residual`
-        (target features carry outliers of 10^4 that would otherwise ride the residual)."""
-        normed = self.hidden_norm(hidden)
-        return (torch.cat([self.input_layernorm(embeds), normed], dim=-1),
-                normed if self.norm_before_residual else hidden)
-
-    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """Residual plus attention output, then the MLP block."""
-        hidden = residual + attn_out
-        x = self.post_attention_layernorm(hidden)
-        return hidden + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
 
 
 class Eagle3Drafter(nn.Module):
@@ -182,7 +81,7 @@ class Eagle3Drafter(nn.Module):
         if cfg.fc_norm:
             self.fc_norm = nn.ModuleList([RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) for _ in range(3)])
         self.fc = nn.Linear(3 * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
+        self.layers = nn.ModuleList([FusedFirstLayer(cfg)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -270,7 +169,7 @@ class Eagle3Drafter(nn.Module):
         for step in range(steps):
             tokens = F.pad(tokens[:, 1:], (0, 1))  # x[t+1+step] at anchor t
             x, residual = layer.attention_input(self.embed_tokens(tokens), hidden)
-            q, k, v = attn.project(x, positions + step)
+            q, k, v = attn.project_at(x, positions + step)
             keys.append(k)
             values.append(v)
             if self.gradient_checkpointing and torch.is_grad_enabled():

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
-from specforge_lite.drafters.eagle3.export import proposal_config, transformer_layer_config
+from specforge_lite.drafters.eagle_family import speculators_config as family_config
 from specforge_lite.drafters.peagle.model import PEagleConfig, PEagleDrafter, drop_token_layout
 from specforge_lite.drafters.peagle.train import load
 
@@ -33,22 +33,8 @@ log = logging.getLogger(__name__)
 
 def speculators_config(cfg: PEagleConfig, speculative_tokens: int, verifier: str,
                        verifier_architectures: list[str]) -> dict[str, Any]:
-    return {
-        "speculators_model_type": "peagle",
-        "architectures": ["PEagleDraftModel"],
-        "speculators_version": "0.9.0",
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": None,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        "norm_before_residual": bool(cfg.norm_before_residual),
-        "norm_before_fc": bool(cfg.norm_before_fc),
-        "fc_norm": False,
-        "norm_output": False,
-        "embed_requires_grad": True,
-        "mask_token_id": int(cfg.mask_token_id),
-        "transformer_layer_config": transformer_layer_config(cfg, cfg.num_layers),
-        "speculators_config": proposal_config("peagle", speculative_tokens, verifier, verifier_architectures),
-    }
+    return family_config(cfg, "peagle", "PEagleDraftModel", cfg.num_layers, speculative_tokens, verifier,
+                         verifier_architectures, embed_requires_grad=True, mask_token_id=int(cfg.mask_token_id))
 
 
 def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from specforge_lite.drafters.eagle3.model import RMSNorm, default_aux_layers
+from specforge_lite.drafters.eagle_family import FusedFirstLayer, LlamaLayer, RMSNorm, rotary, target_fields
 
 
 @dataclass
@@ -62,118 +62,11 @@ class PEagleConfig:
     @classmethod
     def from_target(cls, target_config, drafter_cfg, mask_token_id: int) -> "PEagleConfig":
         """The drafter for a target (its HF config) with the run's `drafter` settings."""
-        rope_params = getattr(target_config, "rope_parameters", None) or {}
-        head_dim = getattr(target_config, "head_dim", None) or \
-            target_config.hidden_size // target_config.num_attention_heads
-        aux = drafter_cfg.aux_layer_ids
-        return cls(hidden_size=target_config.hidden_size, num_attention_heads=target_config.num_attention_heads,
-                   num_key_value_heads=target_config.num_key_value_heads, head_dim=head_dim,
-                   intermediate_size=target_config.intermediate_size, vocab_size=target_config.vocab_size,
-                   draft_vocab_size=min(drafter_cfg.draft_vocab_size, target_config.vocab_size),
-                   aux_layer_ids=list(aux) if aux else default_aux_layers(target_config.num_hidden_layers),
-                   num_layers=int(drafter_cfg.num_layers), num_depths=int(drafter_cfg.num_depths),
-                   mask_token_id=int(mask_token_id), rms_norm_eps=target_config.rms_norm_eps,
-                   rope_theta=rope_params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
-                   max_position_embeddings=target_config.max_position_embeddings,
-                   hidden_act=target_config.hidden_act,
-                   norm_before_residual=bool(drafter_cfg.norm_before_residual),
-                   norm_before_fc=bool(drafter_cfg.norm_before_fc))
+        return cls(**target_fields(target_config, drafter_cfg), num_layers=int(drafter_cfg.num_layers),
+                   num_depths=int(drafter_cfg.num_depths), mask_token_id=int(mask_token_id))
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def rotary(positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin [B, 1, N, D] of Llama's rotate-half rotary embedding at positions [B, N]; computed
-    once per forward and shared by every layer (the same numbers as `eagle3.model.rope`)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
-    angles = positions[:, None, :, None].float() * inv_freq
-    return torch.cat([angles.cos()] * 2, dim=-1).to(dtype), torch.cat([angles.sin()] * 2, dim=-1).to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
-class Attention(nn.Module):
-    """Llama attention over inputs of `width` (2H for the first layer, H after)."""
-
-    def __init__(self, cfg: PEagleConfig, width: int):
-        super().__init__()
-        self.cfg = cfg
-        self.q_proj = nn.Linear(width, cfg.num_attention_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(width, cfg.num_key_value_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """q [B, heads, N, D], k and v [B, heads, N, D] (kv heads repeated), rotary (`rotary`) applied."""
-        cfg = self.cfg
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        groups = cfg.num_attention_heads // cfg.num_key_value_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        return q, k, v
-
-    def output(self, attended: torch.Tensor) -> torch.Tensor:
-        b, _, n, _ = attended.shape
-        return self.o_proj(attended.transpose(1, 2).reshape(b, n, -1))
-
-
-class FirstLayer(nn.Module):
-    """Layer 0: EAGLE-3's decoder layer (`eagle3.model.Eagle3DecoderLayer`, same weight names):
-    attention over `cat(input_layernorm(embeds), hidden_norm(features))`, 2H wide."""
-
-    def __init__(self, cfg: PEagleConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, 2 * cfg.hidden_size)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.norm_before_residual = cfg.norm_before_residual
-        self.mlp = nn.ModuleDict({
-            "gate_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
-            "up_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
-            "down_proj": nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False),
-        })
-
-    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        normed = self.hidden_norm(hidden)
-        return (torch.cat([self.input_layernorm(embeds), normed], dim=-1),
-                normed if self.norm_before_residual else hidden)
-
-    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        hidden = residual + attn_out
-        x = self.post_attention_layernorm(hidden)
-        return hidden + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
-
-
-class LlamaLayer(nn.Module):
-    """Layers 1.. : a plain Llama decoder layer (pre-norm attention and SiLU MLP)."""
-
-    def __init__(self, cfg: PEagleConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, cfg.hidden_size)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = nn.ModuleDict({
-            "gate_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
-            "up_proj": nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False),
-            "down_proj": nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False),
-        })
-
-    def attention_input(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.input_layernorm(hidden), hidden
-
-    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        hidden = residual + attn_out
-        x = self.post_attention_layernorm(hidden)
-        return hidden + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
@@ -197,7 +90,7 @@ class PEagleDrafter(nn.Module):
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * h))
         # layer 0 is EAGLE-3's layer (same weight names; `init_from_eagle3` copies it)
-        self.layers = nn.ModuleList([FirstLayer(cfg)] + [LlamaLayer(cfg) for _ in range(cfg.num_layers - 1)])
+        self.layers = nn.ModuleList([FusedFirstLayer(cfg)] + [LlamaLayer(cfg) for _ in range(cfg.num_layers - 1)])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
