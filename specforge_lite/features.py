@@ -9,8 +9,10 @@ disk) so training never needs the full-vocab logits or the target itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -54,6 +56,48 @@ def draft_vocab_targets(head: torch.Tensor, draft_head: torch.Tensor, last_hidde
     return logits, in_draft
 
 
+def rows_digest(rows: list[dict]) -> dict:
+    """How many rows and a hash of their ids (where they have one) and token ids, in order."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(str(row.get("id", "")).encode() + b"\0")
+        digest.update(torch.as_tensor(row["input_ids"], dtype=torch.int64).numpy().tobytes() + b"\1")
+    return {"count": len(rows), "sha256": digest.hexdigest()}
+
+
+def target_files(path: str) -> dict:
+    """The target as the features see it: its resolved folder, a hash of its config.json and the
+    names and sizes of its weight files (a hub id is looked up in the local hub cache)."""
+    from specforge_lite.targets import resolve_target_path
+
+    folder = Path(resolve_target_path(path))
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(str(path), local_files_only=True))
+        except Exception:  # not downloaded: the loader fetches it; its id (and revision) is the key
+            return {"path": str(path)}
+    config = folder / "config.json"
+    weights = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
+               if f.suffix in (".safetensors", ".bin", ".pt") or f.name.endswith(".index.json")}
+    return {"path": str(folder.resolve()), "weights": weights,
+            "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None}
+
+
+def cache_key(rows: list[dict], target_path: str, target_dtype, aux_layer_ids) -> dict:
+    """What the offline features are made of: the rows, the target, the layers and the dtype."""
+    return {"rows": rows_digest(rows), "target": target_files(target_path),
+            "aux_layer_ids": list(aux_layer_ids), "target_dtype": str(target_dtype), "stored_dtype": "bfloat16"}
+
+
+def changed_keys(cached: dict | None, key: dict) -> list[str]:
+    """The names of `key`'s fields that differ from `cached` (all of them for a cache without a key)."""
+    if not isinstance(cached, dict):
+        return ["settings (no key recorded)"]
+    return [name for name in key if cached.get(name) != key[name]] or ["settings"]
+
+
 def collate(rows: list[dict], pad_id: int, device) -> dict:
     """Right-pad a list of samples rows to `input_ids`, `attention_mask`, `loss_mask` [B, T]."""
     width = max(len(r["input_ids"]) for r in rows)
@@ -89,22 +133,28 @@ class FeatureCache:
     def estimate_bytes(num_tokens: int, hidden_size: int, num_aux_layers: int = 3) -> int:
         return num_tokens * (num_aux_layers + 1) * hidden_size * 2  # aux (3H) + last (H), bf16
 
-    def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int) -> None:
+    def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int, key: dict) -> None:
+        """Write every missing shard. `key` (from `cache_key`) names what the features are
+        made of; a folder cached with another key is emptied and rebuilt, never read."""
         self.dir.mkdir(parents=True, exist_ok=True)
         num_tokens = sum(len(r["input_ids"]) for r in samples)
         size = self.estimate_bytes(num_tokens, target.config.hidden_size, len(aux_layer_ids))
         num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
+        meta = self.dir / "meta.json"
+        key = {**key, "shard_size": self.shard_size}
+        cached = read_json_object(meta).get("key") if meta.exists() else None
+        if cached != key:
+            if meta.exists() or any(self.dir.iterdir()):
+                log.warning("offline features in %s were cached for other %s: rebuilding them", self.dir,
+                            ", ".join(changed_keys(cached, key)))
+            shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True)
         todo = [j for j in range(num_shards) if not self._intact(self.shard_file(j))]
         log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s (%d of %d shards to write)",
                  len(samples), num_tokens, size / 1e9, self.dir, len(todo), num_shards)
-        meta = self.dir / "meta.json"
-        cached = read_json_object(meta).get("aux_layer_ids") if meta.exists() else list(aux_layer_ids)
-        if cached != list(aux_layer_ids):
-            raise SpecforgeError(f"{self.dir} caches aux layers {cached}, this drafter reads {list(aux_layer_ids)}: "
-                             "delete the folder to rebuild it")
         meta.write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
-                                                        "aux_layer_ids": list(aux_layer_ids),
-                                                        "estimated_bytes": size, "shard_size": self.shard_size}))
+                                    "aux_layer_ids": list(aux_layer_ids), "estimated_bytes": size,
+                                    "shard_size": self.shard_size, "key": key}))
         bar = tqdm(total=len(samples), initial=(num_shards - len(todo)) * self.shard_size, desc="cache features",
                    unit="seq", dynamic_ncols=True)
         for j in todo:

@@ -29,11 +29,11 @@ from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
-from specforge_lite.artifacts import atomic_write_json, samples_dir, stage_dir, write_provenance
+from specforge_lite.artifacts import atomic_write_json, readable_temp_dir, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.dry_run import dry_run
-from specforge_lite.features import FeatureCache, collate, target_hidden
+from specforge_lite.features import FeatureCache, cache_key, collate, target_hidden
 from specforge_lite.checkpoints import resume
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.strategies import build_strategy
@@ -84,7 +84,8 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
     rows, sampled = [], set()
     if cfg.train.use_samples:
         dataset = load_samples(samples_dir(cfg))
-        rows = [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
+        rows = [{"id": i, "input_ids": ids, "loss_mask": mask}
+                for i, ids, mask in zip(dataset["id"], dataset["input_ids"], dataset["loss_mask"])]
         sampled = set(dataset["id"])
     extra, added = cfg.train.source_conversations, 0
     if extra:
@@ -100,7 +101,7 @@ def training_rows(cfg: DictConfig, tokenizer) -> list[dict]:
                 continue
             ids, mask = tokenize_conversation(tokenizer, record["messages"], cfg.data.max_length)
             if sum(mask):
-                rows.append({"input_ids": ids, "loss_mask": mask})
+                rows.append({"id": record["id"], "input_ids": ids, "loss_mask": mask})
                 added += 1
     log.info("training on %d sampled + %d source conversations", len(rows) - added, added)
     if not rows:
@@ -191,8 +192,8 @@ def run(cfg: DictConfig) -> None:
     out = stage_dir(cfg, "train")
     strategy = build_strategy(cfg)  # trainer.strategy: the process group, wrapping, checkpoints
     accelerator = strategy.accelerator
-    if accelerator.is_main_process:
-        write_provenance(out, cfg)
+    # the provenance (config.yaml, versions.json) is written with the drafter it describes, at
+    # the end: a run stopped before (a bad drafter.init_from) leaves the earlier drafter's as it was
 
     target, tokenizer = strategy.load_target(cfg.target)
     samples = training_rows(cfg, tokenizer)
@@ -215,7 +216,8 @@ def run(cfg: DictConfig) -> None:
     if tcfg.mode == "offline":
         cache = FeatureCache(out / "features", tcfg.offline_shard_size)
         if accelerator.is_main_process:
-            cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size)
+            cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size,
+                        cache_key(samples, cfg.target.path, target.dtype, aux_ids))
         accelerator.wait_for_everyone()
 
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))
@@ -301,8 +303,13 @@ def run(cfg: DictConfig) -> None:
     raw = strategy.full_drafter()  # every rank takes part in gathering; rank 0 gets the module
     if accelerator.is_main_process:
         final = out / "drafter"
-        save_atomically(final, lambda tmp: module.save(raw, tmp, extra={
-            "trained_steps": total_steps, "history": history, "fingerprint": stamp}))
+
+        def write(tmp: Path) -> None:
+            module.save(raw, tmp, extra={"trained_steps": total_steps, "history": history, "fingerprint": stamp})
+            write_provenance(tmp, cfg)  # inside the drafter folder: renamed into place with it
+
+        save_atomically(final, write)
+        write_provenance(out, cfg)  # and beside it, as in every stage folder
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
             plot_learning_curve(history, out / "learning_curve.png")
@@ -313,9 +320,7 @@ def run(cfg: DictConfig) -> None:
 def save_atomically(final: Path, write) -> None:
     """`write(folder)` into a temporary folder beside `final`, then rename it into place; a
     failure (a full disk) removes the temporary folder and leaves `final` as it was."""
-    import tempfile
-
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    tmp = readable_temp_dir(final.parent, f".{final.name}.")
     try:
         write(tmp)
         old = final.with_name(f".{final.name}.old-{os.getpid()}")

@@ -1,0 +1,61 @@
+"""The offline feature cache holds the features of the rows being trained on: a train with
+other rows (more conversations, or as many but other ones) rebuilds it instead of reading
+features cached for other conversations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from specforge_lite.features import collate, target_hidden
+from specforge_lite.stages.train import training_rows
+from specforge_lite.targets import load_target
+from tests.conftest import compose, run_cli
+
+# the source conversations only (no sample stage), one optimizer step, no checkpoints
+OFFLINE = ["+recipe=smoke", "train.mode=offline", "train.use_samples=false", "train.max_steps=1",
+           "train.log_every=1", "train.checkpoint_every=0", "target.dtype=float32"]
+
+
+def cached_last(run_dir) -> list[torch.Tensor]:
+    """Every cached `last.<i>` tensor, in sequence order."""
+    found = {}
+    for shard in sorted((run_dir / "train" / "features").glob("shard-*.safetensors")):
+        with safe_open(str(shard), framework="pt") as handle:
+            found.update({int(k.split(".")[1]): handle.get_tensor(k) for k in handle.keys() if k.startswith("last.")})
+    return [found[i] for i in sorted(found)]
+
+
+def expected_last(*overrides: str) -> list[torch.Tensor]:
+    """The target's last hidden states, as the cache stores them, for the rows these settings train on."""
+    cfg = compose(["stage=train", *OFFLINE, *overrides])
+    target, tokenizer = load_target(cfg.target)
+    rows = training_rows(cfg, tokenizer)
+    out = []
+    for row in rows:
+        batch = collate([row], tokenizer.pad_token_id, target.device)
+        _, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], [])
+        out.append(last[0].to(torch.bfloat16))
+    return out
+
+
+def assert_same(cached, expected):
+    assert len(cached) == len(expected)
+    for a, b in zip(cached, expected):
+        assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("change", [["data.split_seed=7"], ["train.source_conversations=6"]],
+                         ids=["as_many_other_rows", "more_rows"])
+def test_other_rows_rebuild_the_features(tmp_path, change):
+    run_dir = tmp_path / "run"
+    run_cli("train", *OFFLINE, "train.source_conversations=4", f"run_dir={run_dir}", check=True)
+    first = cached_last(run_dir)
+    assert_same(first, expected_last("train.source_conversations=4"))
+    proc = run_cli("train", *OFFLINE, "train.source_conversations=4", *change, f"run_dir={run_dir}", check=True)
+    second = cached_last(run_dir)
+    expected = expected_last("train.source_conversations=4", *change)
+    assert_same(second, expected)
+    assert "rebuilding them" in proc.stdout + proc.stderr
+    assert len(second) != len(first) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(first, second))
