@@ -19,7 +19,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export bench clean
+.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -94,6 +94,9 @@ bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BEN
 	$(PY) -m benchmarks.bench_sampling
 	test ! -f benchmarks/bench_decoding.py || $(PY) -m benchmarks.bench_decoding
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_scaling
+
+docs:  ## recipe cards' results blocks, README's results at a glance, docs/BENCHMARKS.md by topic
+	$(PY) -m benchmarks.docs
 
 clean:  ## remove run outputs (keeps .venv, .venv-vllm and the model cache)
 	rm -rf runs outputs

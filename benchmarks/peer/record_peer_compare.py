@@ -68,7 +68,7 @@ def main() -> None:
     ranked = " > ".join(f"{name} {m[name]['tau']:.2f}" for name in sorted(("ours", "speculators"), key=lambda n: -m[n]["tau"]))
     update_doc_section("peer_compare", f"""## A drafter trained here next to one trained by speculators (SmolLM2, CPU)
 
-Issue 15's measure: one `evaluate` that decodes, with our engine, an EAGLE-3 drafter trained
+One `evaluate` that decodes, with our engine, an EAGLE-3 drafter trained
 here and one trained by the peer trainer speculators ({peer['speculators_version']}, from PyPI), both
 for SmolLM2-135M-Instruct on the same conversations. The speculators folder is read as it
 was written (its own `config.json` and bf16 `model.safetensors`, `norm_before_fc` and

@@ -1,0 +1,124 @@
+"""docs/BENCHMARKS.md by topic: the sections the benchmark scripts write, ordered, with a
+table of contents, superseded runs left out (git keeps them).
+
+A section is its `<!-- name -->` ... `<!-- /name -->` block (what `common.update_doc_section`
+replaces) plus the hand-written reading that follows it up to the next section.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+OPEN = re.compile(r"^<!-- ([\w.\-]+) -->$", re.M)
+TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
+
+# (topic, sections in reading order); a section not listed goes to the first topic whose
+# prefixes it starts with, else to the last topic.
+TOPICS = [
+    ("Engine: the target's forward", ["engine_avx512", "engine_avx2", "engine_autotune"], ("engine",)),
+    ("Sampling", ["sampling", "batched_sampling"], ("sampl", "batched")),
+    ("Training", ["training", "training_target", "eagle3_options", "sampled_vs_source",
+                  "learning_curves_learning_curves_smollm2", "drafter_contract_equivalence"],
+     ("train", "learning_curves")),
+    ("Drafters side by side", ["eval_eagle_smollm2", "eval_eagle_smollm2_k1", "eval_eagle_smollm2_avx2",
+                               "eval_eagle_smollm2_avx2_k1", "peagle", "peagle_drafting",
+                               "learning_curves_learning_curves_peagle_smollm2", "eval_compare_smollm2",
+                               "eval_distill_smollm2", "peer_compare"], ("eval_", "peagle", "peer", "medusa")),
+    ("Serving engines: vLLM and llama.cpp", ["vllm", "vllm_layout", "llamacpp_smollm2"],
+     ("vllm", "llamacpp", "gguf", "sglang")),
+    ("Scale-out and sizing", ["scaling"], ("scal", "dry_run", "rehears", "gpu", "distributed")),
+    ("Other records", [], ()),
+]
+
+# section -> the later record of the same experiment. The section is left out while its own
+# results file is older than the successor's (a re-run brings it back).
+SUPERSEDED_BY = {
+    "engine": "engine_avx512",                       # same CPU kind, before the packaged forward
+    "decoding": "eval_eagle_smollm2",                # our engine against HF's, on the old engine
+    "eval_distill_smollm2_lr1e-3": "eval_distill_smollm2",  # the lr check, before the 2-epoch recipe
+}
+
+# section -> results file, where the names differ
+RESULT_OF = {"peagle": "peagle_smollm2"}
+
+
+def result_date(section: str) -> str:
+    path = RESULTS / f"{RESULT_OF.get(section, section)}.json"
+    if not path.exists():
+        return ""
+    return str(json.loads(path.read_text()).get("date", ""))
+
+
+def superseded(section: str) -> bool:
+    successor = SUPERSEDED_BY.get(section)
+    return bool(successor) and result_date(successor) > result_date(section)
+
+
+def split(text: str) -> tuple[str, dict[str, str]]:
+    """(header, {name: section text}) with the generated contents and topic headings taken out."""
+    text = TOC.sub("", text)
+    marks = list(OPEN.finditer(text))
+    if not marks:
+        return text, {}
+    header = "\n".join(line for line in text[:marks[0].start()].split("\n")
+                       if not (line.startswith("# ") and line != "# Benchmarks"))
+    sections = {}
+    for i, mark in enumerate(marks):
+        name = mark.group(1)
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        body = text[mark.start():end]
+        close = body.find(f"<!-- /{name} -->") + len(f"<!-- /{name} -->")
+        reading = "\n".join(line for line in body[close:].split("\n") if not line.startswith("# "))
+        sections[name] = (body[:close] + reading).strip() + "\n"
+    return header.strip() + "\n", sections
+
+
+def topic_of(name: str) -> int:
+    for i, (_, names, _) in enumerate(TOPICS):
+        if name in names:
+            return i
+    for i, (_, _, prefixes) in enumerate(TOPICS):
+        if name.startswith(prefixes) and prefixes:
+            return i
+    return len(TOPICS) - 1
+
+
+def slug(heading: str, seen: dict[str, int]) -> str:
+    """GitHub's anchor for a heading (a repeated one gets -1, -2, ...)."""
+    base = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+    count = seen.get(base, 0)
+    seen[base] = count + 1
+    return base if count == 0 else f"{base}-{count}"
+
+
+def heading(section: str, name: str) -> str:
+    found = re.search(r"^## (.+)$", section, re.M)
+    return found.group(1).strip() if found else name
+
+
+def order_benchmarks(text: str) -> str:
+    header, sections = split(text)
+    grouped: list[list[str]] = [[] for _ in TOPICS]
+    listed = [n for _, names, _ in TOPICS for n in names]
+    for name in sorted(sections, key=lambda n: listed.index(n) if n in listed else len(listed)):
+        if not superseded(name):
+            grouped[topic_of(name)].append(name)
+    seen: dict[str, int] = {}
+    toc, body = ["<!-- docs:toc -->", "Contents (written by `make docs`; each section's date is its results "
+                 "file's):", ""], []
+    for (title, _, _), names in zip(TOPICS, grouped):
+        if not names:
+            continue
+        toc.append(f"- [{title}](#{slug(title, seen)})")
+        body.append(f"# {title}\n")
+        for name in names:
+            head = heading(sections[name], name)
+            date = result_date(name)
+            toc.append(f"  - [{head}](#{slug(head, seen)})" + (f", {date[:10]}" if date else ""))
+            body.append(sections[name])
+    toc.append("<!-- /docs:toc -->")
+    return header + "\n" + "\n".join(toc) + "\n\n" + "\n".join(body)

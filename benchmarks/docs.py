@@ -1,0 +1,240 @@
+"""Docs from results: the measured blocks of the recipe cards, README's "Results at a glance"
+and docs/BENCHMARKS.md ordered by topic, all from benchmarks/results/*.json.
+
+    python -m benchmarks.docs            # rewrite them (make docs)
+    python -m benchmarks.docs --check    # list what is stale or typed by hand; exit 1 if anything
+
+A card or README quotes a measured figure only inside a generated block:
+
+    <!-- results:NAME -->            (NAME = benchmarks/results/NAME.json; `glance` = the README table)
+    ...written by render_block(NAME)...
+    <!-- /results:NAME -->
+
+The benchmark scripts keep writing their own sections of docs/BENCHMARKS.md
+(`common.update_doc_section`); this script only orders them, drops superseded ones and writes
+the table of contents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from benchmarks.doc_topics import order_benchmarks
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+README = ROOT / "README.md"
+CARDS = sorted((ROOT / "recipes").glob("*/README.md"))
+
+BLOCK = re.compile(r"<!-- results:(?P<name>[\w.\-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
+
+# A measured figure typed by hand: a ratio (1.04x), a rate, a tau, a duration, a memory size.
+FIGURE = re.compile(
+    r"\b\d+(?:\.\d+)?x(?![\w-])"                              # 1.04x, 2.7x
+    r"|\b\d[\d.,]*\s*(?:tokens/s|tok/s)"                     # 61.8 tokens/s
+    r"|\btau\b[^.\n]{0,12}?\d\.\d"                           # tau 1.43, tau of 1.2
+    r"|\b\d+(?:\.\d+)?\s*(?:min|ms)\b"                       # 22 min, 14.7 ms
+    r"|\b\d+(?:\.\d+)?\s*s\b(?!/)"                           # 53 s
+    r"|\b\d+(?:\.\d+)?\s*(?:GiB|GB)\b(?!\s*(?:GPU|H100|A100))")  # 36.5 GiB (not "80 GB GPUs")
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+# --- formatting -------------------------------------------------------------------------
+
+def num(value, digits=2, suffix="") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def with_ci(value, ci, digits=2, suffix="") -> str:
+    if value is None:
+        return "-"
+    if not ci:
+        return num(value, digits, suffix)
+    return f"{num(value, digits, suffix)} [{num(ci[0], digits)}, {num(ci[1], digits)}]"
+
+
+def machine(d: dict) -> str:
+    """'2-core x86_64 CPU' (or the GPU's name) from the results file's machine line."""
+    text = d.get("machine", "")
+    cores = re.search(r"(\d+) CPU cores", text)
+    arch = text.split(",")[0] if text else "?"
+    gpu = [p.strip() for p in text.split(",") if p.strip() and "GPU" not in p and "NVIDIA" in p]
+    return gpu[0] if gpu else (f"{cores.group(1)}-core {arch} CPU" if cores else "?")
+
+
+def source_line(name: str, d: dict) -> str:
+    return f"Recorded {d.get('date', 'undated')} on a {machine(d)} (`benchmarks/results/{name}.json`)"
+
+
+# --- one evaluate report ----------------------------------------------------------------
+
+def report_of(d: dict) -> dict | None:
+    for key in ("report", "decoding"):
+        if isinstance(d.get(key), dict) and "methods" in d[key]:
+            return d[key]
+    return None
+
+
+def report_table(report: dict) -> list[str]:
+    k = report.get("settings", {}).get("num_draft_tokens")
+    lines = [f"{report.get('num_prompts', '?')} MT-Bench first turns, greedy, batch 1, k = {k}, "
+             f"{report.get('dtype', '?')} on {report.get('device', '?')}, {report.get('torch_threads', '?')} "
+             "torch threads; intervals: 95% bootstrap over prompts.", "",
+             "| method | tau | tokens/s | speedup vs plain | output = plain |", "|---|---:|---:|---:|:---:|"]
+    for method, m in report["methods"].items():
+        same = m.get("identical_answers") or ("yes" if m.get("identical_to_plain") else "no")
+        lines.append(f"| {method} | {with_ci(m.get('tau'), m.get('tau_ci'))} | {num(m.get('tokens_per_s'), 1)} | "
+                     f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {same} |")
+    return lines
+
+
+def eval_block(name: str, d: dict) -> list[str]:
+    lines = [source_line(name, d) + "."]
+    for key, label in (("command", "Command"), ("eval_command", "Command")):
+        if d.get(key):
+            lines.append(f"{label}: `{d[key]}`.")
+    wall = d.get("wall") or d.get("eval_wall")
+    if wall:
+        lines.append(f"Wall: {wall}.")
+    lines += [""] + report_table(report_of(d))
+    if isinstance(d.get("report_at_best_k"), dict):
+        lines += ["", f"The same drafters at the best k the run above estimated (`{d.get('best_k_command', '')}`):", ""]
+        lines += report_table(d["report_at_best_k"])
+    rec = report_of(d).get("recommendation") or {}
+    if rec.get("deploy"):
+        lines += ["", f"The report's recommendation: deploy **{rec['deploy']}**."]
+    return lines
+
+
+def llamacpp_block(name: str, d: dict) -> list[str]:
+    plain = d["methods"].get("llamacpp_plain", {}).get("tokens_per_s")
+    lines = [source_line(name, d) + f"; llama.cpp from xllamacpp {d['xllamacpp']}, {d['threads']} threads, "
+             f"target `{d['target']}`, {d['num_prompts']} MT-Bench first turns, {d['max_new_tokens']} new tokens, "
+             f"greedy, k = {d['k']}. Command: `{d['command']}`.", "",
+             "| method | tau | tokens/s | x llama.cpp plain | output = plain |", "|---|---:|---:|---:|:---:|"]
+    for method, m in d["methods"].items():
+        ratio = m["tokens_per_s"] / plain if plain else None
+        lines.append(f"| {method} | {with_ci(m['tau'], m.get('tau_ci'))} | "
+                     f"{with_ci(m['tokens_per_s'], m.get('tokens_per_s_ci'), 1)} | {num(ratio, 2, 'x')} | "
+                     f"{m.get('identical_to_plain', '-')} |")
+    return lines
+
+
+# --- results at a glance (README) ---------------------------------------------------------
+
+# (recipe, engine, results file, method, docs/BENCHMARKS.md section): which rows README shows.
+GLANCE = [
+    ("eagle_smollm2 (`make demo`)", "ours, compiled", "eval_eagle_smollm2", "eagle3", "eval_eagle_smollm2"),
+    ("eagle_smollm2, k = 1", "ours, compiled", "eval_eagle_smollm2_k1", "eagle3", "eval_eagle_smollm2_k1"),
+    ("eagle_smollm2, AVX2 CPU", "ours, compiled", "eval_eagle_smollm2_avx2", "eagle3", "eval_eagle_smollm2_avx2"),
+    ("n-gram lookup (no training)", "ours, compiled", "eval_eagle_smollm2", "ngram", "eval_eagle_smollm2"),
+    ("peagle_smollm2", "ours, compiled", "peagle_smollm2", "peagle", "peagle"),
+    ("distill_smollm2", "ours, before the packaged forward", "eval_distill_smollm2", "distilled",
+     "eval_distill_smollm2"),
+    ("medusa_smollm2", "ours, before the packaged forward", "eval_compare_smollm2", "medusa", "eval_compare_smollm2"),
+    ("EAGLE-3, 250 steps", "llama.cpp (Q4_1 target)", "llamacpp_smollm2", "llamacpp_eagle3", "llamacpp_smollm2"),
+]
+
+
+def glance_row(recipe: str, engine: str, name: str, method: str, section: str) -> str:
+    d = load(name)
+    report = report_of(d)
+    if report is not None:
+        m, k = report["methods"][method], report["settings"].get("num_draft_tokens")
+        speed = with_ci(m.get("speedup"), m.get("speedup_ci"), suffix="x")
+        rate = num(m.get("tokens_per_s"), 1)
+    else:
+        m, k = d["methods"][method], d.get("k")
+        plain = d["methods"]["llamacpp_plain"]["tokens_per_s"]
+        speed = num(m["tokens_per_s"] / plain, 2, "x")
+        rate = with_ci(m["tokens_per_s"], m.get("tokens_per_s_ci"), 1)
+    return (f"| {recipe} | {engine} | {method} | {k} | {with_ci(m.get('tau'), m.get('tau_ci'))} | {speed} | {rate} | "
+            f"{machine(d)} | {d.get('date', '?')[:10]} | `{section}` |")
+
+
+def glance_block() -> list[str]:
+    lines = ["Headline figures on SmolLM2-135M-Instruct (fp32, MT-Bench first turns, greedy, batch 1), each from "
+             "its results file; tau = tokens per target forward (plain = 1.00); speedup = tokens/s over plain "
+             "decoding on the same engine in the same run, 95% bootstrap intervals over prompts (llama.cpp: "
+             "intervals of tokens/s). Section: the section of docs/BENCHMARKS.md that holds the run, with its "
+             "command.", "",
+             "| recipe | engine | method | k | tau | speedup vs plain | tokens/s | machine | date | section |",
+             "|---|---|---|---:|---:|---:|---:|---|---|---|"]
+    return lines + [glance_row(*row) for row in GLANCE]
+
+
+def render_block(name: str) -> str:
+    """The text between `<!-- results:NAME -->` markers."""
+    if name == "glance":
+        lines = glance_block()
+    else:
+        d = load(name)
+        if report_of(d) is not None:
+            lines = eval_block(name, d)
+        elif "xllamacpp" in d:
+            lines = llamacpp_block(name, d)
+        else:
+            raise ValueError(f"no card block for results file {name}.json")
+    return "\n".join(lines) + "\n"
+
+
+def fill_blocks(text: str) -> str:
+    return BLOCK.sub(lambda m: f"<!-- results:{m['name']} -->\n{render_block(m['name'])}<!-- /results:{m['name']} -->",
+                     text)
+
+
+def stale_blocks(text: str) -> list[str]:
+    return [m["name"] for m in BLOCK.finditer(text) if m["body"] != render_block(m["name"])]
+
+
+def outside_figures(text: str) -> list[str]:
+    """Measured-looking figures outside the generated blocks and outside code blocks."""
+    text = BLOCK.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"(?:>=|<=|at least|at most)\s*\d+(?:\.\d+)?x?", "", text)  # goals, not measurements
+    return [m.group(0) for m in FIGURE.finditer(text)]
+
+
+def problems() -> list[str]:
+    found = []
+    for path in [README, *CARDS]:
+        text, rel = path.read_text(), path.relative_to(ROOT)
+        found += [f"{rel}: block results:{name} does not match benchmarks/results/{name}.json (make docs)"
+                  for name in stale_blocks(text)]
+        if path != README:
+            found += [f"{rel}: figure typed outside a results block: {fig!r}" for fig in outside_figures(text)]
+    if DOC.exists() and DOC.read_text() != order_benchmarks(DOC.read_text()):
+        found.append("docs/BENCHMARKS.md is not in topic order (make docs)")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report stale or hand-typed figures, change nothing")
+    args = parser.parse_args(argv)
+    if args.check:
+        found = problems()
+        print("\n".join(found) or "docs match benchmarks/results")
+        return 1 if found else 0
+    for path in [README, *CARDS]:
+        text = path.read_text()
+        if BLOCK.search(text) and fill_blocks(text) != text:
+            path.write_text(fill_blocks(text))
+            print(f"wrote {path.relative_to(ROOT)}")
+    if DOC.exists():
+        DOC.write_text(order_benchmarks(DOC.read_text()))
+        print(f"wrote {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
