@@ -277,6 +277,9 @@ class ExportConfig:
     # of a built-in target, else target.path
     verifier_name_or_path: Optional[str] = None
     sglang: bool = False  # also write SGLang's layout under export/sglang
+    # also write llama.cpp's files under export/gguf: the drafter's GGUF (EAGLE-3: draft-eagle3,
+    # distilled: draft-simple), the target GGUF it pairs with, a README with llama-server's command
+    gguf: bool = False
 
 
 @dataclass

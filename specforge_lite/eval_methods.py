@@ -5,7 +5,9 @@ belongs to, and the one check of a method list (`method_problems`, run at the do
 Families: `plain` (our decoding loop without drafts, the baseline of every ratio); our
 engine's own drafters (`ENGINE_DRAFTERS`, built by `decoding.drafters.BUILTIN`); the trained
 drafters of the registry; Hugging Face's decoders (`HF_METHODS`); the same decoders served by
-real vLLM (`VLLM_METHODS`, `vllm_<ours>`); and `eval.extra_drafters` labels.
+real vLLM (`VLLM_METHODS`, `vllm_<ours>`); llama.cpp itself on the target's GGUF
+(`LLAMACPP_METHODS`: plain, its own n-gram drafter, our EAGLE-3 and distilled drafters' GGUFs;
+`make llamacpp`, checked at the door by `llamacpp.checks`); and `eval.extra_drafters` labels.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ def served_drafters() -> dict[str, tuple]:
 VLLM_OF = {"vllm_plain": PLAIN, "vllm_ngram": "ngram", "vllm_untrained_draft": "untrained_draft",
            **{f"vllm_{name}": name for name in served_drafters()}}
 VLLM_METHODS = tuple(VLLM_OF)
+# llama.cpp (xllamacpp, in-process): plain, its ngram-simple drafter, draft-eagle3, draft-simple
+LLAMACPP_METHODS = ("llamacpp_plain", "llamacpp_ngram", "llamacpp_eagle3", "llamacpp_distilled")
 
 
 def known() -> list[str]:
     """Every method name, in the order `--help` and error messages list them."""
-    return [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *HF_METHODS, *VLLM_METHODS]
+    return [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *HF_METHODS, *VLLM_METHODS, *LLAMACPP_METHODS]
 
 
 def labelled_drafters(eval_cfg) -> dict[str, str]:

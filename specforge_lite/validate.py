@@ -26,6 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
 from specforge_lite.eval_methods import method_problems
+from specforge_lite.llamacpp import checks as llamacpp_checks
 from specforge_lite.runtime.compile import autotune, gemm_rows
 
 # the stages that build a drafter for the target, and so check it against the target's config
@@ -51,6 +52,8 @@ def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
             problems.append(str(error))
     if not problems:  # cross-field rules assume every single value is sane
         problems += cross_field_problems(cfg)
+        # llama.cpp: export.gguf's drafter (its aux layers once the target is known), xllamacpp, draft GGUFs
+        problems += llamacpp_checks.gguf_export_problems(cfg, target_config) + llamacpp_checks.method_problems(cfg)
     return problems
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object
+from specforge_lite.llamacpp.checks import extract_layers as llamacpp_extract_layers
 
 
 class GGUFExportError(SpecforgeError, ValueError):
@@ -226,11 +227,6 @@ def add_llama_block(writer, prefix: str, block: int, weights: dict, layer: dict,
 # ---------------------------------------------------------------- EAGLE-3
 
 EAGLE3_LAYER_KEYS = ("eagle3.extract_layers", "eagle3.target_layers")
-
-
-def llamacpp_extract_layers(n_target_layers: int) -> list[int]:
-    """The target layers llama.cpp's converter writes for every EAGLE-3 draft."""
-    return [2, n_target_layers // 2, n_target_layers - 3]
 
 
 def eagle3_to_gguf(export_dir: Path, target_gguf: Path, out: Path, precision: str = "f16") -> Path:

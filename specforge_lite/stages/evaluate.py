@@ -39,7 +39,9 @@ from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.eval_methods import HF_METHODS, PLAIN, VLLM_METHODS, labelled_drafters, run_order
+from specforge_lite.eval_methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VLLM_METHODS, labelled_drafters,
+                                         run_order)
+from specforge_lite.llamacpp import methods as llamacpp_methods, report as llamacpp_report
 from specforge_lite.registry import DRAFTERS, detect_drafter
 from specforge_lite.serving import vllm_engine, vllm_report
 from specforge_lite.targets import eos_token_ids, load_target
@@ -145,7 +147,8 @@ def run(cfg: DictConfig) -> None:
     ecfg = cfg.eval
     methods = run_order(ecfg)
     served = [m for m in methods if m in VLLM_METHODS]  # real vLLM, run after ours (serving/vllm_engine.py)
-    methods = [m for m in methods if m not in served]
+    llama = [m for m in methods if m in LLAMACPP_METHODS]  # llama.cpp itself, run after ours (llamacpp/methods.py)
+    methods = [m for m in methods if m not in served and m not in llama]
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
     prompts = select_prompts(load_prompts(cfg), ecfg.max_prompts)
 
@@ -194,6 +197,9 @@ def run(cfg: DictConfig) -> None:
         results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
                                           lambda *parts: _seed(cfg.seed, "vllm", *parts) & 0x7FFFFFFF)
         report["vllm"] = vllm_report.report_section(results, report, plain_tokens, cfg)
+    if llama:
+        report["llamacpp"] = llamacpp_report.report_section(llamacpp_methods.run_methods(cfg, llama, requests),
+                                                            report, cfg)
     atomic_write_json(out / "report.json", report)
     if ecfg.plots:
         report["plots"] = write_plots(report, out)
@@ -201,6 +207,8 @@ def run(cfg: DictConfig) -> None:
     markdown = render_markdown(report)
     if "vllm" in report:
         markdown += vllm_report.markdown(report["vllm"], ecfg.num_draft_tokens)
+    if "llamacpp" in report:
+        markdown += llamacpp_report.markdown(report["llamacpp"])
     atomic_write_text(out / "report.md", markdown)
     write_provenance(out, cfg)
     for name, entry in report["methods"].items():
@@ -216,6 +224,7 @@ def run(cfg: DictConfig) -> None:
                  entry["tokens_per_s"], "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS")
     log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
     vllm_report.raise_failures(report.get("vllm"), out / "vllm.log")
+    llamacpp_report.raise_failures(report.get("llamacpp"))
 
 
 def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:

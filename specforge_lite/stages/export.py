@@ -22,6 +22,9 @@ from omegaconf import DictConfig
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object, write_failure
 from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, readable_temp_dir, write_provenance
+from specforge_lite.data.chat import prompt_ids
+from specforge_lite.llamacpp.checks import gguf_refusal
+from specforge_lite.llamacpp.files import write_gguf_folder
 from specforge_lite.registry import DRAFTERS, detect_drafter, sglang_refusal
 from specforge_lite.targets import HUB_IDS, load_target, resolve_target_path
 
@@ -46,6 +49,8 @@ def run(cfg: DictConfig) -> None:
     kind, found = detect_drafter(trained)
     if cfg.export.sglang and (problem := sglang_refusal(kind)):
         raise SpecforgeError(f"export.sglang=true: {trained} holds a {kind} drafter; {problem}")
+    if cfg.export.gguf and (why := gguf_refusal(kind, {})):
+        raise SpecforgeError(f"export.gguf=true: {trained} holds a {kind} drafter; {why}")
     log.info("exporting the %s drafter in %s (%s layout)", kind, trained, found)
     final = Path(cfg.run_dir) / STAGE_DIRS["export"]
     if final.exists() and not final.is_dir():  # never renamed aside and left hidden
@@ -61,6 +66,10 @@ def run(cfg: DictConfig) -> None:
         write_provenance(tmp, cfg)
         try:
             info = DRAFTERS[kind].export(cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
+            if cfg.export.gguf:  # llama.cpp's files from what was just written, loaded in llama.cpp
+                hello = prompt_ids(tokenizer, [{"role": "user", "content": "Say hello."}])
+                info["gguf"] = write_gguf_folder(cfg.target.path, kind, tmp / info["path"], tmp / "gguf", k, hello)
+                info["gguf"]["path"] = str(final / "gguf")
         except ValueError as err:  # a strict check of what was written
             raise SpecforgeError(f"export failed its strict check, nothing replaced: {err}") from None
         except Exception as err:
