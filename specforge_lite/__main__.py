@@ -54,14 +54,19 @@ def _usage() -> str:
 def _dispatch(cfg) -> None:
     global _dispatched
     _dispatched = True
+    from specforge_lite.artifacts import folder_error
     from specforge_lite.stages import run_stage
 
     try:
         run_stage(cfg)
-    except SpecforgeError as err:
+    except (SpecforgeError, OSError) as err:
+        # an OSError counts as the user's only under a folder they named (run_dir, the caches)
+        message = str(err) if isinstance(err, SpecforgeError) else folder_error(cfg, err)
+        if message is None:
+            raise
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(USER_ERROR)
 
 
@@ -86,6 +91,15 @@ def renamed(overrides: list[str]) -> str | None:
     return None
 
 
+def run_dir_problem(overrides: list[str]) -> str | None:
+    """Why a `run_dir=` given on the command line cannot be written, or None: checked before
+    Hydra, which makes its log folder there first."""
+    from specforge_lite.artifacts import folder_problem
+
+    given = [item.split("=", 1)[1] for item in overrides if item.lstrip("+").startswith("run_dir=")]
+    return folder_problem(Path(given[-1]), "run_dir") if given and given[-1].strip() else None
+
+
 def main(argv: list[str] | None = None) -> None:
     global _dispatched
     _dispatched = False
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(2)
 
-    if message := renamed(rest):
+    if message := renamed(rest) or run_dir_problem(rest):
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 

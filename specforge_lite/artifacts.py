@@ -47,6 +47,28 @@ def folder_problem(folder: Path, setting: str) -> str | None:
     return None
 
 
+# the folders a user names or sets, by the setting that names them (`folder_error`)
+FOLDER_ENVS = ("SPECFORGE_LITE_CACHE", "SPECFORGE_LITE_GRAPH_CACHE")
+
+
+def folder_error(cfg: DictConfig, err: OSError) -> str | None:
+    """One line for an OSError on a path under a folder the user named or set (`samples_dir`,
+    `run_dir`, $SPECFORGE_LITE_CACHE, $SPECFORGE_LITE_GRAPH_CACHE), naming the folder and the
+    setting; None when the path is elsewhere (then it is no input of the user's)."""
+    named = [(cfg.get("samples_dir"), "samples_dir"), (cfg.get("run_dir"), "run_dir"),
+             *((os.environ.get(env), env) for env in FOLDER_ENVS)]
+    for name in (err.filename, err.filename2):
+        if not name:
+            continue
+        path = Path(os.path.abspath(name))
+        for folder, setting in named:
+            if folder and str(folder).strip():
+                root = Path(os.path.abspath(str(folder)))
+                if path == root or root in path.parents:
+                    return f"{setting}={folder}: cannot write {name} ({err.strerror or err})"
+    return None
+
+
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in _VERSIONED:
@@ -77,6 +99,18 @@ def readable_temp_dir(parent: Path, prefix: str) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
     tmp.chmod(0o777 & ~umask())
     return tmp
+
+
+def modes_as_umask_says(folder: Path) -> None:
+    """Give `folder` and everything under it the modes a plain `mkdir` / `open` gives under the
+    user's umask: some writers use private modes (safetensors writes its files 600)."""
+    mask = umask()
+    for path in [Path(folder), *Path(folder).rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = 0o777 if path.is_dir() else 0o666 | (mode & 0o111)
+        path.chmod(wanted & ~mask)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

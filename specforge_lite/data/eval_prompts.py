@@ -45,9 +45,38 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
                             "turns": [m["content"] for m in messages if m["role"] == "user"]})
     if not prompts:
         raise SpecforgeError(f"eval.dataset={dataset} gave no prompts")
+    prompts = unique_ids(prompts, dataset, cfg.data.strict)
     if cfg.eval.max_turns is not None:
         prompts = [{**p, "turns": p["turns"][:cfg.eval.max_turns]} for p in prompts]
     return prompts
+
+
+def unique_ids(prompts: list[dict], source: str, strict: bool = False) -> list[dict]:
+    """`prompts` with every id unique: a repeated id becomes `ID#2`, `ID#3`, ... and the renames
+    are counted in a warning (`strict`: the first repeat is an error naming it). Statistics are
+    keyed on prompt ids: merged, two prompts would count as one."""
+    seen: set[str] = {p["id"] for p in prompts}
+    counts: dict[str, int] = defaultdict(int)
+    renamed, out = [], []
+    for prompt in prompts:
+        counts[prompt["id"]] += 1
+        if counts[prompt["id"]] == 1:
+            out.append(prompt)
+            continue
+        if strict:
+            raise SpecforgeError(f"eval.dataset {source}: prompt id {prompt['id']!r} appears more than once")
+        n = counts[prompt["id"]]
+        while f"{prompt['id']}#{n}" in seen:
+            n += 1
+        new_id = f"{prompt['id']}#{n}"
+        seen.add(new_id)
+        renamed.append(f"{prompt['id']} -> {new_id}")
+        out.append({**prompt, "id": new_id})
+    if renamed:
+        more = f" and {len(renamed) - 5} more" if len(renamed) > 5 else ""
+        log.warning("eval.dataset %s: %d prompt(s) had an id used before and were renamed (%s%s)", source,
+                    len(renamed), ", ".join(renamed[:5]), more)
+    return out
 
 
 def select_prompts(prompts: list[dict], max_prompts: int | None) -> list[dict]:

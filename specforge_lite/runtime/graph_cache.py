@@ -25,6 +25,8 @@ import inspect
 import json
 import logging
 import os
+import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 
 GRAPH_FORMAT = 1  # bump when what a package holds changes shape
 GRAPH_CACHE_ENV = "SPECFORGE_LITE_GRAPH_CACHE"
+CACHE_ENV = "SPECFORGE_LITE_CACHE"  # its `compiled/` folder is the default
 # packages of one label (the target, one drafter's chain, ...) kept in the folder: retraining a
 # drafter or switching targets leaves older ones behind (a package holds the target's weights)
 KEEP_PER_LABEL = 4
@@ -142,17 +145,63 @@ def _evict(folder: Path, label: str, keep: Path) -> None:
             pass
 
 
+# temporary folders of a build in TMPDIR, named with the building process's id so that the next
+# run removes those of a process that is gone (a compile killed mid-way leaves them otherwise)
+BUILD_PREFIX, SCRATCH_PREFIX, PARTIAL_PREFIX = "specforge_lite_build_", "specforge_lite_graph_", ".partial-"
+_LEFTOVER = re.compile(rf"(?:{BUILD_PREFIX}|{SCRATCH_PREFIX})(\d+)_")
+
+
+def _gone(pid: int) -> bool:
+    """True when no process `pid` runs (another user's live process counts as running)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def remove_leftovers(cache_dir: Path | None) -> None:
+    """Remove the build folders (TMPDIR) and partial packages (`cache_dir`) of builds whose
+    process is gone."""
+    for entry in Path(tempfile.gettempdir()).glob("specforge_lite_*"):
+        if (found := _LEFTOVER.match(entry.name)) and _gone(int(found.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+            log.info("removed %s, left by an earlier compile that did not finish", entry)
+    for entry in (cache_dir.glob(f"{PARTIAL_PREFIX}*") if cache_dir is not None and cache_dir.is_dir() else ()):
+        pid = entry.name[len(PARTIAL_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and _gone(int(pid)):
+            entry.unlink(missing_ok=True)
+
+
+def _unkeepable(folder: Path, path: Path) -> str | None:
+    """Why a package cannot be kept at `path` in `folder` (tried by creating a file there), or None."""
+    if path.exists() and not path.is_file():
+        return f"{path} is not a file"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f"{PARTIAL_PREFIX}{os.getpid()}-probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        return f"{err.filename or folder}: {err.strerror or err}"
+    return None
+
+
 def _build(program_of: Callable[[], "torch.export.ExportedProgram"], path: Path) -> None:
     """Compile the exported program with AOTInductor into `path` (written whole or not at all)."""
     import torch._inductor
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
+    partial = path.with_name(f"{PARTIAL_PREFIX}{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
     try:
         # built in a scratch inductor cache: the build leaves a copy of the whole shared library
         # (weights included) in inductor's cache, which the package makes redundant
-        with torch.no_grad(), tempfile.TemporaryDirectory(prefix="specforge_lite_build_") as build, \
+        with torch.no_grad(), tempfile.TemporaryDirectory(prefix=f"{BUILD_PREFIX}{os.getpid()}_") as build, \
                 temporary_cache_dir(build), _GemmRows(gemm_rows()):
             torch._inductor.aoti_compile_and_package(
                 program_of(), package_path=str(partial),
@@ -171,10 +220,11 @@ def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.Ex
     import torch._inductor
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="specforge_lite_graph_") as scratch:
+    remove_leftovers(cache_dir)
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}_") as scratch:
         folder = cache_dir if cache_dir is not None else Path(scratch)
         path = folder / f"{label}-{key}.pt2"
-        if path.exists():
+        if path.is_file():
             try:
                 runner = torch._inductor.aoti_load_package(str(path))
                 try:
@@ -185,6 +235,11 @@ def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.Ex
             except Exception as error:  # a damaged or foreign file: build it again
                 log.warning("compiled graph %s did not load (%s: %s); compiling it again",
                             path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+        if cache_dir is not None and (problem := _unkeepable(folder, path)):
+            log.warning("cannot keep compiled graphs in %s (%s, or under %s): %s; the graph is compiled for "
+                        "this run only", folder, GRAPH_CACHE_ENV, CACHE_ENV, problem)
+            folder, cache_dir = Path(scratch), None
+            path = folder / path.name
         _build(program_of, path)
         runner = torch._inductor.aoti_load_package(str(path))
         if cache_dir is not None:
