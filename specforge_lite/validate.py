@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.eval_methods import method_problems
+from specforge_lite.artifacts import STAGE_DIRS, folder_problem, samples_dir
+from specforge_lite.eval_methods import VLLM_METHODS, method_problems
 from specforge_lite.llamacpp import checks as llamacpp_checks
+from specforge_lite.registry import sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
 
 # the stages that build a drafter for the target, and so check it against the target's config
@@ -54,7 +58,7 @@ def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
         problems += cross_field_problems(cfg)
         # llama.cpp: export.gguf's drafter (its aux layers once the target is known), xllamacpp, draft GGUFs
         problems += llamacpp_checks.gguf_export_problems(cfg, target_config) + llamacpp_checks.method_problems(cfg)
-    return problems
+    return problems + environment_problems(cfg)
 
 
 def validate_for_target(cfg: DictConfig) -> None:
@@ -159,6 +163,45 @@ def check_value(key: str, value: Any, rules: dict, target_config: Any = None) ->
                 return (f"{shown}: the target has {bound}={limit}, so "
                         f"{'every value' if isinstance(value, list) else 'it'} must be below {limit}")
     return None
+
+
+# --------------------------------------------------------------------------- folders and packages
+
+# the folders each stage writes (train samples first when it finds none)
+WRITES = {"sample": ("sample",), "train": ("sample", "train"), "evaluate": ("evaluate",), "export": ("export",),
+          "run": tuple(STAGE_DIRS)}
+
+
+def environment_problems(cfg: DictConfig) -> list[str]:
+    """What the folders and installed packages a stage needs say, before it does any work:
+    $SPECFORGE_LITE_CACHE, the stage folders under run_dir (a file where one goes), vLLM for
+    the vllm_* methods and the vllm sample backend, an SGLang layout for `export.sglang=true`."""
+    from specforge_lite.targets import CACHE_ENV, cache_root
+
+    problems = []
+    if os.environ.get(CACHE_ENV) is not None:
+        try:
+            problems.append(folder_problem(cache_root(), CACHE_ENV))
+        except SpecforgeError as err:
+            problems.append(str(err))
+    for stage in WRITES.get(cfg.stage, ()):
+        own = stage == "sample" and cfg.get("samples_dir")
+        folder = samples_dir(cfg) if stage == "sample" else Path(cfg.run_dir) / STAGE_DIRS[stage]
+        problems.append(folder_problem(folder, "samples_dir" if own else "run_dir"))
+    served = [m for m in cfg.eval.methods if m in VLLM_METHODS]
+    for key, needed, vcfg in (("eval.methods", served and cfg.stage in ("evaluate", "run"), cfg.eval.vllm),
+                              ("sample.backend=vllm", cfg.sample.backend == "vllm" and cfg.stage in ("sample", "run"),
+                               cfg.sample.vllm)):
+        if needed:
+            from specforge_lite.serving.vllm_engine import require_python
+
+            try:
+                require_python(vcfg.python)
+            except SpecforgeError as err:
+                problems.append(f"{key}" + (f" {served}" if key == "eval.methods" else "") + f": {err}")
+    if cfg.stage == "run" and cfg.export.sglang and (problem := sglang_refusal(cfg.drafter.name)):
+        problems.append(f"export.sglang=true with drafter={cfg.drafter.name}: {problem}")
+    return [p for p in problems if p]
 
 
 # --------------------------------------------------------------------------- rules between fields
