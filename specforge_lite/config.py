@@ -291,6 +291,11 @@ class Config:
     # Recipes for one target point it at one folder so they share the sampled data.
     samples_dir: Optional[str] = None
     seed: int = 0
+    # any stage: print every stage's per-device memory and the offline features' disk
+    # (specforge_lite/sizing.py), write run_dir/dry_run.json, load and launch nothing
+    dry_run: bool = False
+    # the per-device memory the stages' door checks use; null: the visible GPUs' own (no check on a CPU)
+    device_memory_gib: Optional[float] = checked(None, gt=0.0)
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)

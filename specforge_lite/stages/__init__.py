@@ -12,6 +12,8 @@ from omegaconf import DictConfig
 from specforge_lite.accounting import begin_stage
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
+from specforge_lite.sizing import report as size_every_stage
+from specforge_lite.targets import sizing_config
 from specforge_lite.launch import launch, launch_plan, stage_overrides
 
 
@@ -51,6 +53,11 @@ def run_stage(cfg: DictConfig) -> None:
     from specforge_lite.validate import validate_config, validate_for_target
 
     validate_config(cfg)
+    if cfg.dry_run:  # every stage sized from the target's config alone: nothing loaded or launched
+        config = sizing_config(cfg.target.path)
+        validate_config(cfg, config)
+        size_every_stage(cfg, config)
+        return
     validate_for_target(cfg)
     if cfg.stage != "run":
         if not launched(cfg, cfg.stage):

@@ -44,6 +44,7 @@ from specforge_lite.eval_methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VL
 from specforge_lite.llamacpp import methods as llamacpp_methods, report as llamacpp_report
 from specforge_lite.registry import DRAFTERS, detect_drafter
 from specforge_lite.serving import vllm_engine, vllm_report
+from specforge_lite.sizing import check_stage
 from specforge_lite.targets import eos_token_ids, load_target
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
 # --------------------------------------------------------------------------- stage
 
 def run(cfg: DictConfig) -> None:
+    # our engine holds the whole target on one device: refused here where it cannot fit
+    check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
     ecfg = cfg.eval
     methods = run_order(ecfg)
     served = [m for m in methods if m in VLLM_METHODS]  # real vLLM, run after ours (serving/vllm_engine.py)

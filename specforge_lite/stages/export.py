@@ -25,6 +25,7 @@ from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, readable_tem
 from specforge_lite.data.chat import prompt_ids
 from specforge_lite.llamacpp.checks import gguf_refusal
 from specforge_lite.llamacpp.files import write_gguf_folder
+from specforge_lite.sizing import check_stage
 from specforge_lite.registry import DRAFTERS, detect_drafter, sglang_refusal
 from specforge_lite.targets import HUB_IDS, load_target, resolve_target_path
 
@@ -43,6 +44,7 @@ def chosen_k(cfg: DictConfig) -> tuple[int, str]:
 
 
 def run(cfg: DictConfig) -> None:
+    check_stage(cfg, "export", ("export",))
     trained = Path(cfg.export.drafter_dir or Path(cfg.run_dir) / "train" / "drafter")
     if not trained.exists():
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first (or set export.drafter_dir)")

@@ -31,6 +31,7 @@ from specforge_lite.artifacts import atomic_write_json, package_versions, sample
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
+from specforge_lite.sizing import check_stage
 from specforge_lite.sample_backends import HFBackend, StaticBackend, VllmSampleBackend
 from specforge_lite.targets import load_target, resolve_target_path
 
@@ -149,6 +150,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def run(cfg: DictConfig) -> None:
+    check_stage(cfg, "sample", ("sample",))  # before anything is read or loaded
     rank, world = _rank_and_world(cfg.sample)
     sample_cfg = cfg.sample
 

@@ -36,6 +36,7 @@ from specforge_lite.dry_run import dry_run
 from specforge_lite.features import FeatureCache, cache_key, collate, target_hidden
 from specforge_lite.checkpoints import resume
 from specforge_lite.registry import RENAMED, chosen_drafter
+from specforge_lite.sizing import check_stage, report as size_every_stage
 from specforge_lite.strategies import build_strategy
 from specforge_lite.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
 from specforge_lite.targets import sizing_config
@@ -183,7 +184,10 @@ def run(cfg: DictConfig) -> None:
         config = sizing_config(cfg.target.path)
         validate_config(cfg, config)  # the fields bounded by the target (aux layer ids against its depth)
         dry_run(cfg, config)
+        size_every_stage(cfg, config)
         return
+    # the devices this rank sees hold the feature building and the training: checked before loading
+    check_stage(cfg, "train", ("features", "train"))
     ensure_samples(cfg)
     stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint
     if already_trained(cfg, stamp):
