@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.doc_topics import order_benchmarks
+from benchmarks.doc_topics import order_benchmarks, slug
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -215,12 +215,32 @@ def outside_figures(text: str) -> list[str]:
     return [m.group(0) for m in FIGURE.finditer(text)]
 
 
+README_TOC = re.compile(r"<!-- docs:readme-toc -->\n.*?<!-- /docs:readme-toc -->", re.S)
+
+
+def readme_toc(text: str) -> str:
+    """README's contents: its `##` sections (and `###` under them), GitHub anchors."""
+    seen: dict[str, int] = {}
+    lines = []
+    for level, head in re.findall(r"^(##+) (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+        anchor = slug(head, seen)
+        if len(level) <= 3 and head != "Contents":
+            lines.append(f"{'  ' * (len(level) - 2)}- [{head}](#{anchor})")
+    return "<!-- docs:readme-toc -->\n" + "\n".join(lines) + "\n<!-- /docs:readme-toc -->"
+
+
+def fill_readme(text: str) -> str:
+    return README_TOC.sub(lambda _: readme_toc(text), fill_blocks(text))
+
+
 def problems() -> list[str]:
     found = []
     for path in [README, *CARDS]:
         text, rel = path.read_text(), path.relative_to(ROOT)
         found += [f"{rel}: block results:{name} does not match benchmarks/results/{name}.json (make docs)"
                   for name in stale_blocks(text)]
+        if path == README and README_TOC.search(text) and fill_readme(text) != text:
+            found.append("README.md: its contents list is not its sections (make docs)")
         if path != README:
             found += [f"{rel}: figure typed outside a results block: {fig!r}" for fig in outside_figures(text)]
     if DOC.exists() and DOC.read_text() != order_benchmarks(DOC.read_text()):
@@ -237,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(found) or "docs match benchmarks/results")
         return 1 if found else 0
     for path in [README, *CARDS]:
-        text = path.read_text()
-        if BLOCK.search(text) and fill_blocks(text) != text:
-            path.write_text(fill_blocks(text))
+        text = path.read_text()  # read right before writing: others edit these files too
+        new = fill_readme(text) if path == README else fill_blocks(text)
+        if new != text:
+            path.write_text(new)
             print(f"wrote {path.relative_to(ROOT)}")
     if DOC.exists():
         DOC.write_text(order_benchmarks(DOC.read_text()))

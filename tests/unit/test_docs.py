@@ -1,0 +1,64 @@
+"""The recipe cards and README quote measured figures only from benchmarks/results (make docs)."""
+
+from __future__ import annotations
+
+from benchmarks import doc_topics, docs
+
+# eagle_smollm2's card before its figures were generated: a replaced run's numbers typed by hand
+OLD_CARD = """Measured on 2 CPU cores, fp32, 2026-11-24 (`docs/BENCHMARKS.md`, section
+eval_eagle_smollm2; the sampling and training figures from the 2026-11-22 `make demo` on a
+fresh clone: 22 min 43 s for the whole run, sampling 2.5 min, training 14.5 min, after a
+53 s `make setup`): `evaluate` took 10 min 43 s, of which about 2.5 min compiling the
+target's and drafters' forwards. Plain decoding on our compiled engine ran 61.8 tokens/s,
+2.74x Hugging Face `generate`. EAGLE-3: tau 1.43 [1.38, 1.49] and 1.04x [0.99, 1.09]
+plain at k = 3; at k = 1, the best k the report models, 1.12x [1.06, 1.17].
+"""
+
+
+def test_cards_and_readme_match_their_results_files():
+    assert docs.problems() == []
+
+
+def test_readme_and_measured_cards_have_generated_blocks():
+    assert "<!-- results:glance -->" in docs.README.read_text()
+    for card in ("eagle_smollm2", "peagle_smollm2", "distill_smollm2", "medusa_smollm2", "compare_smollm2"):
+        assert docs.BLOCK.search((docs.ROOT / "recipes" / card / "README.md").read_text()), card
+
+
+def test_a_changed_figure_in_a_block_is_caught():
+    card = (docs.ROOT / "recipes" / "eagle_smollm2" / "README.md").read_text()
+    assert docs.stale_blocks(card) == []
+    body = docs.render_block("eval_eagle_smollm2")
+    changed = card.replace(body, body.replace("| eagle3 | 1.", "| eagle3 | 2.", 1))
+    assert changed != card
+    assert docs.stale_blocks(changed) == ["eval_eagle_smollm2"]
+
+
+def test_figures_typed_outside_the_blocks_are_caught():
+    found = docs.outside_figures(OLD_CARD)
+    for figure in ("22 min", "61.8 tokens/s", "2.74x", "1.04x", "1.12x"):
+        assert figure in found
+    # the same figures inside a block, in code or as goals are not hand-typed measurements
+    block = "<!-- results:x -->\nplain 61.8 tokens/s, 1.04x\n<!-- /results:x -->\n"
+    assert docs.outside_figures(block + "`make demo  # 3 min`\ngoal: tau at least 2.5, speedup >= 1.4x\n") == []
+
+
+def test_benchmarks_doc_by_topic_keeps_the_sections_scripts_update():
+    text = docs.DOC.read_text()
+    _, sections = doc_topics.split(text)
+    ordered = doc_topics.order_benchmarks(text)
+    assert doc_topics.order_benchmarks(ordered) == ordered
+    kept = {name for name in sections if not doc_topics.superseded(name)}
+    for name in kept:
+        assert f"<!-- {name} -->" in ordered and f"<!-- /{name} -->" in ordered
+    assert "<!-- docs:toc -->" in ordered
+
+
+def test_a_superseded_section_is_left_out_and_a_new_one_is_filed_by_topic():
+    doc = ("# Benchmarks\n\nintro\n\n<!-- engine -->\n## Old forward\n<!-- /engine -->\nreading\n\n"
+           "<!-- engine_avx512 -->\n## New forward\n<!-- /engine_avx512 -->\n\n"
+           "<!-- llamacpp_laptop -->\n## llama.cpp on a laptop\n<!-- /llamacpp_laptop -->\n")
+    ordered = doc_topics.order_benchmarks(doc)
+    assert "Old forward" not in ordered and "reading" not in ordered
+    assert ordered.index("# Serving engines") < ordered.index("## llama.cpp on a laptop")
+    assert "- [Engine: the target's forward](#engine-the-targets-forward)" in ordered
