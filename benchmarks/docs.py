@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 README = ROOT / "README.md"
-CARDS = sorted((ROOT / "recipes").glob("*/README.md"))
+CARDS = sorted([*(ROOT / "recipes").glob("*/README.md"), *(ROOT / "recipes").glob("*/LAUNCH.md")])
 
 BLOCK = re.compile(r"<!-- results:(?P<name>[\w.\-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
 
