@@ -26,6 +26,8 @@ import os
 import socket
 import sys
 
+from specforge_lite import SpecforgeError
+
 log = logging.getLogger(__name__)
 
 # the environment a launcher leaves in each rank it starts
@@ -75,6 +77,9 @@ def launch_plan(cfg, stage: str) -> dict | None:
     if launched_by() is not None:
         return None
     nproc, nnodes = num_processes(cfg), int(cfg.trainer.num_nodes)
+    if cfg.trainer.node_rank >= nnodes:
+        raise SpecforgeError(f"trainer.node_rank={cfg.trainer.node_rank} with trainer.num_nodes={nnodes}: "
+                             "the node rank must be below the number of nodes")
     if nproc * nnodes <= 1:
         return None
     reason = single_process_reason(cfg, stage)

@@ -1,0 +1,79 @@
+"""The 70B recipes' card commands rehearsed on 2 CPU ranks (gloo) with a tiny stand-in target
+(`make rehearse RECIPE=NAME`, specforge_lite/rehearse.py), and the self-launch path itself:
+a stage started as one plain process starts its ranks, and their exit status is its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specforge_lite.rehearse import load_spec
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
+def test_rehearse(tmp_path, recipe):
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "specforge_lite.rehearse", recipe, "--work", str(tmp_path / "work"),
+                           "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    result = json.loads((results / f"rehearse_{recipe}.json").read_text())["runs"]["2"]
+    spec = load_spec(recipe)
+    assert [c["card"] for c in result["commands"]] == [c["run"] for c in spec["commands"]]
+    assert all(c["returncode"] == 0 for c in result["commands"]) and result["passed"]
+    by_label = {c["label"]: c for c in result["commands"]}
+    # every stage that loads the target in our processes was accounted, on the ranks it ran on
+    assert set(by_label["train"]["stages"]) == {"train"} and len(by_label["train"]["stages"]["train"]["ranks"]) == 2
+    assert set(by_label["evaluate"]["stages"]) == {"evaluate"}
+    # the sharded path: each of the 2 ranks holds its half of the layer weights, no more
+    online = by_label["train_online"]["stages"]["train"]
+    assert online["verdict"] == "within share"
+    held = list(online["ranks"].values())
+    assert len(held) == 2 and all(0 < b <= online["layer_bytes_share"] for b in held)
+    assert sum(held) == online["layer_bytes_total"]
+    # a stage the card does not shard yet is said to be over its share, with the reason
+    for key in spec["rehearsal"]["pending"]:
+        label, stage = key.split("/")
+        acc = by_label[label]["stages"][stage]
+        if not acc["within_share"]:
+            assert acc["verdict"].startswith("NOT YET within share") and acc["layer_bytes_peak"] > acc["layer_bytes_share"]
+            assert f"{stage}" in proc.stdout and "NOT YET within share" in proc.stdout
+    # one tracker run per training job, however many ranks (only rank 0 logs)
+    wandb_runs = list((tmp_path / "work" / "run" / "train" / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2, wandb_runs  # the offline train and the online train_online job
+
+
+def test_aux_layers_and_draft_vocab_follow_the_recipe_rules(tmp_path):
+    """The rehearsal's EAGLE-3 export: aux layers by the rule [2, L//2, L-3] of the stand-in's 8
+    layers, and the recipe's draft vocabulary fraction (32000 of 128256) of the stand-in's 320."""
+    from specforge_lite.rehearse import build_stand_in
+
+    settings = build_stand_in(load_spec("eagle_llama70b"), tmp_path)
+    assert settings["drafter.draft_vocab_size"] == str(round(320 * 32000 / 128256))
+    config = json.loads((tmp_path / "target" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 8 and config["num_attention_heads"] // config["num_key_value_heads"] == 8
+    rope = config.get("rope_parameters") or config["rope_scaling"]  # transformers 5 writes rope_parameters
+    assert rope["rope_type"] == "llama3" and config["tie_word_embeddings"] is False
+
+
+def test_bad_config_stops_once_before_launching(tmp_path):
+    proc = run_cli("train", "+recipe=smoke", "trainer.num_processes=2", "train.lr=-1", f"run_dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.count("error:") == 1 and "train.lr" in proc.stderr
+    assert "starting 2 rank(s)" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_failed_rank_exit_status_is_the_command_status(tmp_path):
+    """A user error raised inside the launched ranks (after validation) ends the command with
+    the ranks' own status 2, not the launcher's 1."""
+    proc = run_cli("train", "+recipe=smoke", "trainer.num_processes=2", "train.use_samples=false",
+                   "train.source_conversations=4", "train.mode=online", "trainer.shard_target=true",
+                   f"run_dir={tmp_path}", timeout=300)
+    assert "starting 2 rank(s)" in proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "trainer.shard_target=true needs every rank" in proc.stderr

@@ -1,0 +1,100 @@
+"""When a stage starts its own ranks (specforge_lite/launch.py), what the accounting counts
+(specforge_lite/accounting.py) and that the recipe cards show the rehearsed commands."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specforge_lite import SpecforgeError
+from specforge_lite.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
+from specforge_lite.launch import LAUNCHER_VARIABLES, launch_plan, launched_by
+from specforge_lite.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
+from tests.conftest import compose
+
+LAUNCH_ENV = (*LAUNCHER_VARIABLES, "SLURM_PROCID", "SLURM_NTASKS", "ACCELERATE_MIXED_PRECISION")
+
+
+@pytest.fixture
+def plain_process(monkeypatch):
+    for key in LAUNCH_ENV:
+        monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+def test_launchers_are_recognised(plain_process):
+    assert launched_by() is None
+    plain_process.setenv("SLURM_PROCID", "0")  # a batch script: one task, nobody started ranks
+    assert launched_by() is None
+    plain_process.setenv("SLURM_NTASKS", "16")
+    assert launched_by() == "srun"
+    plain_process.delenv("SLURM_NTASKS")
+    plain_process.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert launched_by() == "accelerate"
+    plain_process.setenv("LOCAL_RANK", "0")
+    assert launched_by() is not None
+
+
+def test_launch_plan(plain_process):
+    base = ["stage=train", "+recipe=smoke"]
+    assert launch_plan(compose(base), "train") is None  # auto on a CPU: one process
+    plan = launch_plan(compose([*base, "trainer.num_processes=2"]), "train")
+    assert plan["nproc_per_node"] == 2 and plan["nnodes"] == 1 and plan["master_port"] > 0
+    two_nodes = launch_plan(compose([*base, "trainer.num_processes=8", "trainer.num_nodes=2", "trainer.node_rank=1",
+                                     "trainer.master_addr=node0"]), "train")
+    assert (two_nodes["nnodes"], two_nodes["node_rank"], two_nodes["master_addr"], two_nodes["master_port"]) \
+        == (2, 1, "node0", 29500)
+    # one process drives vLLM however many devices; evaluate and export run in one process
+    vllm = compose([*base, "trainer.num_processes=8", "sample.backend=vllm", "sample.vllm.tensor_parallel_size=8"])
+    assert launch_plan(vllm, "sample") is None
+    assert launch_plan(compose([*base, "trainer.num_processes=2"]), "sample") is not None
+    for stage in ("evaluate", "export"):
+        assert launch_plan(compose([*base, "trainer.num_processes=2"]), stage) is None
+    plain_process.setenv("WORLD_SIZE", "2")  # already under a launcher: never again
+    assert launch_plan(compose([*base, "trainer.num_processes=2"]), "train") is None
+
+
+def test_node_rank_beyond_the_nodes_is_refused(plain_process):
+    with pytest.raises(SpecforgeError, match="trainer.node_rank=2"):
+        launch_plan(compose(["stage=train", "+recipe=smoke", "trainer.num_nodes=2", "trainer.node_rank=2"]), "train")
+
+
+def test_accounting_splits_layers_from_the_rest(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    layer_bytes = sum(p.numel() * 4 for n, p in model.named_parameters() if ".layers." in n)
+    counted = target_weights(model, world=2)
+    assert counted["layer_bytes_held"] == counted["layer_bytes_total"] == layer_bytes
+    assert counted["other_bytes_held"] == (64 * 16 + 16) * 4  # tied embedding once, final norm
+    # a 16-row weight over 3 ranks: chunks of 6 rows; a 24-row one: 8 rows
+    assert share_bytes({"16x64": 1, "24x64": 2}, 3) == (6 + 8 + 8) * 64
+    assert is_layer_weight("model.layers.0.mlp.up_proj.weight") and not is_layer_weight("model.embed_tokens.weight")
+
+
+def test_stage_summary_compares_each_rank_with_its_share(tmp_path):
+    import json
+
+    folder = tmp_path / "accounting"
+    folder.mkdir()
+    shapes = {"10x100": 4}  # 4000 bytes of layers; 2 ranks: 500 each; 4 ranks: 3 rows each
+    for rank, held in ((0, 2000), (1, 2000)):
+        (folder / f"train.rank{rank}.json").write_text(json.dumps(
+            {"stage": "train", "rank": rank, "world_size": 2, "loaded_by": "x", "layer_bytes_held": held,
+             "layer_bytes_total": 4000, "layer_bytes_share": 2000, "other_bytes_held": 0, "layer_shapes": shapes}))
+    assert stage_summary(tmp_path)["train"]["within_share"]
+    over = stage_summary(tmp_path, world=4)["train"]
+    assert over["layer_bytes_share"] == 3 * 100 * 4 and not over["within_share"]
+
+
+@pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
+def test_cards_show_the_rehearsed_commands(recipe):
+    """The card's commands section is the one commands.yaml makes (python -m specforge_lite.rehearse --cards)."""
+    spec = load_spec(recipe)
+    card = (RECIPES / recipe / "README.md").read_text()
+    assert card_section(spec) in card, f"run: python -m specforge_lite.rehearse --cards"
+    for command in spec["commands"]:
+        argv = rehearsed_argv(command["run"], {"target.path": "STAND_IN", "trainer.num_processes": "2"})
+        assert argv[-2:] == ["target.path=STAND_IN", "trainer.num_processes=2"]
+        assert "target.path=LOCAL_DIR" not in argv  # the card's own value gives way to the stand-in's
