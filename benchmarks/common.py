@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+from benchmarks.doc_topics import order_benchmarks
 from specforge_lite.artifacts import package_versions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def update_doc_section(name: str, markdown: str) -> None:
     block = f"<!-- {name} -->\n{markdown.strip()}\n<!-- /{name} -->"
     pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    DOC.write_text(text)
+    DOC.write_text(order_benchmarks(text))  # a new section goes under its topic, in the contents
 
 
 def compose_config(overrides: list[str]):
