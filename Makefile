@@ -19,7 +19,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export bench docs clean
+.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -89,6 +89,9 @@ evaluate: setup  ## the evaluate stage of RECIPE
 
 export: setup  ## the export stage of RECIPE
 	$(PY) -m specforge_lite export +recipe=$(RECIPE) $(ARGS)
+
+rehearse: setup  ## a GPU recipe card's commands on 2 CPU ranks with a tiny stand-in target (RECIPE=eagle_llama70b)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m specforge_lite.rehearse $(RECIPE) $(ARGS)
 
 bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BENCHMARKS.md
 	$(PY) -m benchmarks.bench_sampling
