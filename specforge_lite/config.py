@@ -243,8 +243,9 @@ class Strategy(str, Enum):
 class TrainerConfig:
     """How the train stage spreads over processes (launch them with torchrun, accelerate or srun)."""
     strategy: Strategy = Strategy.ddp
-    # Online mode: shard the frozen target's decoder layers over ranks (FSDP2 per layer; each
-    # layer is gathered for its forward and freed after). For targets that do not fit one GPU.
+    # Shard the frozen target's decoder layers over ranks (FSDP2 per layer; each layer is
+    # gathered for its forward and freed after). For targets that do not fit one GPU: online,
+    # for training; offline, for building the features, every rank over its share of the rows.
     shard_target: bool = False
     # A DeepSpeed JSON (deepspeed_* strategies): its "auto" values are filled from train.*;
     # null: the built-in config of the strategy's ZeRO stage.

@@ -133,13 +133,12 @@ class FeatureCache:
     def estimate_bytes(num_tokens: int, hidden_size: int, num_aux_layers: int = 3) -> int:
         return num_tokens * (num_aux_layers + 1) * hidden_size * 2  # aux (3H) + last (H), bf16
 
-    def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int, key: dict) -> None:
-        """Write every missing shard. `key` (from `cache_key`) names what the features are
-        made of; a folder cached with another key is emptied and rebuilt, never read."""
+    def prepare(self, samples, hidden_size: int, aux_layer_ids, key: dict) -> None:
+        """Once, before any rank builds: a folder cached with another `key` (from `cache_key`:
+        what the features are made of) is emptied, never read; meta.json records the key."""
         self.dir.mkdir(parents=True, exist_ok=True)
         num_tokens = sum(len(r["input_ids"]) for r in samples)
-        size = self.estimate_bytes(num_tokens, target.config.hidden_size, len(aux_layer_ids))
-        num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
+        size = self.estimate_bytes(num_tokens, hidden_size, len(aux_layer_ids))
         meta = self.dir / "meta.json"
         key = {**key, "shard_size": self.shard_size}
         cached = read_json_object(meta).get("key") if meta.exists() else None
@@ -149,38 +148,69 @@ class FeatureCache:
                             ", ".join(changed_keys(cached, key)))
             shutil.rmtree(self.dir)
             self.dir.mkdir(parents=True)
-        todo = [j for j in range(num_shards) if not self._intact(self.shard_file(j))]
-        log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s (%d of %d shards to write)",
-                 len(samples), num_tokens, size / 1e9, self.dir, len(todo), num_shards)
+        log.info("offline features: %d sequences, %d tokens -> about %.2f GB on disk in %s",
+                 len(samples), num_tokens, size / 1e9, self.dir)
         meta.write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,
                                     "aux_layer_ids": list(aux_layer_ids), "estimated_bytes": size,
                                     "shard_size": self.shard_size, "key": key}))
-        bar = tqdm(total=len(samples), initial=(num_shards - len(todo)) * self.shard_size, desc="cache features",
-                   unit="seq", dynamic_ncols=True)
-        for j in todo:
-            lo, hi = j * self.shard_size, min((j + 1) * self.shard_size, len(samples))
-            tensors = {}
-            for start in range(lo, hi, batch_size):
-                rows = [samples[i] for i in range(start, min(start + batch_size, hi))]
-                batch = collate(rows, pad_id, target.device)
-                aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
-                for k, row in enumerate(rows):
-                    n = len(row["input_ids"])
-                    if aux is not None:
-                        tensors[f"aux.{start + k}"] = aux[k, :n].to(torch.bfloat16).cpu().contiguous()
-                    tensors[f"last.{start + k}"] = last[k, :n].to(torch.bfloat16).cpu().contiguous()
-                bar.update(len(rows))
-            tmp = self.dir / f".shard-{j:05d}.tmp"
-            try:
-                save_file(tensors, str(tmp))
-                tmp.replace(self.shard_file(j))
-            except Exception as err:
-                tmp.unlink(missing_ok=True)
-                if write_failure(err):
-                    raise SpecforgeError(f"cannot write {self.shard_file(j)} ({err}); the cache resumes at this "
-                                         "shard once there is room") from err
-                raise
+
+    def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int, rank: int = 0, world: int = 1,
+              barrier=None, lockstep: bool = False) -> None:
+        """Write the missing shards (after `prepare`): rank r of `world` writes the r-th, r+world-th, ...
+        of them, straight into the shared folder, so training reads them as one rank's cache.
+        `barrier`: called once every rank has listed the missing shards (before any is written).
+        lockstep: the target is sharded over the ranks (every rank must take part in every
+        target forward), so a rank with fewer batches runs empty-handed forwards until all are done."""
+        num_shards = (len(samples) + self.shard_size - 1) // self.shard_size
+        todo = [j for j in range(num_shards) if not self._intact(self.shard_file(j))]
+        if barrier is not None:
+            barrier()
+        mine = todo[rank::world]
+
+        def batches(shards):
+            for j in shards:
+                lo, hi = j * self.shard_size, min((j + 1) * self.shard_size, len(samples))
+                yield from ((j, start, min(start + batch_size, hi), start + batch_size >= hi)
+                            for start in range(lo, hi, batch_size))
+
+        forwards = max(sum(1 for _ in batches(todo[r::world])) for r in range(world)) if lockstep else None
+        log.info("offline features: rank %d of %d writes %d of the %d missing shards (of %d)", rank, world, len(mine),
+                 len(todo), num_shards)
+        bar = tqdm(total=sum(hi - lo for _, lo, hi, _ in batches(mine)), desc="cache features", unit="seq",
+                   dynamic_ncols=True, disable=rank != 0)
+        tensors, done = {}, 0
+        for j, lo, hi, last_batch in batches(mine):
+            rows = samples[lo:hi]
+            batch = collate(rows, pad_id, target.device)
+            aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
+            done += 1
+            for k, row in enumerate(rows):
+                n = len(row["input_ids"])
+                if aux is not None:
+                    tensors[f"aux.{lo + k}"] = aux[k, :n].to(torch.bfloat16).cpu().contiguous()
+                tensors[f"last.{lo + k}"] = last[k, :n].to(torch.bfloat16).cpu().contiguous()
+            bar.update(len(rows))
+            if last_batch:
+                self._write(j, tensors)
+                tensors = {}
         bar.close()
+        while lockstep and done < forwards:  # the other ranks' forwards need this rank's shards of the layers
+            batch = collate(samples[:1], pad_id, target.device)
+            target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
+            done += 1
+
+    def _write(self, j: int, tensors: dict) -> None:
+        """Shard j written under a temporary name and renamed: a killed run resumes at it."""
+        tmp = self.dir / f".shard-{j:05d}.tmp"
+        try:
+            save_file(tensors, str(tmp))
+            tmp.replace(self.shard_file(j))
+        except Exception as err:
+            tmp.unlink(missing_ok=True)
+            if write_failure(err):
+                raise SpecforgeError(f"cannot write {self.shard_file(j)} ({err}); the cache resumes at this "
+                                     "shard once there is room") from err
+            raise
 
     @staticmethod
     def _intact(shard: Path) -> bool:

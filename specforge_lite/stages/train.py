@@ -217,11 +217,14 @@ def run(cfg: DictConfig) -> None:
         batches += plan_batches(lengths, tcfg.batch_size, tcfg.seed + len(batches), 1.0)
 
     cache = None
-    if tcfg.mode == "offline":
+    if tcfg.mode == "offline":  # every rank builds the features of its share of the rows
         cache = FeatureCache(out / "features", tcfg.offline_shard_size)
         if accelerator.is_main_process:
-            cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size,
-                        cache_key(samples, cfg.target.path, target.dtype, aux_ids))
+            cache.prepare(samples, target.config.hidden_size, aux_ids,
+                          cache_key(samples, cfg.target.path, target.dtype, aux_ids))
+        accelerator.wait_for_everyone()
+        cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size, accelerator.process_index,
+                    accelerator.num_processes, accelerator.wait_for_everyone, lockstep=bool(cfg.trainer.shard_target))
         accelerator.wait_for_everyone()
 
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))

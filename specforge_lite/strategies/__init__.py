@@ -11,8 +11,9 @@ the optimizer step, checkpoints, and the finished drafter as a plain module on r
   shards gradients and AdamW state, ZeRO-3 the weights too.
 - `fsdp`: torch FSDP2 (`fully_shard`) around the drafter.
 
-With `trainer.shard_target=true` (online mode) the frozen target's decoder layers are
-split over the ranks (`specforge_lite.sharded_target`). Every strategy divides the gradient by the world size (mean over
+With `trainer.shard_target=true` the frozen target's decoder layers are split over the
+ranks (`specforge_lite.sharded_target`): online, for training; offline, for building the
+features (every rank its share of the rows, `features.FeatureCache.build`). Every strategy divides the gradient by the world size (mean over
 ranks), which the train stage undoes with its global loss-position normalisation.
 
 Checkpoints: `ddp` writes plain full files (resume on any number of ranks); `fsdp`

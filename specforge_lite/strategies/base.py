@@ -111,11 +111,11 @@ class Strategy:
     def load_target(self, target_cfg):
         from specforge_lite.targets import load_target
 
-        if self.cfg.trainer.shard_target and self.cfg.train.mode != "online":
-            log.info("train.mode=offline: the target only builds the feature cache (on rank 0), so it is "
-                     "loaded whole; trainer.shard_target applies to online training")
-        elif self.cfg.trainer.shard_target:
-            if not self.can_shard_target:
+        if self.cfg.trainer.shard_target:
+            # offline, every rank builds the features of its share of the rows with every rank in
+            # every target forward (features.FeatureCache.build's lockstep), whatever the strategy;
+            # online, the strategy's own loop must run every rank in every forward
+            if not self.can_shard_target and self.cfg.train.mode == "online":
                 raise SpecforgeError(f"trainer.shard_target=true needs every rank in every target forward: use "
                                      f"trainer=fsdp or trainer=deepspeed_zero3 (trainer={self.name} keeps the "
                                      "target whole)")

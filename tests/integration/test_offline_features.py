@@ -4,14 +4,19 @@ features cached for other conversations."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from safetensors import safe_open
 
+from specforge_lite.accounting import stage_summary
 from specforge_lite.features import collate, target_hidden
 from specforge_lite.stages.train import training_rows
 from specforge_lite.targets import load_target
-from tests.conftest import compose, run_cli
+from tests.conftest import REPO, compose, free_port, run_cli
 
 # the source conversations only (no sample stage), one optimizer step, no checkpoints
 OFFLINE = ["+recipe=smoke", "train.mode=offline", "train.use_samples=false", "train.max_steps=1",
@@ -59,3 +64,36 @@ def test_other_rows_rebuild_the_features(tmp_path, change):
     assert_same(second, expected)
     assert "rebuilding them" in proc.stdout + proc.stderr
     assert len(second) != len(first) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(first, second))
+
+
+def train_ranks(run_dir, ranks: int, *overrides: str) -> None:
+    """The real train stage on `ranks` torchrun processes (gloo), as tests/integration/test_strategies.py runs it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+                "--master_port", str(free_port())] if ranks > 1 else [sys.executable]
+    proc = subprocess.run([*launcher, "-m", "specforge_lite", "train", *OFFLINE, *overrides, f"run_dir={run_dir}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+def cached(run_dir) -> dict[str, torch.Tensor]:
+    out = {}
+    for shard in sorted((run_dir / "train" / "features").glob("shard-*.safetensors")):
+        with safe_open(str(shard), framework="pt") as handle:
+            out.update({k: handle.get_tensor(k) for k in handle.keys()})
+    return out
+
+
+def test_two_ranks_with_the_target_sharded_build_the_one_rank_features(tmp_path):
+    # 7 conversations in shards of 2: rank 0 writes shards 0 and 2, rank 1 shards 1 and 3 (one
+    # conversation), so rank 1 runs one empty-handed forward for rank 0's last batch
+    rows = ["train.source_conversations=7", "train.offline_shard_size=2", "train.batch_size=1"]
+    train_ranks(tmp_path / "one", 1, *rows)
+    train_ranks(tmp_path / "two", 2, *rows, "trainer.shard_target=true")
+    one, two = cached(tmp_path / "one"), cached(tmp_path / "two")
+    assert set(one) == set(two) and len([k for k in one if k.startswith("aux.")]) == 7
+    for name in one:  # bf16 on disk: equal up to one rounding step of a float32 difference
+        assert torch.allclose(one[name].float(), two[name].float(), rtol=1e-2, atol=1e-3), name
+    held = stage_summary(tmp_path / "two")["train"]
+    assert held["world_size"] == 2 and held["within_share"], held  # no rank held more than half the layers
+    assert all(0 < b <= held["layer_bytes_total"] / 2 for b in held["ranks"].values()), held
