@@ -126,3 +126,12 @@ def test_llamacpp_draft_methods_need_an_exported_gguf(capsys, tmp_path):
     assert_user_error(code, err, f"llamacpp_eagle3 needs {tmp_path}/export/gguf/eagle3.gguf")
     code, err = cli(capsys, "run", *SMOKE, f"run_dir={tmp_path}", "eval.methods=[llamacpp_eagle3]")
     assert_user_error(code, err, "which `run` writes only after evaluating")
+
+
+def test_one_catalogue_names_the_llamacpp_methods():
+    from specforge_lite.eval_methods import LLAMACPP_METHODS, known
+    from specforge_lite.llamacpp.checks import DRAFT_OF
+    from specforge_lite.llamacpp.runner import METHODS
+
+    assert set(METHODS) == set(LLAMACPP_METHODS) <= set(known())
+    assert set(DRAFT_OF) == {m for m in LLAMACPP_METHODS if m in ("llamacpp_eagle3", "llamacpp_distilled")}
