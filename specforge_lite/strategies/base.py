@@ -24,13 +24,22 @@ from specforge_lite.checkpoints import (
 log = logging.getLogger(__name__)
 
 
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bf16 products natively (oneDNN's bf16 path: AVX-512 BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def mixed_precision(cfg: DictConfig) -> str:
-    """`train.mixed_precision` resolved: auto is bf16 on a GPU that supports it, none on CPU
-    (CPUs without native bf16 train several times slower in it)."""
+    """`train.mixed_precision` resolved: auto is bf16 where the hardware computes it natively (a
+    GPU that supports it; a CPU with AVX-512 BF16 or AMX), none elsewhere (emulated bf16 trains
+    several times slower; docs/BENCHMARKS.md train_step)."""
     mixed = cfg.train.mixed_precision
     if mixed == "auto":
         gpu = torch.cuda.is_available() and cfg.target.device != "cpu"
-        mixed = "bf16" if gpu and torch.cuda.is_bf16_supported() else "no"
+        mixed = "bf16" if (torch.cuda.is_bf16_supported() if gpu else native_cpu_bf16()) else "no"
     if mixed not in ("no", "bf16"):
         raise SpecforgeError(f"train.mixed_precision={mixed!r}; choose auto, no or bf16")
     return mixed
