@@ -19,9 +19,13 @@ class Tracker:
         if self.kind == "wandb":
             import wandb
 
-            os.environ.setdefault("WANDB_MODE", "offline")
-            self.run = wandb.init(project="specforge_lite", name=cfg.recipe_name, dir=str(out),
-                                  reinit="finish_previous", config=OmegaConf.to_container(cfg, resolve=True))
+            w = cfg.train.wandb
+            os.environ.setdefault("WANDB_MODE", w.mode)  # offline unless the user says otherwise
+            self.run = wandb.init(project=w.project, entity=w.entity, group=w.group or job_id(),
+                                  tags=list(w.tags) or None, name=w.name or cfg.recipe_name,
+                                  id=w.id or (kept_run_id(out) if w.resume else None), resume=w.resume,
+                                  dir=str(out), reinit="finish_previous",
+                                  config=OmegaConf.to_container(cfg, resolve=True))
         elif self.kind == "tensorboard":
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -41,6 +45,27 @@ class Tracker:
             self.run.finish()
         elif self.kind == "tensorboard":
             self.run.close()
+
+
+def job_id() -> str | None:
+    """The launcher's id of this job (a wandb group for its runs), if any: torchrun's run id
+    (also what a stage that launched itself passes), else Slurm's job id."""
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    return elastic if elastic and elastic != "none" else os.environ.get("SLURM_JOB_ID")  # torchrun's default id: none
+
+
+def kept_run_id(out: Path) -> str:
+    """The wandb run id kept in `out/wandb_run_id` (made on first use), so that a restarted
+    job with `train.wandb.resume` set continues the same run."""
+    import uuid
+
+    path = out / "wandb_run_id"
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:8]  # wandb's own ids: 8 lowercase letters and digits
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id + "\n")
+    return run_id
 
 
 def empty_window() -> dict:

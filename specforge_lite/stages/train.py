@@ -136,7 +136,7 @@ def ensure_samples(cfg: DictConfig) -> None:
 
 
 # what decides the trained weights (not logging, tracking or checkpoint cadence)
-UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "checkpoint_every", "keep_checkpoints", "resume", "dry_run")
+UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "wandb", "checkpoint_every", "keep_checkpoints", "resume", "dry_run")
 
 
 def fingerprint(cfg: DictConfig) -> str:
