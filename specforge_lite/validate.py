@@ -39,7 +39,10 @@ TARGET_STAGES = ("train", "run")
 
 def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
     """Raise one `SpecforgeError` listing every problem of `cfg` (see the module docstring)."""
-    problems = config_problems(cfg, target_config)
+    _refuse(config_problems(cfg, target_config))
+
+
+def _refuse(problems: list[str]) -> None:
     if problems:
         head = "invalid setting" if len(problems) == 1 else f"{len(problems)} invalid settings"
         raise SpecforgeError((f"{head}: " + problems[0]) if len(problems) == 1
@@ -58,13 +61,15 @@ def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
         problems += cross_field_problems(cfg)
         # llama.cpp: export.gguf's drafter (its aux layers once the target is known), xllamacpp, draft GGUFs
         problems += llamacpp_checks.gguf_export_problems(cfg, target_config) + llamacpp_checks.method_problems(cfg)
-    return problems + environment_problems(cfg)
+    return problems
 
 
 def validate_for_target(cfg: DictConfig) -> None:
-    """The second pass, before a stage writes anything: the target's folder is checked (its
+    """The second pass, before a stage writes anything: the folders and packages of this
+    machine the stage needs (`environment_problems`); the target's folder is checked (its
     config.json and weight files, by name) and its config read; the stages that build a
     drafter then check the fields bounded by it (such as aux layer ids against its depth)."""
+    _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
     if cfg.stage == "train" and cfg.train.dry_run:
         return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
     from specforge_lite.targets import load_target_config, resolve_target_path
