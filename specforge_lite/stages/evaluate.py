@@ -158,6 +158,7 @@ def run(cfg: DictConfig) -> None:
     model, tokenizer = load_target(cfg.target)
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
+    prompts, too_long = fitting_prompts(tokenizer, prompts, ecfg, model.config)
     capacity = cache_capacity(tokenizer, prompts, ecfg, model.config)
     decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity)
     out = stage_dir(cfg, "evaluate")  # once every input has loaded
@@ -195,6 +196,7 @@ def run(cfg: DictConfig) -> None:
 
     report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
     report["settings"]["engine"] = target.info
+    report["skipped"] = {"prompt_too_long": len(too_long), "ids": too_long} if too_long else {}
     report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
     if served:
         results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
@@ -234,13 +236,34 @@ def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
     """KV-cache positions a static target engine needs for these prompts: the longest
     conversation's user turns, each answer's max_new_tokens plus room for re-tokenising
     it in the next turn, and one verification's k + 1; rounded up to 64."""
-    longest = 0
-    for prompt in prompts:
-        turns = len(prompt["turns"])
-        ids = prompt_ids(tokenizer, _messages(prompt, [""] * (turns - 1), turns - 1))
-        longest = max(longest, len(ids) + turns * (ecfg.max_new_tokens + 16))
-    need = longest + ecfg.num_draft_tokens + 1
+    need = max(positions_needed(tokenizer, prompt, ecfg) for prompt in prompts)
     return min(-(-need // 64) * 64, getattr(config, "max_position_embeddings", None) or need)
+
+
+def positions_needed(tokenizer, prompt: dict, ecfg) -> int:
+    """Positions one prompt's conversation can take: its user turns, each answer's
+    max_new_tokens plus room for re-tokenising it in the next turn, one verification's k + 1."""
+    turns = len(prompt["turns"])
+    ids = prompt_ids(tokenizer, _messages(prompt, [""] * (turns - 1), turns - 1))
+    return len(ids) + turns * (ecfg.max_new_tokens + 16) + ecfg.num_draft_tokens + 1
+
+
+def fitting_prompts(tokenizer, prompts: list[dict], ecfg, config) -> tuple[list[dict], list[str]]:
+    """The prompts whose conversation fits the target's context (max_position_embeddings), and
+    the ids of those skipped for it (counted in the report, as the sample stage counts its own)."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not context:
+        return prompts, []
+    kept = [p for p in prompts if positions_needed(tokenizer, p, ecfg) <= context]
+    skipped = [p["id"] for p in prompts if p not in kept]
+    if not kept:
+        raise SpecforgeError(f"eval.dataset={ecfg.dataset}: every prompt is longer than the target's context of "
+                             f"{context} positions (with eval.max_new_tokens={ecfg.max_new_tokens} per turn)")
+    if skipped:
+        log.warning("skipped %d of %d eval prompts longer than the target's context of %d positions (with "
+                    "eval.max_new_tokens=%d per turn): %s", len(skipped), len(prompts), context,
+                    ecfg.max_new_tokens, ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+    return kept, skipped
 
 
 def _messages(prompt: dict, replies: list[str], turn: int) -> list[dict]:

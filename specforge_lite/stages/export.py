@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object, write_failure
-from specforge_lite.artifacts import STAGE_DIRS, atomic_write_json, readable_temp_dir, write_provenance
+from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, readable_temp_dir,
+                                     write_provenance)
 from specforge_lite.data.chat import prompt_ids
 from specforge_lite.llamacpp.checks import gguf_refusal
 from specforge_lite.llamacpp.files import write_gguf_folder
@@ -81,6 +82,7 @@ def run(cfg: DictConfig) -> None:
         info.update({key: str(final / info[key]) for key in ("path", "sglang") if info.get(key)})  # final places
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
                                                 "verifier": verifier, "strict_reload": "passed"})
+        modes_as_umask_says(tmp)  # readable by a server running as another user, as the umask says
         replace_folder(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

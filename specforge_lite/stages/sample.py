@@ -177,6 +177,11 @@ def run(cfg: DictConfig) -> None:
     size = lambda j: min(shard_size, len(train) - j * shard_size)  # noqa: E731
     if len(todo) < len(mine):
         log.info("resuming: %d of this rank's %d shards already written", len(mine) - len(todo), len(mine))
+    if not todo and meta_path.exists() and read_json_object(meta_path).get("complete"):
+        # complete samples of these settings: their meta.json and config.yaml describe the run
+        # that made them and stay as they are (another sample.backend names no shard here)
+        log.info("%s already holds complete samples made with these settings; nothing to do", out)
+        return
 
     if todo:  # the target loads before anything is written
         tokenizer = None
@@ -215,7 +220,8 @@ def run(cfg: DictConfig) -> None:
             chunk = train[j * shard_size:(j + 1) * shard_size]
             rows, skipped = regenerate(backend, tokenizer, chunk, sample_cfg, cfg.data.max_length, count_tokens)
             write_shard(data_dir, j, rows, {"records": len(chunk), "written": len(rows), "skipped": dict(skipped),
-                                            "generated_tokens": sum(r["num_generated_tokens"] for r in rows)})
+                                            "generated_tokens": sum(r["num_generated_tokens"] for r in rows),
+                                            "backend": str(getattr(sample_cfg.backend, "value", sample_cfg.backend))})
             bar.update(len(chunk))
         bar.close()
         elapsed = time.perf_counter() - started
@@ -238,6 +244,7 @@ def run(cfg: DictConfig) -> None:
 
 def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Path, complete: bool) -> dict:
     skipped: Counter = Counter()
+    backends: Counter = Counter()  # which backend made each shard (a resume may use another)
     num_rows = num_tokens = num_loss = generated = 0
     if complete:
         import pyarrow.parquet as pq
@@ -246,6 +253,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
             stats = read_json_object(stats_path(data_dir, j))
             skipped.update(stats["skipped"])
             generated += stats["generated_tokens"]
+            backends[stats.get("backend", "unrecorded")] += 1
             table = pq.read_table(shard_path(data_dir, j), columns=["input_ids", "loss_mask"])
             num_rows += table.num_rows
             for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
@@ -261,5 +269,9 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
         "num_rows": num_rows, "num_tokens": num_tokens, "num_loss_tokens": num_loss,
         "num_generated_tokens": generated, "skipped": dict(skipped), "versions": package_versions(),
     }
+    if backends:  # the backends that made the shards, not only the one of this command
+        meta["shard_backends"] = dict(backends)
+        if len(backends) == 1 and "unrecorded" not in backends:
+            meta["sampling"]["backend"] = next(iter(backends))
     atomic_write_json(path, meta)
     return meta

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
-from specforge_lite.artifacts import atomic_write_json, readable_temp_dir, samples_dir, stage_dir, write_provenance
+from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, readable_temp_dir, samples_dir,
+                                     stage_dir, write_provenance)
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.dry_run import dry_run
@@ -330,6 +331,7 @@ def save_atomically(final: Path, write) -> None:
     tmp = readable_temp_dir(final.parent, f".{final.name}.")
     try:
         write(tmp)
+        modes_as_umask_says(tmp)  # readable by a server running as another user, as the umask says
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
         if final.exists():
             os.replace(final, old)
