@@ -43,19 +43,23 @@ def estimate(cfg: DictConfig, config, size, target_params: int, layer_params: in
     size: the drafter's `contract.DrySize` (parameters, frozen weights, activations).
     layer_params: the target's decoder-layer parameters (what `trainer.shard_target` splits;
     embeddings, final norm and lm_head stay whole on every GPU). Offline mode reads features
-    from disk and keeps only the target's lm_head, which turns them into soft labels.
+    from disk; the target that built them stays loaded (sharded with `trainer.shard_target`),
+    its lm_head turning them into soft labels, but runs no forward (no target activations).
     """
     strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
     if gpus < 1:
         raise SpecforgeError(f"trainer.dry_run_gpus={gpus}; it must be at least 1")
     # train.batch_size sequences per micro-batch are dealt out over all ranks
     t, b = cfg.data.max_length, per_gpu_batch(cfg)
-    h, vocab = config.hidden_size, config.vocab_size
+    h = config.hidden_size
     drafter_params = size.trainable_params
     offline = cfg.train.mode == "offline"
-    sharded_target = cfg.trainer.shard_target and not offline
-    if offline:
-        target_weights, target_gathered = vocab * h * 2, 0
+    # online, only the strategies whose loop runs every rank in every target forward shard it
+    # (strategies.Strategy.can_shard_target); the others refuse trainer.shard_target at the start
+    sharded_target = cfg.trainer.shard_target and not offline and strategy in ("deepspeed_zero3", "fsdp")
+    if offline:  # the target that built the features stays loaded (its lm_head makes the soft labels)
+        layers = layer_params / gpus if cfg.trainer.shard_target else layer_params
+        target_weights, target_gathered = (layers + target_params - layer_params) * 2, 0
     elif sharded_target:  # 1/N of the layers, the rest whole; one layer gathered, the next prefetched
         target_weights = (layer_params / gpus + target_params - layer_params) * 2
         target_gathered = 2 * layer_params / config.num_hidden_layers * 2

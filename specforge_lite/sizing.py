@@ -113,7 +113,7 @@ def stage_table(cfg: DictConfig, config=None, world: int | None = None, disk: bo
     strategy = getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
     rows["train"] = {"bytes": memory["total_gib"] * GiB, "layout": f"trainer={strategy} on {world} ranks"
                      + (", target layers sharded" if cfg.trainer.shard_target and not offline else "")
-                     + (", lm_head only (features from disk)" if offline else ""),
+                     + (", features from disk" if offline else ""),
                      "setting": "lower train.batch_size or pick a sharding trainer.strategy" if offline
                      else "set trainer.shard_target=true or train.mode=offline"}
 
