@@ -9,7 +9,11 @@ exactly `--max-new-tokens` new tokens each (end of sequence ignored), batch 1. M
 one after another, each on its own llama.cpp server with one untimed warm-up prompt; run it
 alone (llama.cpp's worker threads spin-wait and collapse when another job shares the cores).
 Drafters: `RUN_DIR/export/speculators` (EAGLE-3) and, when present, a distilled draft model
-export (`--distilled-dir`), written to GGUF beside them. tau uses llama.cpp's own counters.
+export (`--distilled-dir`), written to GGUF beside them. tau uses llama.cpp's own counters
+(the evaluate report's definition). `--ours-plain` adds our engine's plain decoding of the same
+prompt ids (fp32 PyTorch, static forward) after llama.cpp's runs. Intervals: the evaluate
+report's paired bootstrap over prompts (decoding.stats); the goal line says whether a drafter's
+tokens/s interval lies above llama.cpp plain's and its n-gram drafter's.
 """
 
 from __future__ import annotations
@@ -20,20 +24,8 @@ import shlex
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from benchmarks.common import RESULTS, compose_config, update_doc_section, write_results
-
-
-def bootstrap(tokens: np.ndarray, seconds: np.ndarray, accepted: np.ndarray, resamples: int = 2000,
-              seed: int = 0) -> dict:
-    """95% percentile intervals over prompts of tokens/s (sum tokens / sum seconds) and tau."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(tokens), size=(resamples, len(tokens)))
-    rate = tokens[idx].sum(1) / seconds[idx].sum(1)
-    tau = tokens[idx].sum(1) / (tokens[idx].sum(1) - accepted[idx].sum(1))
-    return {"tokens_per_s_ci": [float(np.percentile(rate, 2.5)), float(np.percentile(rate, 97.5))],
-            "tau_ci": [float(np.percentile(tau, 2.5)), float(np.percentile(tau, 97.5))]}
 
 
 def prompts_of(overrides: list[str], count: int) -> tuple[list[list[int]], list[str]]:
@@ -50,23 +42,84 @@ def prompts_of(overrides: list[str], count: int) -> tuple[list[list[int]], list[
             [str(p["id"]) for p in prompts])
 
 
-def run_method(method: str, target: Path, draft: Path | None, prompts: list[list[int]], args) -> dict:
+def run_method(method: str, target: Path, draft: Path | None, prompts: list[list[int]], args) -> list:
+    """llama.cpp's Completions of every prompt, after one untimed warm-up prompt."""
     from specforge_lite.llamacpp.runner import LlamaCppRunner
 
     with LlamaCppRunner(target, method, draft_gguf=draft, threads=args.threads, speculative_tokens=args.k) as runner:
         runner.complete(prompts[0], args.max_new_tokens)  # warm-up, untimed
         done = [runner.complete(ids, args.max_new_tokens) for ids in prompts]
-    tokens = np.array([len(c.tokens) for c in done], dtype=float)
-    wall = np.array([c.wall_seconds for c in done])
-    decode = np.array([c.seconds for c in done])
-    accepted = np.array([c.accepted for c in done], dtype=float)
-    entry = {"tokens": int(tokens.sum()), "tokens_per_s": float(tokens.sum() / wall.sum()),
-             "decode_tokens_per_s": float(tokens.sum() / decode.sum()),
-             "drafted": int(sum(c.drafted for c in done)), "accepted": int(accepted.sum()),
-             "tau": float(tokens.sum() / (tokens.sum() - accepted.sum())), **bootstrap(tokens, wall, accepted),
-             "outputs": [c.tokens for c in done]}
-    print(f"{method}: {entry['tokens_per_s']:.1f} tok/s {entry['tokens_per_s_ci']}, tau {entry['tau']:.2f}", flush=True)
-    return entry
+    rate = sum(len(c.tokens) for c in done) / sum(c.wall_seconds for c in done)
+    print(f"{method}: {rate:.1f} tok/s", flush=True)
+    return done
+
+
+def our_plain(prompts: list[list[int]], args) -> list:
+    """Our engine's plain decoding of the same prompt ids: the fp32 PyTorch target, the static
+    forward (eager: no minutes of compiling), `--threads` threads, exactly `--max-new-tokens`
+    tokens (end of sequence ignored, as in llama.cpp's runs), one untimed warm-up prompt."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from specforge_lite.decoding.engine import generate_plain
+    from specforge_lite.runtime.fast_engine import build_target_engine
+    from specforge_lite.targets import load_target
+
+    torch.set_num_threads(args.threads)
+    cfg = compose_config(shlex.split(args.overrides))
+    model, _ = load_target(OmegaConf.create({**OmegaConf.to_container(cfg.target), "device": "cpu"}))
+    capacity = max(len(ids) for ids in prompts) + args.max_new_tokens + 8
+    runner = build_target_engine(model, "static", capacity, (), 1).runner()
+    generate_plain(model, prompts[0], args.max_new_tokens, runner=runner)
+    done = [generate_plain(model, ids, args.max_new_tokens, runner=runner) for ids in prompts]
+    print(f"ours_plain: {sum(len(g.tokens) for g in done) / sum(g.total_s for g in done):.1f} tok/s", flush=True)
+    return done
+
+
+def summarise(runs: dict, ids: list[str], ours: list | None) -> tuple[dict, dict | None]:
+    """Per method: tokens/s and tau with 95% percentile-bootstrap intervals over prompts, the
+    same resampled prompts for every method (decoding.stats, as the evaluate report), speedup
+    over llama.cpp plain (paired interval), outputs equal to plain's."""
+    from specforge_lite.decoding.stats import (method_intervals, percentile_interval, prompt_totals,
+                                               resample_indices, tokens_per_s)
+
+    rows = [{"prompt_id": pid, "method": m, "num_tokens": len(c.tokens), "total_s": c.wall_seconds,
+             "num_forwards": max(0, len(c.tokens) - 1 - c.accepted)} for m, done in runs.items()
+            for pid, c in zip(ids, done)]
+    rows += [{"prompt_id": pid, "method": "ours_plain", "num_tokens": len(g.tokens), "total_s": g.total_s,
+              "num_forwards": len(g.tokens) - 1} for pid, g in zip(ids, ours or [])]
+    totals = prompt_totals(rows)
+    intervals = method_intervals(totals, "llamacpp_plain")
+    indices = resample_indices(len(ids))
+    plain = runs["llamacpp_plain"]
+
+    def rates(name):
+        return {"tokens": int(totals[name].tokens.sum()), "tokens_per_s": float(tokens_per_s(totals[name])),
+                "tokens_per_s_ci": percentile_interval(tokens_per_s(totals[name], indices)),
+                "speedup": float(tokens_per_s(totals[name]) / tokens_per_s(totals["llamacpp_plain"])),
+                "speedup_ci": intervals[name]["speedup_ci"]}
+
+    methods = {}
+    for name, done in runs.items():
+        tokens, accepted = sum(len(c.tokens) for c in done), sum(c.accepted for c in done)
+        methods[name] = {**rates(name), "decode_tokens_per_s": tokens / sum(c.seconds for c in done),
+                         "drafted": sum(c.drafted for c in done), "accepted": accepted,
+                         "tau": (tokens - len(done)) / float(totals[name].forwards.sum()),
+                         "tau_ci": intervals[name]["tau_ci"],
+                         "identical_to_plain": f"{sum(c.tokens == p.tokens for c, p in zip(done, plain))}/{len(done)}"}
+    return methods, ({**rates("ours_plain"), "engine": "static forward (eager), fp32 PyTorch target"} if ours else None)
+
+
+def goal(methods: dict) -> dict:
+    """Is one of our drafters faster than llama.cpp plain and its n-gram drafter, with
+    non-overlapping 95% intervals of tokens/s?"""
+    out = {}
+    for name in ("llamacpp_eagle3", "llamacpp_distilled"):
+        if name in methods:
+            low = methods[name]["tokens_per_s_ci"][0]
+            out[name] = {other: low > methods[other]["tokens_per_s_ci"][1]
+                         for other in ("llamacpp_plain", "llamacpp_ngram") if other in methods}
+    return {"met_by": [n for n, beats in out.items() if beats and all(beats.values())], "faster_than": out}
 
 
 MISMATCH_NOTE = ("\n\n`output = plain` counts the prompts whose greedy tokens equal llama.cpp plain's on the same "
@@ -77,22 +130,36 @@ MISMATCH_NOTE = ("\n\n`output = plain` counts the prompts whose greedy tokens eq
 
 
 def markdown(payload: dict) -> str:
-    rows = ["| method | llama.cpp drafter | tokens/s (95% CI) | speedup | tau | output = plain |",
-            "|---|---|---|---|---|---|"]
-    plain = payload["methods"]["llamacpp_plain"]["tokens_per_s"]
+    f = lambda v, ci, d, x="": f"{v:.{d}f}{x}" + (f" ({ci[0]:.{d}f}-{ci[1]:.{d}f})" if ci else "")  # noqa: E731
+    rows = ["| method | drafter | tokens/s (95% CI) | vs llama.cpp plain (paired 95% CI) | tau (95% CI) | "
+            "output = plain |", "|---|---|---|---|---|---|"]
     for name, e in payload["methods"].items():
-        lo, hi = e["tokens_per_s_ci"]
-        rows.append(f"| {name} | {e['spec_type'] or '-'} | {e['tokens_per_s']:.1f} ({lo:.1f}-{hi:.1f}) | "
-                    f"{e['tokens_per_s'] / plain:.2f}x | {e['tau']:.2f} | {e['identical_to_plain']} |")
+        rows.append(f"| {name} | {e['spec_type'] or 'none'} | {f(e['tokens_per_s'], e['tokens_per_s_ci'], 1)} | "
+                    f"{f(e['speedup'], e['speedup_ci'], 2, 'x')} | {f(e['tau'], e['tau_ci'], 2)} | "
+                    f"{e['identical_to_plain']} |")
+    ours = payload.get("ours_plain")
+    if ours:
+        rows.append(f"| ours_plain | none (our engine: {ours['engine']}) | "
+                    f"{f(ours['tokens_per_s'], ours['tokens_per_s_ci'], 1)} | "
+                    f"{f(ours['speedup'], ours['speedup_ci'], 2, 'x')} | 1.00 | - |")
     skipped = "".join(f"\n- {name}: {why}" for name, why in payload["not_run"].items())
+    met = payload["goal"]["met_by"]
+    verdict = (f"met by {', '.join(met)}" if met else "not met: " + "; ".join(
+        f"{name} " + ", ".join(f"{'above' if ok else 'not above'} {other}" for other, ok in beats.items())
+        for name, beats in payload["goal"]["faster_than"].items()))
+    budgets = "".join(f" {label}: {text}." for label, text in payload["drafter_budgets"].items())
     return (f"## llama.cpp in the loop (SmolLM2)\n\n"
             f"llama.cpp (xllamacpp {payload['xllamacpp']}) at {payload['threads']} threads, target "
             f"`{payload['target']}` ({payload['target_precision']}), {payload['num_prompts']} MT-Bench first turns, "
-            f"{payload['max_new_tokens']} new tokens, greedy, k={payload['k']}; tokens/s over the whole request "
-            f"(prompt included), intervals: percentile bootstrap over prompts; tau = tokens / target forwards "
-            f"from llama.cpp's draft counters (bonus token included). EAGLE-3 drafter: {payload['drafter_budget']}."
-            f"\n\n" + "\n".join(rows) + (f"\n\nNot run:{skipped}" if skipped else "") + MISMATCH_NOTE +
-            f"\n\nCommand: `{payload['command']}`\n")
+            f"{payload['max_new_tokens']} new tokens each (end of sequence ignored), greedy, k={payload['k']}, methods "
+            f"one after another, each on its own server after one warm-up prompt; tokens/s over the whole request "
+            f"(prompt included); intervals: 95% percentile bootstrap over prompts, the same resampled prompts for "
+            f"every method; tau = tokens emitted by decoding forwards / decoding forwards, from llama.cpp's draft "
+            f"counters (the evaluate report's definition, plain = 1.00). ours_plain: our engine's plain decoding of "
+            f"the same prompt ids in the same run (a different engine and precision).{budgets}"
+            f"\n\n" + "\n".join(rows) + (f"\n\nNot run:{skipped}" if skipped else "") +
+            f"\n\nGoal (one of our drafters faster than llama.cpp plain and its n-gram drafter, non-overlapping "
+            f"tokens/s intervals): {verdict}." + MISMATCH_NOTE + f"\n\nCommand: `{payload['command']}`\n")
 
 
 def rewrite_doc() -> None:
@@ -110,7 +177,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--drafter-budget", default="see the run's train/ folder")
+    parser.add_argument("--eagle3-budget", default="see the run's train/ folder")
+    parser.add_argument("--distilled-budget", default="see the distilled run's train/ folder")
+    parser.add_argument("--ours-plain", action="store_true", help="also time our engine's plain decoding")
     args = parser.parse_args()
 
     from specforge_lite.llamacpp.gguf_export import eagle3_to_gguf, llama_to_gguf, smollm2_gguf
@@ -131,19 +200,20 @@ def main() -> None:
                                                      vocab_gguf=target)
     else:
         not_run["llamacpp_distilled"] = "no distilled draft model was trained for this run"
-    methods = {}
+    runs = {}
     for method in ("llamacpp_plain", "llamacpp_ngram", "llamacpp_eagle3", "llamacpp_distilled"):
-        if method in not_run:
-            continue
-        methods[method] = run_method(method, target, drafts.get(method), prompts, args)
-        methods[method]["spec_type"] = SPEC_TYPE_FLAGS.get(METHODS[method])
-    plain = methods["llamacpp_plain"]["outputs"]
-    for entry in methods.values():
-        entry["identical_to_plain"] = f"{sum(a == b for a, b in zip(entry.pop('outputs'), plain))}/{len(plain)}"
+        if method not in not_run:
+            runs[method] = run_method(method, target, drafts.get(method), prompts, args)
+    methods, ours = summarise(runs, ids, our_plain(prompts, args) if args.ours_plain else None)
+    for method, entry in methods.items():
+        entry["spec_type"] = SPEC_TYPE_FLAGS.get(METHODS[method])
     command = "python -m benchmarks.bench_llamacpp " + shlex.join(sys.argv[1:])
+    budgets = {label: text for label, text, method in (("EAGLE-3 drafter", args.eagle3_budget, "llamacpp_eagle3"),
+               ("Distilled draft model", args.distilled_budget, "llamacpp_distilled")) if method in methods}
     payload = {"xllamacpp": version(), "threads": args.threads, "target": SMOLLM2_GGUF, "target_precision": "Q4_1",
                "num_prompts": len(prompts), "prompt_ids": ids, "max_new_tokens": args.max_new_tokens, "k": args.k,
-               "drafter_budget": args.drafter_budget, "methods": methods, "not_run": not_run, "command": command}
+               "drafter_budgets": budgets, "methods": methods, "ours_plain": ours, "goal": goal(methods),
+               "not_run": not_run, "command": command}
     path = write_results("llamacpp_smollm2", payload)
     update_doc_section("llamacpp_smollm2", markdown(payload))
     print(f"wrote {path} and docs/BENCHMARKS.md section 'llamacpp_smollm2'")
