@@ -28,7 +28,8 @@ from specforge_lite.llamacpp.checks import gguf_refusal
 from specforge_lite.llamacpp.files import write_gguf_folder
 from specforge_lite.sizing import check_stage
 from specforge_lite.registry import DRAFTERS, detect_drafter, sglang_refusal
-from specforge_lite.targets import HUB_IDS, load_target, resolve_target_path
+from specforge_lite.target_head import load_target_head
+from specforge_lite.targets import HUB_IDS, resolve_target_path
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ def run(cfg: DictConfig) -> None:
     final = Path(cfg.run_dir) / STAGE_DIRS["export"]
     if final.exists() and not final.is_dir():  # never renamed aside and left hidden
         raise SpecforgeError(f"{final} is a file, not an export folder; move or delete it (or set another run_dir)")
-    target, tokenizer = load_target(cfg.target)
+    # the checks use the target's embeddings, final norm and lm_head: only those are read
+    target, tokenizer = load_target_head(cfg.target)
     k, k_source = chosen_k(cfg)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
     # written whole into a temporary folder, checked strictly there, then renamed into place:
