@@ -52,12 +52,15 @@ def exported(tmp_path_factory) -> Path:
 
 # --------------------------------------------------------------------------- 2. provenance
 
-def test_a_refused_train_leaves_the_earlier_drafter_and_its_record_as_they_were(capsys, exported, tmp_path):
-    not_a_drafter = tmp_path / "empty"
+@pytest.mark.parametrize("recipe,key", [("smoke", "drafter.init_from"), ("smoke_peagle", "drafter.init_from_eagle3"),
+                                        ("smoke_distilled", "drafter.student")])
+def test_a_refused_train_leaves_the_earlier_drafter_and_its_record_as_they_were(capsys, exported, tmp_path, recipe,
+                                                                                 key):
+    not_a_drafter = tmp_path / "empty"  # a folder (it passes the door's path check), but no drafter or model
     not_a_drafter.mkdir()
     before = digest(exported / "train")
-    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={exported}", *SAMPLED, "train.max_steps=1",
-                    "train.checkpoint_every=0", f"drafter.init_from={not_a_drafter}")
+    code, err = cli(capsys, "train", f"+recipe={recipe}", f"run_dir={exported}", *SAMPLED, "train.max_steps=1",
+                    "train.checkpoint_every=0", f"{key}={not_a_drafter}")
     assert code == 2 and "Traceback" not in err, err
     assert str(not_a_drafter) in err, err
     assert digest(exported / "train") == before  # config.yaml, versions.json and the drafter, byte for byte
@@ -162,6 +165,19 @@ class _Toy:
 
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+
+
+def test_a_graph_folder_that_cannot_hold_a_package_is_said_before_compiling(tmp_path):
+    from specforge_lite.runtime import graph_cache
+
+    package = tmp_path / "toy-abc.pt2"
+    package.mkdir()  # a folder where the package file goes
+    assert graph_cache._unkeepable(tmp_path, package) == f"{package} is not a file"
+    (tmp_path / "file").write_text("mine")
+    under_a_file = tmp_path / "file" / "graphs"
+    assert graph_cache._unkeepable(under_a_file, under_a_file / "x.pt2") == f"{under_a_file}: Not a directory"
+    assert graph_cache._unkeepable(tmp_path / "new" / "graphs", tmp_path / "new" / "graphs" / "x.pt2") is None
+    assert sorted(p.name for p in (tmp_path / "new" / "graphs").iterdir()) == []  # the probe file is gone
 
 
 def test_a_graph_that_cannot_be_kept_is_used_for_the_run_with_a_warning(tmp_path, caplog, monkeypatch):
