@@ -265,14 +265,14 @@ def check_target_dir(path: Path, weights: bool = True) -> None:
         safetensors_header(file)
 
 
-def load_target_config(target_cfg):
-    """The target's HF config, after checking a local folder's files (config.json, and the
-    weight files' headers and sizes: cheap, no tensor is read); what validation reads."""
+def load_target_config(target_cfg, weights: bool = True):
+    """The target's HF config, after checking a local folder's files (config.json, and with
+    `weights` the weight files' headers and sizes: cheap, no tensor is read); what validation reads."""
     from transformers import AutoConfig
 
     path = resolve_target_path(target_cfg.path)
     if Path(path).is_dir():
-        check_target_dir(Path(path))
+        check_target_dir(Path(path), weights)
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as err:

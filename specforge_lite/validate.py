@@ -74,7 +74,8 @@ def validate_for_target(cfg: DictConfig) -> None:
         return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
     from specforge_lite.targets import load_target_config, resolve_target_path
 
-    target_config = load_target_config(cfg.target)
+    # export reads only the embeddings, final norm and lm_head (target_head.py checks their files)
+    target_config = load_target_config(cfg.target, weights=cfg.stage != "export")
     if cfg.stage in TARGET_STAGES:
         validate_config(cfg, target_config)
     # the other models a stage will load: paths resolved now (a missing one fails at once)
