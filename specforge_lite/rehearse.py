@@ -161,15 +161,19 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
         settings[key] = value
     env = dict(os.environ, WANDB_MODE=os.environ.get("WANDB_MODE", "offline"), HF_HUB_OFFLINE="1")
     pending = rehearsal.get("pending", {})
+    def portable(text: str) -> str:  # results name the work folder, not this machine's path
+        return text.replace(str(work), "WORK")
+
     out = {"recipe": recipe, "ranks": ranks, "layout": spec["layout"], "substituted": substituted,
-           "stand_in": {k: v for k, v in settings.items() if k.startswith(("target.", "drafter."))}, "commands": []}
+           "stand_in": {k: portable(v) for k, v in settings.items() if k.startswith(("target.", "drafter."))},
+           "commands": []}
     for command in spec["commands"]:
         clear(settings["run_dir"])
         argv = rehearsed_argv(command["run"], settings)
         print(f"rehearse [{command['label']}]: {shlex.join(argv[1:])}", flush=True)
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=REPO, env=env)
-        entry = {"label": command["label"], "card": command["run"], "rehearsed": shlex.join(argv[1:]),
+        entry = {"label": command["label"], "card": command["run"], "rehearsed": portable(shlex.join(argv[1:])),
                  "returncode": proc.returncode, "seconds": round(time.perf_counter() - start, 1),
                  "stages": stage_summary(settings["run_dir"], world=ranks)}
         for stage, acc in entry["stages"].items():
@@ -177,6 +181,8 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
             key = f"{command['label']}/{stage}"
             acc["verdict"] = ("within share" if acc["within_share"] else
                               f"NOT YET within share: {pending[key]}" if key in pending else "OVER SHARE")
+        if not entry["stages"]:
+            entry["note"] = "no target weights loaded through an accounted loader (accounting.record_target)"
         out["commands"].append(entry)
         if proc.returncode:
             break
@@ -192,7 +198,8 @@ def report(result: dict) -> str:
     lines = [f"rehearsal of {result['recipe']} on {result['ranks']} CPU ranks"
              + (f" ({result['substituted']})" if result["substituted"] else "")]
     for command in result["commands"]:
-        lines.append(f"  {command['label']}: exit {command['returncode']}, {command['seconds']} s")
+        lines.append(f"  {command['label']}: exit {command['returncode']}, {command['seconds']} s"
+                     + (f" ({command['note']})" if command.get("note") else ""))
         for stage, acc in command["stages"].items():
             per_rank = ", ".join(f"r{r} {b / 1e6:.2f}" for r, b in acc["ranks"].items())
             lines.append(f"    {stage:<9} layer weights held (MB) {per_rank} of {acc['layer_bytes_total'] / 1e6:.2f}; "
