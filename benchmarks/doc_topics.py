@@ -34,6 +34,15 @@ TOPICS = [
     ("Other records", [], ()),
 ]
 
+# what a reader needs before a topic's sections (no figures: those live in the sections)
+INTROS = {
+    "Drafters side by side": "Each section's date is in the contents. Sections recorded before the packaged "
+                             "compiled target forward (the `engine_avx2` and `engine_avx512` sections) measured "
+                             "their speeds on the earlier engine: their tau and acceptance stand, their tokens/s "
+                             "and speedups do not compare with later sections. `draft_model` in those sections is "
+                             "today's `untrained_draft`.",
+}
+
 # section -> the later record of the same experiment. The section is left out while its own
 # results file is older than the successor's (a re-run brings it back).
 SUPERSEDED_BY = {
@@ -72,7 +81,8 @@ def split(text: str) -> tuple[str, dict[str, str]]:
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
         body = text[mark.start():end]
         close = body.find(f"<!-- /{name} -->") + len(f"<!-- /{name} -->")
-        reading = "\n".join(line for line in body[close:].split("\n") if not line.startswith("# "))
+        reading = "\n".join(line for line in body[close:].split("\n")
+                            if not line.startswith("# ") and line not in INTROS.values())
         sections[name] = (body[:close] + reading).strip() + "\n"
     return header.strip() + "\n", sections
 
@@ -114,7 +124,7 @@ def order_benchmarks(text: str) -> str:
         if not names:
             continue
         toc.append(f"- [{title}](#{slug(title, seen)})")
-        body.append(f"# {title}\n")
+        body.append(f"# {title}\n" + (f"\n{INTROS[title]}\n" if title in INTROS else ""))
         for name in names:
             head = heading(sections[name], name)
             date = result_date(name)
