@@ -48,6 +48,9 @@ def weight_files(path: str, names: list[str]) -> tuple[Path, dict[str, Path]]:
 
         folder = Path(snapshot_download(path, allow_patterns=sorted(set(files.values()))))
     found = {}
+    for file in sorted(set(files.values())):
+        if (folder / file).exists():
+            safetensors_header(folder / file)  # complete, as its header says: one line naming a damaged file
     for name, file in files.items():
         if (folder / file).exists():
             with safe_open(str(folder / file), framework="pt") as handle:
@@ -76,8 +79,6 @@ def load_target_head(target_cfg):
     if missing:
         raise SpecforgeError(f"target.path={target_cfg.path!r}: no safetensors file in {folder} holds "
                              f"{', '.join(missing)} (export reads the embeddings, final norm and lm_head by name)")
-    for file in set(files.values()):
-        safetensors_header(file)  # complete, as its header says: one line naming a damaged file
     with torch.no_grad():
         for name in needed:
             with safe_open(str(files[name]), framework="pt") as handle:

@@ -57,3 +57,19 @@ def test_export_without_the_layers_file(tmp_path, recipe):
     assert json.loads((run_dir / "export" / "export.json").read_text())["strict_reload"] == "passed"
     held = json.loads((run_dir / "accounting" / "export.rank0.json").read_text())
     assert held["layer_bytes_held"] == 0 and held["other_bytes_held"] > 0, held
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda t: (t / "head.safetensors").write_bytes((t / "head.safetensors").read_bytes()[:1000]), "head.safetensors"),
+    (lambda t: (t / "head.safetensors").unlink(), "holds model.embed_tokens.weight"),
+], ids=["head_truncated", "head_missing"])
+def test_a_damaged_head_file_stops_export_in_one_line(tmp_path, damage, message):
+    target = split_target(tmp_path / "target")
+    run_dir = tmp_path / "run"
+    common = ["+recipe=smoke", f"target.path={target}", f"run_dir={run_dir}"]
+    run_cli("train", *common, *TRAIN, check=True)
+    damage(target)
+    proc = run_cli("export", *common)
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "Warning" not in line]
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    assert not (run_dir / "export").exists()
