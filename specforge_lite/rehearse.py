@@ -63,8 +63,26 @@ def card_section(spec: dict) -> str:
     lines += ["```", "", f"Rehearsed on CPU ranks with a tiny stand-in target: `make rehearse RECIPE={spec['recipe']}` "
               f"(the same commands with {spec['rehearsal']['ranks']} ranks for the node's "
               f"{spec['layout']['gpus_per_node']} GPUs; per-rank target weights held, per stage, in "
-              f"`benchmarks/results/rehearse_{spec['recipe']}.json`).", "", END]
+              f"`benchmarks/results/rehearse_{spec['recipe']}.json`).", *last_verdicts(spec), "", END]
     return "\n".join(lines)
+
+
+def last_verdicts(spec: dict) -> list[str]:
+    """What the recorded rehearsal found, stage by stage (from its results file, no figures)."""
+    path = RESULTS / f"rehearse_{spec['recipe']}.json"
+    if not path.exists():
+        return []
+    runs = json.loads(path.read_text()).get("runs", {})
+    if str(spec["rehearsal"]["ranks"]) not in runs:
+        return []
+    within, not_yet = [], []
+    for command in runs[str(spec["rehearsal"]["ranks"])]["commands"]:
+        for stage, acc in command["stages"].items():
+            name = command["label"] if command["label"] == stage else f"{command['label']} ({stage})"
+            (within if acc["within_share"] else not_yet).append(
+                name if acc["within_share"] else f"{name}: {acc['verdict'].split(': ', 1)[-1]}")
+    return ["", "Every rank within its share of the target's layer weights: " + (", ".join(within) or "none") + ".",
+            *([f"Not yet: {'; '.join(not_yet)}."] if not_yet else [])]
 
 
 def write_card(recipe: str) -> bool:
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cards:
         for path in sorted(RECIPES.glob("*/commands.yaml")):
-            print(f"{path.parent / 'README.md'}: {'written' if write_card(path.parent.name) else 'up to date'}")
+            print(f"{(path.parent / 'README.md').relative_to(REPO)}: {'written' if write_card(path.parent.name) else 'up to date'}")
         return 0
     if not args.recipe:
         parser.error("name a recipe (or --cards)")
@@ -238,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     merged.setdefault("runs", {})[str(ranks)] = result
     path.write_text(json.dumps(merged, indent=1) + "\n")
     print(f"written {path}")
+    if args.results == RESULTS:  # the card says what the recorded rehearsal found
+        write_card(args.recipe)
     return 0 if result["passed"] else 1
 
 
