@@ -49,7 +49,7 @@ def load_spec(recipe: str) -> dict:
     path = RECIPES / recipe / "commands.yaml"
     if not path.is_file():
         known = sorted(p.parent.name for p in RECIPES.glob("*/commands.yaml"))
-        raise SystemExit(f"error: {path} not found; recipes with a rehearsal: {', '.join(known) or 'none'}")
+        raise SystemExit(f"error: {path.relative_to(REPO)} not found; recipes with a rehearsal: {', '.join(known) or 'none'}")
     return yaml.safe_load(path.read_text())
 
 
