@@ -148,9 +148,10 @@ def markdown(payload: dict) -> str:
         f"{name} " + ", ".join(f"{'above' if ok else 'not above'} {other}" for other, ok in beats.items())
         for name, beats in payload["goal"]["faster_than"].items()))
     budgets = "".join(f" {label}: {text}." for label, text in payload["drafter_budgets"].items())
-    return (f"## llama.cpp in the loop (SmolLM2)\n\n"
+    drafts = payload.get("draft_precision", "f16")
+    return (f"## llama.cpp in the loop (SmolLM2{', ' + drafts.upper() + ' drafts' if drafts != 'f16' else ''})\n\n"
             f"llama.cpp (xllamacpp {payload['xllamacpp']}) at {payload['threads']} threads, target "
-            f"`{payload['target']}` ({payload['target_precision']}), {payload['num_prompts']} MT-Bench first turns, "
+            f"`{payload['target']}` ({payload['target_precision']}), our drafts' matrices in {drafts}, {payload['num_prompts']} MT-Bench first turns, "
             f"{payload['max_new_tokens']} new tokens each (end of sequence ignored), greedy, k={payload['k']}, methods "
             f"one after another, each on its own server after one warm-up prompt; tokens/s over the whole request "
             f"(prompt included); intervals: 95% percentile bootstrap over prompts, the same resampled prompts for "
@@ -162,10 +163,10 @@ def markdown(payload: dict) -> str:
             f"tokens/s intervals): {verdict}." + MISMATCH_NOTE + f"\n\nCommand: `{payload['command']}`\n")
 
 
-def rewrite_doc() -> None:
+def rewrite_doc(name: str = "llamacpp_smollm2") -> None:
     """Regenerate the docs section from the recorded results (no new measurement)."""
-    payload = json.loads((RESULTS / "llamacpp_smollm2.json").read_text())
-    update_doc_section("llamacpp_smollm2", markdown(payload))
+    payload = json.loads((RESULTS / f"{name}.json").read_text())
+    update_doc_section(name, markdown(payload))
 
 
 def main() -> None:
@@ -180,6 +181,8 @@ def main() -> None:
     parser.add_argument("--eagle3-budget", default="see the run's train/ folder")
     parser.add_argument("--distilled-budget", default="see the distilled run's train/ folder")
     parser.add_argument("--ours-plain", action="store_true", help="also time our engine's plain decoding")
+    parser.add_argument("--draft-precision", choices=["f16", "q8_0"], default="f16", help="our drafts' matrices")
+    parser.add_argument("--name", default="llamacpp_smollm2", help="results file and docs section")
     args = parser.parse_args()
 
     from specforge_lite.llamacpp.gguf_export import eagle3_to_gguf, llama_to_gguf, smollm2_gguf
@@ -192,12 +195,13 @@ def main() -> None:
     drafts, not_run = {}, {}
     speculators = args.run_dir / "export" / "speculators"
     if speculators.is_dir():
-        drafts["llamacpp_eagle3"] = eagle3_to_gguf(speculators, target, gguf_dir / "eagle3.gguf")
+        drafts["llamacpp_eagle3"] = eagle3_to_gguf(speculators, target, gguf_dir / f"eagle3.{args.draft_precision}.gguf",
+                                                   precision=args.draft_precision)
     else:
         not_run["llamacpp_eagle3"] = f"no EAGLE-3 export in {speculators}"
     if args.distilled_dir is not None:
-        drafts["llamacpp_distilled"] = llama_to_gguf(args.distilled_dir, gguf_dir / "draft_model.gguf",
-                                                     vocab_gguf=target)
+        drafts["llamacpp_distilled"] = llama_to_gguf(args.distilled_dir, gguf_dir / f"draft_model.{args.draft_precision}.gguf",
+                                                     vocab_gguf=target, precision=args.draft_precision)
     else:
         not_run["llamacpp_distilled"] = "no distilled draft model was trained for this run"
     runs = {}
@@ -211,12 +215,12 @@ def main() -> None:
     budgets = {label: text for label, text, method in (("EAGLE-3 drafter", args.eagle3_budget, "llamacpp_eagle3"),
                ("Distilled draft model", args.distilled_budget, "llamacpp_distilled")) if method in methods}
     payload = {"xllamacpp": version(), "threads": args.threads, "target": SMOLLM2_GGUF, "target_precision": "Q4_1",
-               "num_prompts": len(prompts), "prompt_ids": ids, "max_new_tokens": args.max_new_tokens, "k": args.k,
+               "draft_precision": args.draft_precision, "num_prompts": len(prompts), "prompt_ids": ids, "max_new_tokens": args.max_new_tokens, "k": args.k,
                "drafter_budgets": budgets, "methods": methods, "ours_plain": ours, "goal": goal(methods),
                "not_run": not_run, "command": command}
-    path = write_results("llamacpp_smollm2", payload)
-    update_doc_section("llamacpp_smollm2", markdown(payload))
-    print(f"wrote {path} and docs/BENCHMARKS.md section 'llamacpp_smollm2'")
+    path = write_results(args.name, payload)
+    update_doc_section(args.name, markdown(payload))
+    print(f"wrote {path} and docs/BENCHMARKS.md section '{args.name}'")
 
 
 if __name__ == "__main__":

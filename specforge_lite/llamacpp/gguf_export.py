@@ -31,7 +31,7 @@ class GGUFExportError(SpecforgeError, ValueError):
     """What llama.cpp cannot run, or a file that does not fit its target (exit 2)."""
 
 
-PRECISIONS = {"f32": "F32", "f16": "F16"}
+PRECISIONS = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0"}  # q8_0: matrices in 32-wide blocks
 TOKENIZER_PREFIX = "tokenizer."
 
 
@@ -140,7 +140,10 @@ def add_weight(writer, name: str, array: np.ndarray, precision: str) -> None:
     """Norms and vectors stay F32 (llama.cpp's norm kernels want F32); matrices in `precision`."""
     gguf = gguf_module()
     array = np.ascontiguousarray(array, dtype=np.float32)
-    if array.ndim >= 2 and precision == "f16":
+    if array.ndim >= 2 and precision == "q8_0" and array.shape[-1] % 32 == 0:
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        writer.add_tensor(name, gguf.quants.quantize(array, q8), raw_dtype=q8)
+    elif array.ndim >= 2 and precision in ("f16", "q8_0"):
         writer.add_tensor(name, array.astype(np.float16), raw_dtype=gguf.GGMLQuantizationType.F16)
     else:
         writer.add_tensor(name, array)
@@ -179,7 +182,7 @@ def write_llama_hparams(writer, layer: dict, n_layers: int, vocab_size: int, pre
     writer.add_layer_norm_rms_eps(float(layer.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(vocab_size)
     file_type = gguf_module().LlamaFileType
-    writer.add_file_type(file_type.MOSTLY_F16 if precision == "f16" else file_type.ALL_F32)
+    writer.add_file_type({"f16": file_type.MOSTLY_F16, "q8_0": file_type.MOSTLY_Q8_0}.get(precision, file_type.ALL_F32))
 
 
 def finish(writer, out: Path) -> Path:

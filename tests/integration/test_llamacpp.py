@@ -112,6 +112,24 @@ def test_speculative_methods_are_lossless_on_tiny_target(tiny):
     assert decode(target_gguf, "llamacpp_ngram").tokens == plain
 
 
+def test_q8_0_drafts_load_and_stay_lossless(tiny, tmp_path):
+    """Drafts with Q8_0 matrices (cheaper draft forwards): EAGLE-3 and a draft model load beside
+    the f32 target and reproduce its plain output."""
+    hf_dir, target_gguf, model, _ = tiny
+    plain = decode(target_gguf, "llamacpp_plain").tokens
+    eagle_dir = write_eagle3(tmp_path / "eagle3", drafter_config(model.config, 64), target=model)
+    eagle_gguf = eagle3_to_gguf(eagle_dir, target_gguf, tmp_path / "eagle3.gguf", precision="q8_0")
+    draft_gguf = llama_to_gguf(hf_dir, tmp_path / "draft.gguf", vocab_gguf=target_gguf, precision="q8_0")
+    from specforge_lite.llamacpp.gguf_export import read_gguf
+
+    for path, matrix in ((eagle_gguf, "fc.weight"), (draft_gguf, "blk.0.ffn_up.weight")):
+        kinds = {t.name: t.tensor_type.name for t in read_gguf(path).tensors}
+        assert kinds[matrix] == "Q8_0" and kinds["output_norm.weight"] == "F32", path.name
+    for method, draft in (("llamacpp_eagle3", eagle_gguf), ("llamacpp_distilled", draft_gguf)):
+        spec = decode(target_gguf, method, draft=draft)
+        assert spec.tokens == plain and spec.drafted > 0, method
+
+
 def test_bad_ggufs_get_one_clear_error(tiny, tmp_path):
     hf_dir, target_gguf, model, _ = tiny
     damaged = tmp_path / "damaged.gguf"
