@@ -49,7 +49,9 @@ def load_spec(recipe: str) -> dict:
     path = RECIPES / recipe / "commands.yaml"
     if not path.is_file():
         known = sorted(p.parent.name for p in RECIPES.glob("*/commands.yaml"))
-        raise SystemExit(f"error: {path.relative_to(REPO)} not found; recipes with a rehearsal: {', '.join(known) or 'none'}")
+        print(f"error: {path.relative_to(REPO)} not found; recipes with a rehearsal: {', '.join(known) or 'none'}",
+              file=sys.stderr)
+        raise SystemExit(2)
     return yaml.safe_load(path.read_text())
 
 
@@ -159,7 +161,8 @@ def rehearsed_argv(run: str, settings: dict) -> list[str]:
     """The card's command with the rehearsal's settings in place of the same keys."""
     words = shlex.split(run)
     if words[:3] != ["python", "-m", "specforge_lite"]:
-        raise SystemExit(f"error: a card command must start `python -m specforge_lite`: {run}")
+        print(f"error: a card command must start `python -m specforge_lite`: {run}", file=sys.stderr)
+        raise SystemExit(2)
     kept = [w for w in words[3:] if w.lstrip("+").split("=", 1)[0] not in settings]
     return [sys.executable, "-m", "specforge_lite", *kept, *(f"{k}={v}" for k, v in settings.items())]
 
