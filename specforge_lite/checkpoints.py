@@ -30,6 +30,7 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import (DAMAGED, ArtifactError, load_safetensors, read_json, read_json_object,
                                         safetensors_header, torch_load, write_failure)
+from specforge_lite.artifacts import modes_as_umask_says
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def write_checkpoint(ckpt_dir: Path, step: int, keep: int, write: Callable[[Path
         if rank == 0:
             save_rng(tmp)
             (tmp / STATE).write_text(json.dumps({"step": step, **state}))
+            modes_as_umask_says(tmp)  # safetensors writes its files 600
             if final.exists():  # the same step written before (a resumed run): keep the first
                 shutil.rmtree(tmp)
             else:

@@ -37,14 +37,17 @@ QUICK_EVAL = ("eval.methods=[plain]", "eval.max_prompts=2", "eval.warmup=0", "ev
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
-    """A smoke run folder sampled, trained (1 step), evaluated and exported under umask 022."""
+    """A smoke run folder sampled, trained (1 step, after a checkpoint of another run's first
+    step), evaluated and exported under umask 022."""
     run_dir = tmp_path_factory.mktemp("surfaces") / "run"
     mask = os.umask(0o022)
     try:
-        for stage, extra in (("sample", ()), ("train", ("train.max_steps=1", "train.checkpoint_every=0")),
-                             ("evaluate", QUICK_EVAL), ("export", ())):
+        run_ok("sample", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED)
+        run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, "train.max_steps=2", "train.checkpoint_every=1")
+        for stage, extra in (("train", ("train.resume=false",)), ("evaluate", QUICK_EVAL), ("export", ())):
             run_ok(stage, "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, "train.max_steps=1",
                    "train.checkpoint_every=0", *extra)
+        assert list((run_dir / "train" / "checkpoints").iterdir())  # one kept: its modes are checked too
     finally:
         os.umask(mask)
     return run_dir
@@ -96,7 +99,7 @@ def test_every_artifact_is_readable_by_others_under_umask_022(exported):
         if mode & 0o055 != wanted & 0o055:
             unreadable.append(f"{path.relative_to(exported)} {oct(mode)}")
     assert not unreadable, unreadable
-    for folder in ("export", "train/drafter", "eval", "samples"):  # each of these was checked above
+    for folder in ("export", "train/drafter", "train/checkpoints", "eval", "samples"):  # each checked above
         assert (exported / folder).is_dir() and any((exported / folder).iterdir())
 
 
