@@ -5,9 +5,10 @@ prompts given as token ids through its native `/completion` endpoint: greedy, a 
 of new tokens (end-of-sequence ignored), batch 1, no prompt cache. It returns the tokens, the
 wall time and llama.cpp's own counters (`timings.draft_n`, `timings.draft_n_accepted`).
 
-tau follows the project's convention (tokens emitted per target forward, bonus included,
-plain = 1.00). llama.cpp emits accepted + 1 tokens per verifying forward, so the forwards are
-`predicted_n - draft_n_accepted` and tau = predicted_n / (predicted_n - draft_n_accepted).
+tau follows the evaluate report's definition (tokens emitted by decoding forwards / decoding
+forwards, bonus included, plain = 1.00). The first token comes from the prompt forward and every
+later forward emits its accepted drafts + 1, so the decoding forwards are
+`predicted_n - 1 - draft_n_accepted` and tau = (predicted_n - 1) / that.
 
 Methods: `llamacpp_plain`; `llamacpp_ngram` (llama.cpp's `ngram-simple` drafter: the last
 n-gram's previous continuation in the context); `llamacpp_eagle3` (`draft-eagle3`, our
@@ -69,7 +70,7 @@ class Completion:
 
     @property
     def tau(self) -> float:
-        n = len(self.tokens)
+        n = len(self.tokens) - 1
         return n / max(1, n - self.accepted)
 
 
