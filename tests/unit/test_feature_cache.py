@@ -1,0 +1,50 @@
+"""The offline feature cache's key: anything that makes its content (rows, target, layers,
+dtype) changed empties it before it is built again; the same key keeps the shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specforge_lite.features import FeatureCache, cache_key
+
+ROWS = [{"id": f"c{i}", "input_ids": list(range(3, 10 + i)), "loss_mask": [1] * (7 + i)} for i in range(4)]
+
+
+def build(folder, target, rows, layers, dtype="torch.float32"):
+    cache = FeatureCache(folder, shard_size=2)
+    key = cache_key(rows, "builtin:tiny-llama", dtype, layers)
+    cache.prepare(rows, target.config.hidden_size, layers, key)
+    cache.build(target, rows, layers, pad_id=0, batch_size=2)
+    return cache
+
+
+@pytest.mark.parametrize("change", ["same", "ids", "tokens", "layers", "dtype"])
+def test_a_changed_key_rebuilds(tmp_path, tiny_target, change):
+    target, _ = tiny_target
+    build(tmp_path, target, ROWS, [1, 2, 3])
+    marker = tmp_path / "left-by-the-first-build"  # a rebuild empties the folder
+    marker.touch()
+    rows, layers, dtype = [dict(r) for r in ROWS], [1, 2, 3], "torch.float32"
+    if change == "ids":
+        rows[1]["id"] = "other"
+    elif change == "tokens":
+        rows[1]["input_ids"] = rows[1]["input_ids"][::-1]
+    elif change == "layers":
+        layers = [0, 2, 3]
+    elif change == "dtype":
+        dtype = "torch.bfloat16"
+    cache = build(tmp_path, target, rows, layers, dtype)
+    rebuilt = not marker.exists()
+    assert rebuilt is (change != "same")
+    aux, last = cache.get(1)
+    assert last.shape[0] == len(rows[1]["input_ids"]) and aux.shape[-1] == 3 * target.config.hidden_size
+
+
+def test_the_target_files_are_in_the_key(tmp_path):
+    from specforge_lite.targets import resolve_target_path
+
+    key = cache_key(ROWS, "builtin:tiny-llama", "torch.float32", [1])["target"]
+    assert key["config_sha256"] and key["weights"]
+    assert key["path"] == str(Path(resolve_target_path("builtin:tiny-llama")).resolve())
