@@ -43,7 +43,8 @@ def test_run_named_grouped_tagged_and_resumed(tmp_path, monkeypatch):
     finally:
         again.close()
     runs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(p.name.endswith(first_id) for p in runs)
+    # offline-run-<time>-<id>, with "-1" appended when both started within the same second
+    assert len(runs) == 2 and all(p.name.split("-")[3] == first_id for p in runs)
 
 
 def test_defaults_and_one_run_per_job(tmp_path, monkeypatch):
