@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import umask
 from specforge_lite.artifact_io import ArtifactError, read_json_object, safetensors_header, write_failure
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class FeatureCache:
         tmp = self.dir / f".shard-{j:05d}.tmp"
         try:
             save_file(tensors, str(tmp))
+            tmp.chmod(0o666 & ~umask())  # safetensors writes 600: the umask's mode, as for every artifact
             tmp.replace(self.shard_file(j))
         except Exception as err:
             tmp.unlink(missing_ok=True)

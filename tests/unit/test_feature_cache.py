@@ -48,3 +48,18 @@ def test_the_target_files_are_in_the_key(tmp_path):
     key = cache_key(ROWS, "builtin:tiny-llama", "torch.float32", [1])["target"]
     assert key["config_sha256"] and key["weights"]
     assert key["path"] == str(Path(resolve_target_path("builtin:tiny-llama")).resolve())
+
+
+def test_shards_get_the_umasks_mode(tmp_path, tiny_target):
+    """safetensors writes its files 600; a cache shard, like every artifact, gets 644 under umask 022."""
+    import os
+    import stat
+
+    target, _ = tiny_target
+    mask = os.umask(0o022)
+    try:
+        build(tmp_path, target, ROWS, [1, 2, 3])
+    finally:
+        os.umask(mask)
+    shards = list(tmp_path.glob("*.safetensors"))
+    assert shards and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in shards)
