@@ -1,6 +1,7 @@
 """Per-rank accounting of the target's weights held in each stage.
 
-Every place that loads the target calls `record_target(model)`; while a stage runs
+Every place that loads the target calls `record_target(model)` (a stage that keeps the target
+out of its process, `record_no_target(config)`); while a stage runs
 (`begin_stage`, called by the stage runner in every rank) that writes what this rank holds
 to `run_dir/accounting/STAGE.rank<R>.json`: the bytes of the target's decoder-layer weights
 it holds (a sharded weight's local shard only), the layers' total over all ranks, this
@@ -101,6 +102,20 @@ def record_target(model, how: str) -> dict | None:
     tmp.write_text(json.dumps(entry, indent=1))
     tmp.replace(path)
     return entry
+
+
+def record_no_target(config, how: str) -> dict | None:
+    """Record that this rank holds none of the target's weights in this stage (an evaluate of
+    vLLM methods only: vLLM's own processes hold the target). The layers' total and share come
+    from `config` (the target's HF config), the model built on the meta device: nothing read."""
+    if not _stage:
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return record_target(model, how)
 
 
 def clear(run_dir) -> None:

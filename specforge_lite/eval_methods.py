@@ -69,7 +69,9 @@ def method_problems(eval_cfg) -> list[str]:
         elif label in names:
             problems.append(f"eval.extra_drafters: label {label!r} is a method name; pick another label")
         labels.append(label)
-    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in [*methods, *labels]:
+    # best k needs our engine's forward costs: an evaluate of vllm_* methods only ignores it
+    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in [*methods, *labels] \
+            and engine_needed(eval_cfg):
         problems.append(f"eval.best_k_method={eval_cfg.best_k_method!r} is not one of eval.methods {methods}"
                         + (f" or eval.extra_drafters labels {labels}" if labels else ""))
     return problems
@@ -83,3 +85,25 @@ def run_order(eval_cfg) -> list[str]:
         raise SpecforgeError(problems[0])
     ordered = [*eval_cfg.methods, *labelled_drafters(eval_cfg)]
     return [PLAIN] + [m for m in dict.fromkeys(ordered) if m != PLAIN]
+
+
+def engine_needed(eval_cfg) -> bool:
+    """Whether an evaluate decodes in our engine (which holds the whole target): any method of
+    `eval.methods` that is not a vllm_* method, or an `eval.extra_drafters` label. Without one,
+    evaluate loads no target weights and measures against vllm_plain (serving/vllm_only.py)."""
+    return any(m not in VLLM_METHODS for m in eval_cfg.methods) or bool(labelled_drafters(eval_cfg))
+
+
+def vllm_only_methods(eval_cfg) -> list[str]:
+    """The methods of an evaluate without our engine: vllm_plain, the baseline (added when
+    missing), then the other vllm_* methods in their order."""
+    return ["vllm_plain"] + [m for m in dict.fromkeys(eval_cfg.methods) if m != "vllm_plain"]
+
+
+def vllm_override(eval_cfg, tensor_parallel_size: int) -> str:
+    """The command-line override that measures these methods in vLLM alone: vllm_plain, then the
+    vLLM twin of each method that has one (eagle3 -> vllm_eagle3), and the tensor parallelism."""
+    twin = {ours: name for name, ours in VLLM_OF.items()}
+    names = ["vllm_plain"] + [m if m in VLLM_METHODS else twin.get(m) for m in eval_cfg.methods]
+    return f"eval.methods=[{','.join(n for n in dict.fromkeys(names) if n)}] " \
+           f"eval.vllm.tensor_parallel_size={tensor_parallel_size}"

@@ -11,7 +11,10 @@ and the rehearsal runs the same commands, each as typed, with only these setting
   vocabulary keeps the recipe's fraction of the target vocabulary;
 - the card's parallel layout scaled down: `trainer.num_processes=R` (the card's ranks are the
   node's GPUs, found by the stage itself), vLLM's tensor parallelism R;
-- the recipe's `rehearsal.overrides` (a few rows, steps and tokens).
+- the recipe's `rehearsal.overrides` (a few rows, steps and tokens);
+- without vLLM here (the default), sampling with the hf backend and a vllm_* evaluate with
+  our engine's twins of its methods (vllm_eagle3 -> eagle3), which hold the whole target:
+  such a stage stays under `rehearsal.pending`.
 
 Each stage records what every rank holds of the target (`specforge_lite/accounting.py`); the
 rehearsal compares each rank's peak of decoder-layer weights with 1/R of them, per command,
@@ -34,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from specforge_lite.accounting import clear, stage_summary
+from specforge_lite.eval_methods import VLLM_OF
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -167,16 +171,28 @@ def rehearsed_argv(run: str, settings: dict) -> list[str]:
     return [sys.executable, "-m", "specforge_lite", *kept, *(f"{k}={v}" for k, v in settings.items())]
 
 
+def engine_twins(run: str) -> str | None:
+    """`eval.methods` of a card command with each vllm_* method replaced by our engine's twin
+    (`[vllm_plain,vllm_eagle3]` -> `[plain,eagle3]`), or None when it lists no vllm_* method."""
+    for word in shlex.split(run):
+        if word.startswith("eval.methods="):
+            methods = [m.strip() for m in word.split("=", 1)[1].strip("[]").split(",") if m.strip()]
+            if any(m in VLLM_OF for m in methods):
+                return "[" + ",".join(dict.fromkeys(VLLM_OF.get(m, m) for m in methods)) + "]"
+    return None
+
+
 def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dict:
     spec = load_spec(recipe)
     rehearsal = spec["rehearsal"]
     settings = build_stand_in(spec, work / "stand_in")
     settings.update({"trainer.num_processes": str(ranks), "sample.vllm.tensor_parallel_size": str(ranks),
-                     "run_dir": str(work / "run")})
+                     "eval.vllm.tensor_parallel_size": str(ranks), "run_dir": str(work / "run")})
     substituted = None
     if not use_vllm:
         settings["sample.backend"] = "hf"
-        substituted = "sample.backend=hf (vLLM not used here: its workers would hold the target, 1/N each)"
+        substituted = ("sample.backend=hf and our engine's twins of the vllm_* evaluate methods (vLLM not used "
+                       "here: its workers would hold the target, 1/N each)")
     for item in rehearsal.get("overrides", []):
         key, value = item.split("=", 1)
         settings[key] = value
@@ -190,7 +206,8 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
            "commands": []}
     for command in spec["commands"]:
         clear(settings["run_dir"])
-        argv = rehearsed_argv(command["run"], settings)
+        twins = None if use_vllm else engine_twins(command["run"])
+        argv = rehearsed_argv(command["run"], {**settings, **({"eval.methods": twins} if twins else {})})
         print(f"rehearse [{command['label']}]: {shlex.join(argv[1:])}", flush=True)
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=REPO, env=env)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json
 from specforge_lite.dry_run import GiB, estimate, per_gpu_batch
-from specforge_lite.eval_methods import VLLM_METHODS
+from specforge_lite.eval_methods import VLLM_METHODS, engine_needed, vllm_override
 from specforge_lite.registry import chosen_drafter
 from specforge_lite.targets import sizing_config
 
@@ -118,11 +118,13 @@ def stage_table(cfg: DictConfig, config=None, world: int | None = None, disk: bo
                      else "set trainer.shard_target=true or train.mode=offline"}
 
     e = cfg.eval
-    # `plain`, every evaluate's baseline, always decodes in our engine
-    context = cfg.data.max_length + e.max_new_tokens
-    rows["evaluate"] = {"bytes": whole + context * kv_token + drafter_weights,
-                        "layout": "our engine: whole target on one device, one sequence's KV cache",
-                        "setting": "measure it in vLLM: the vllm_* methods with eval.vllm.tensor_parallel_size"}
+    # our engine (`plain` and every method not vllm_*) holds the whole target; an evaluate of
+    # vllm_* methods only holds none in our process (serving/vllm_only.py), so it has no row
+    if engine_needed(e):
+        context = cfg.data.max_length + e.max_new_tokens
+        rows["evaluate"] = {"bytes": whole + context * kv_token + drafter_weights,
+                            "layout": "our engine: whole target on one device, one sequence's KV cache",
+                            "setting": "measure it in vLLM: the vllm_* methods with eval.vllm.tensor_parallel_size"}
     if any(m in VLLM_METHODS for m in e.methods):
         tp = e.vllm.tensor_parallel_size
         rows["evaluate_vllm"] = {"bytes": whole / tp, "layout": f"vLLM, tensor_parallel_size={tp}",
@@ -168,14 +170,31 @@ def check_stage(cfg: DictConfig, stage: str, rows: tuple[str, ...]) -> None:
     if memory is None:
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    table = stage_table(cfg, world=world, disk=False)["stages"]
+    sized = stage_table(cfg, world=world, disk=False)
+    table = sized["stages"]
     for name in rows:
         row = table.get(name)
         if row is None or fits(row, memory):
             continue
+        setting = row["setting"]
+        if name == "evaluate":  # the exact override that leaves our engine out
+            setting = "evaluate in vLLM alone: " + vllm_override(cfg.eval, vllm_parallel(cfg, sized["target_bytes"],
+                                                                                       memory))
         raise SpecforgeError(f"{stage}: {name} needs {shown(row['bytes'])} per device ({row['layout']}), more than "
                              f"{row.get('budget_share', HEADROOM):.0%} of {shown(memory)} ({where}) on {world} "
-                             f"rank(s): {row['setting']} (dry_run=true sizes every stage)")
+                             f"rank(s): {setting} (dry_run=true sizes every stage)")
+
+
+def vllm_parallel(cfg: DictConfig, target_bytes: float, memory: float) -> int:
+    """The tensor parallelism a vLLM evaluate needs here: at least eval.vllm's (and the vllm
+    sample backend's, the recipe's node layout), doubled until the target's share fits vLLM's
+    budget of one device (the evaluate_vllm row's rule)."""
+    e, s = cfg.eval.vllm, cfg.sample
+    tp = max(e.tensor_parallel_size, s.vllm.tensor_parallel_size if str(getattr(s.backend, "value", s.backend))
+             == "vllm" else 1)
+    while target_bytes / tp > memory * e.gpu_memory_utilization and tp < 1024:
+        tp *= 2
+    return tp
 
 
 def format_table(table: dict, memory: float | None = None) -> list[str]:

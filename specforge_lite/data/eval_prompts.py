@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
+from specforge_lite.data.chat import prompt_ids
 from specforge_lite.data.readers import (MT_BENCH_MEMBER, BadRecord, ReadStats, heldout_split, iter_json_array,
                                          iter_jsonl, package_file, read_conversations)
 
@@ -155,3 +156,40 @@ def eval_prompt(raw: Any, fallback_id: str) -> dict[str, Any]:
         raise BadRecord("non_string_category", f"category is {type(category).__name__}, not a string")
     record_id = raw.get("question_id", raw.get("id", fallback_id))
     return {"id": str(record_id), "category": category, "turns": list(turns)}
+
+
+# --------------------------------------------------------------------------- conversations
+
+def positions_needed(tokenizer, prompt: dict, ecfg) -> int:
+    """Positions one prompt's conversation can take: its user turns, each answer's
+    max_new_tokens plus room for re-tokenising it in the next turn, one verification's k + 1."""
+    turns = len(prompt["turns"])
+    ids = prompt_ids(tokenizer, conversation(prompt, [""] * (turns - 1), turns - 1))
+    return len(ids) + turns * (ecfg.max_new_tokens + 16) + ecfg.num_draft_tokens + 1
+
+
+def fitting_prompts(tokenizer, prompts: list[dict], ecfg, config) -> tuple[list[dict], list[str]]:
+    """The prompts whose conversation fits the target's context (max_position_embeddings), and
+    the ids of those skipped for it (counted in the report, as the sample stage counts its own)."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not context:
+        return prompts, []
+    kept = [p for p in prompts if positions_needed(tokenizer, p, ecfg) <= context]
+    skipped = [p["id"] for p in prompts if p not in kept]
+    if not kept:
+        raise SpecforgeError(f"eval.dataset={ecfg.dataset}: every prompt is longer than the target's context of "
+                             f"{context} positions (with eval.max_new_tokens={ecfg.max_new_tokens} per turn)")
+    if skipped:
+        log.warning("skipped %d of %d eval prompts longer than the target's context of %d positions (with "
+                    "eval.max_new_tokens=%d per turn): %s", len(skipped), len(prompts), context,
+                    ecfg.max_new_tokens, ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+    return kept, skipped
+
+
+def conversation(prompt: dict, replies: list[str], turn: int) -> list[dict]:
+    """The chat messages of turn `turn` (0-based): the system prompt, the earlier user turns with
+    `replies` as the assistant's answers, then this user turn."""
+    messages = [{"role": "system", "content": prompt["system"]}] if prompt.get("system") else []
+    for i in range(turn):
+        messages += [{"role": "user", "content": prompt["turns"][i]}, {"role": "assistant", "content": replies[i]}]
+    return messages + [{"role": "user", "content": prompt["turns"][turn]}]

@@ -70,24 +70,25 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
     its gain over plain decoding is not clear.
     """
     methods = report["methods"]
+    plain = report.get("baseline", "plain")  # vllm_plain in an evaluate without our engine
     lossless = {n: m for n, m in methods.items() if m.get("identical_to_plain") is not False}
     deploy = max(lossless, key=lambda n: lossless[n]["tokens_per_s"])
     best = lossless[deploy]
     reasons = [f"{deploy}: highest measured speed, {best['tokens_per_s']:.1f} tokens/s "
-               f"({best['speedup']:.2f}x plain, tau {best['tau']:.2f})"]
-    if deploy == "plain":
-        reasons.append("no drafter beats plain decoding on this machine and prompt set")
+               f"({best['speedup']:.2f}x {plain}, tau {best['tau']:.2f})"]
+    if deploy == plain:
+        reasons.append(f"no drafter beats plain decoding ({plain}) on this machine and prompt set")
     ranked = sorted((n for n in lossless if n not in (deploy, "hf_generate")),
                     key=lambda n: -lossless[n]["tokens_per_s"])
     runner_up = ranked[0] if ranked else None
-    speculative = {n: m for n, m in lossless.items() if n not in ("plain", "hf_generate")}
+    speculative = {n: m for n, m in lossless.items() if n not in (plain, "hf_generate")}
     fastest_speculative = max(speculative, key=lambda n: speculative[n]["tokens_per_s"]) if speculative else None
     ratio_ci, num_prompts = _winner_interval(report, deploy, runner_up)
     clear_winner = None if ratio_ci is None else ratio_ci[0] > 1.0
     if ratio_ci is not None:
         reasons.append(_winner_wording(deploy, runner_up, ratio_ci, num_prompts, _level(report)))
     # the fastest speculative method against plain, unless the sentence above already said it
-    said_for_plain = clear_winner is False and "plain" in (deploy, runner_up)
+    said_for_plain = clear_winner is False and plain in (deploy, runner_up)
     gain_ci = speculative.get(fastest_speculative, {}).get("speedup_ci")
     if (gain_ci and gain_ci[0] <= 1.0 <= gain_ci[1]
             and not (said_for_plain and fastest_speculative in (deploy, runner_up))):
@@ -114,8 +115,8 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
         nxt = next((n for n in ranked if n not in notes), None)
         note = notes[deploy]
         alternatives.append(note + (f"; the next fastest is {nxt} ({lossless[nxt]['speedup']:.2f}x)" if nxt else ""))
-    return {"deploy": deploy, "reasons": reasons, "alternatives": alternatives, "runner_up": runner_up,
-            "speed_ratio_ci": ratio_ci, "clear_winner": clear_winner}
+    return {"deploy": deploy, "baseline": plain, "reasons": reasons, "alternatives": alternatives,
+            "runner_up": runner_up, "speed_ratio_ci": ratio_ci, "clear_winner": clear_winner}
 
 
 def _level(report: dict) -> str:

@@ -217,6 +217,9 @@ def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | N
     if name == "vllm_untrained_draft":  # the same untrained draft model as our `untrained_draft` method
         if ecfg.untrained_draft_path:
             return {"method": "draft_model", "model": ecfg.untrained_draft_path, "num_speculative_tokens": k}
+        if model is None:  # a vLLM-only evaluate has no target here to build the draft from
+            raise SpecforgeError("vllm_untrained_draft without our engine (vllm_* methods only) needs "
+                                 "eval.untrained_draft_path: the draft model's folder or hub id")
         from specforge_lite.decoding.drafters import load_untrained_draft
 
         path = out / "vllm_untrained_draft"
@@ -227,15 +230,16 @@ def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | N
 
 
 def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: list[int], model, tokenizer,
-                out: Path, seed_of) -> dict:
-    """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1.
+                out: Path, seed_of, dtype: str | None = None) -> dict:
+    """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1, in
+    our target's dtype, or `dtype` when `model` is None (no target in this process).
 
     Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"},
     or {"error": message} for a method vLLM could not load or run (the others still run;
     `raise_failures` fails the stage once the report is written).
     """
     ecfg = cfg.eval
-    dtype = str(model.dtype).removeprefix("torch.")
+    dtype = str(model.dtype).removeprefix("torch.") if model is not None else dtype
     from specforge_lite.targets import resolve_target_path
 
     target = resolve_target_path(cfg.target.path)

@@ -23,8 +23,10 @@ CONVENTIONS = {
 }
 
 
-def report_section(results: dict, report: dict, plain_tokens: list[list[int]], cfg) -> dict:
-    """vLLM's numbers next to our engine's for the same prompts (report["vllm"])."""
+def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | None, cfg) -> dict:
+    """vLLM's numbers next to our engine's for the same prompts (report["vllm"]); without our
+    engine (`plain_tokens` None, no `plain` in report["methods"]) outputs are compared with
+    vllm_plain's only and `baseline` says so."""
     k = cfg.eval.num_draft_tokens
     greedy = cfg.eval.temperature == 0
     ours = report["methods"]
@@ -60,15 +62,17 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]], c
             "speedup_vs_our_plain": None, "speedup_vs_vllm_plain": None,
         }
         if entry["tokens_per_s"]:
-            entry["speedup_vs_our_plain"] = entry["tokens_per_s"] / ours["plain"]["tokens_per_s"]
+            if "plain" in ours:
+                entry["speedup_vs_our_plain"] = entry["tokens_per_s"] / ours["plain"]["tokens_per_s"]
             if vllm_plain is not None:
                 base = sum(len(o["token_ids"]) for o in vllm_plain["outputs"]) / sum(
                     o["seconds"] for o in vllm_plain["outputs"])
                 entry["speedup_vs_vllm_plain"] = entry["tokens_per_s"] / base
         if greedy:
-            same = [o["token_ids"] == p for o, p in zip(outputs, plain_tokens)]
-            entry["identical_to_plain"] = all(same)
-            entry["identical_answers"] = f"{sum(same)}/{len(same)}"
+            if plain_tokens is not None:
+                same = [o["token_ids"] == p for o, p in zip(outputs, plain_tokens)]
+                entry["identical_to_plain"] = all(same)
+                entry["identical_answers"] = f"{sum(same)}/{len(same)}"
             if vllm_plain is not None:
                 entry["identical_to_vllm_plain"] = all(o["token_ids"] == p["token_ids"]
                                                        for o, p in zip(outputs, vllm_plain["outputs"]))
@@ -81,6 +85,7 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]], c
         entries[name] = entry
     first = next(iter(results.values()), {})
     return {"vllm_version": first.get("vllm_version"), "threads": _threads(cfg.eval.vllm),
+            "baseline": "our plain" if plain_tokens is not None else "vllm_plain",
             "conventions": CONVENTIONS, "methods": entries, "failed": failed}
 
 
@@ -102,18 +107,20 @@ def _threads(vcfg) -> str:
 
 def markdown(section: dict, k: int) -> str:
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    ours = section.get("baseline", "our plain") == "our plain"
+    key, against = ("identical_to_plain", "our plain loop's") if ours else ("identical_to_vllm_plain", "vllm_plain's")
     lines = ["", f"## vLLM {section['vllm_version']} (worker threads: {section['threads']})", "",
-             "Same prompts (and turns) as above, batch 1, greedy outputs compared with our plain loop's. "
+             f"Same prompts (and turns) as above, batch 1, greedy outputs compared with {against}. "
              "tau is ours (emitted tokens / decoding forwards, bonus included) computed from vLLM's counters; "
              "vLLM's mean acceptance length is 1 + accepted / drafts.", "",
              "| method | tau | our tau (same drafter) | vLLM mean acceptance length | "
              + " | ".join(f"a{i}" for i in range(1, k + 1))
-             + " | tokens/s | our tokens/s (same drafter) | vs vLLM plain | identical to our plain |",
+             + f" | tokens/s | our tokens/s (same drafter) | vs vLLM plain | identical to {against[:-2]} |",
              "|---|---:|---:|---:|" + "---:|" * k + "---:|---:|---:|:---:|"]
     for name, m in section["methods"].items():
         alphas = m["per_position_acceptance"] or [None] * k
         ours = m.get("ours", {})
-        identical = {True: "yes", False: f"NO ({m.get('identical_answers')})", None: "n/a"}[m.get("identical_to_plain")]
+        identical = {True: "yes", False: f"NO ({m.get('identical_answers', 'some')})", None: "n/a"}[m.get(key)]
         lines.append(f"| {name} | {f(m['tau'])} | {f(ours.get('tau'))} | {f(m['vllm_mean_acceptance_length'])} | "
                      + " | ".join(f(a) for a in alphas)
                      + f" | {f(m['tokens_per_s'], '.1f')} | {f(ours.get('tokens_per_s'), '.1f')} | "

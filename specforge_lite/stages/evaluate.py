@@ -13,6 +13,9 @@ after warm-up, and writes `run_dir/eval/`:
 
 Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1,
 the same text for every method.
+
+With vllm_* methods only (`eval_methods.engine_needed` false) the target never enters this
+process: serving/vllm_only.py measures them against vllm_plain, first turns only.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from tqdm.auto import tqdm
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
-from specforge_lite.data.eval_prompts import load_prompts, select_prompts
+from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, load_prompts, positions_needed,
+                                             select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.runtime.fast_engine import TargetForward, build_target_engine
@@ -39,11 +43,11 @@ from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.eval_methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VLLM_METHODS, labelled_drafters,
-                                         run_order)
+from specforge_lite.eval_methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VLLM_METHODS, engine_needed,
+                                         labelled_drafters, run_order)
 from specforge_lite.llamacpp import methods as llamacpp_methods, report as llamacpp_report
 from specforge_lite.registry import DRAFTERS, detect_drafter
-from specforge_lite.serving import vllm_engine, vllm_report
+from specforge_lite.serving import vllm_engine, vllm_only, vllm_report
 from specforge_lite.sizing import check_stage
 from specforge_lite.targets import eos_token_ids, load_target
 
@@ -148,6 +152,9 @@ def run(cfg: DictConfig) -> None:
     # our engine holds the whole target on one device: refused here where it cannot fit
     check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
     ecfg = cfg.eval
+    if not engine_needed(ecfg):  # vllm_* methods only: no target weights here, vllm_plain the baseline
+        vllm_only.run(cfg)
+        return
     methods = run_order(ecfg)
     served = [m for m in methods if m in VLLM_METHODS]  # real vLLM, run after ours (serving/vllm_engine.py)
     llama = [m for m in methods if m in LLAMACPP_METHODS]  # llama.cpp itself, run after ours (llamacpp/methods.py)
@@ -166,7 +173,7 @@ def run(cfg: DictConfig) -> None:
              ecfg.num_draft_tokens, "greedy" if sampling.greedy else f"T={sampling.temperature}")
 
     # 1. warm-up: every method, untimed, on the first prompt
-    first = prompt_ids(tokenizer, _messages(prompts[0], [], 0))
+    first = prompt_ids(tokenizer, conversation(prompts[0], [], 0))
     for _ in range(ecfg.warmup):
         for name in methods:
             decoders[name](first, min(ecfg.warmup_tokens, ecfg.max_new_tokens), _seed(cfg.seed, "warmup"))
@@ -177,7 +184,7 @@ def run(cfg: DictConfig) -> None:
     for prompt in tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True):
         replies: list[str] = []
         for turn in range(len(prompt["turns"])):
-            ids = prompt_ids(tokenizer, _messages(prompt, replies, turn))
+            ids = prompt_ids(tokenizer, conversation(prompt, replies, turn))
             gens = {name: decoders[name](ids, ecfg.max_new_tokens, _seed(cfg.seed, prompt["id"], turn, name))
                     for name in methods}
             requests.append(ids)
@@ -200,7 +207,7 @@ def run(cfg: DictConfig) -> None:
     report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
     if served:
         results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
-                                          lambda *parts: _seed(cfg.seed, "vllm", *parts) & 0x7FFFFFFF)
+                                          lambda *parts: vllm_only.request_seed(cfg.seed, *parts))
         report["vllm"] = vllm_report.report_section(results, report, plain_tokens, cfg)
     if llama:
         report["llamacpp"] = llamacpp_report.report_section(llamacpp_methods.run_methods(cfg, llama, requests),
@@ -238,39 +245,6 @@ def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
     it in the next turn, and one verification's k + 1; rounded up to 64."""
     need = max(positions_needed(tokenizer, prompt, ecfg) for prompt in prompts)
     return min(-(-need // 64) * 64, getattr(config, "max_position_embeddings", None) or need)
-
-
-def positions_needed(tokenizer, prompt: dict, ecfg) -> int:
-    """Positions one prompt's conversation can take: its user turns, each answer's
-    max_new_tokens plus room for re-tokenising it in the next turn, one verification's k + 1."""
-    turns = len(prompt["turns"])
-    ids = prompt_ids(tokenizer, _messages(prompt, [""] * (turns - 1), turns - 1))
-    return len(ids) + turns * (ecfg.max_new_tokens + 16) + ecfg.num_draft_tokens + 1
-
-
-def fitting_prompts(tokenizer, prompts: list[dict], ecfg, config) -> tuple[list[dict], list[str]]:
-    """The prompts whose conversation fits the target's context (max_position_embeddings), and
-    the ids of those skipped for it (counted in the report, as the sample stage counts its own)."""
-    context = getattr(config, "max_position_embeddings", None)
-    if not context:
-        return prompts, []
-    kept = [p for p in prompts if positions_needed(tokenizer, p, ecfg) <= context]
-    skipped = [p["id"] for p in prompts if p not in kept]
-    if not kept:
-        raise SpecforgeError(f"eval.dataset={ecfg.dataset}: every prompt is longer than the target's context of "
-                             f"{context} positions (with eval.max_new_tokens={ecfg.max_new_tokens} per turn)")
-    if skipped:
-        log.warning("skipped %d of %d eval prompts longer than the target's context of %d positions (with "
-                    "eval.max_new_tokens=%d per turn): %s", len(skipped), len(prompts), context,
-                    ecfg.max_new_tokens, ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
-    return kept, skipped
-
-
-def _messages(prompt: dict, replies: list[str], turn: int) -> list[dict]:
-    messages = [{"role": "system", "content": prompt["system"]}] if prompt.get("system") else []
-    for i in range(turn):
-        messages += [{"role": "user", "content": prompt["turns"][i]}, {"role": "assistant", "content": replies[i]}]
-    return messages + [{"role": "user", "content": prompt["turns"][turn]}]
 
 
 def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model) -> dict:

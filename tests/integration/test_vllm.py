@@ -115,3 +115,24 @@ def test_vllm_serves_peagle_export_losslessly(smollm2_run):
     assert peagle["identical_to_plain"]  # vLLM's parallel drafting, verified by vLLM = our plain decoding
     assert peagle["counters"]["num_drafts"] > 0
     assert peagle["counters"]["num_draft_tokens"] == 3 * peagle["counters"]["num_drafts"]
+
+
+def test_vllm_only_evaluate_measures_against_vllm_plain(smollm2_run):
+    """vllm_* methods only: no target in our process, vllm_plain the baseline (added by itself),
+    the EAGLE-3 export's greedy outputs identical to vllm_plain's, first turns only."""
+    run_dir, args = smollm2_run
+    only_dir = run_dir / "vllm_only"
+    own = [a for a in args if not a.startswith("run_dir=")]
+    run_cli("evaluate", *own, f"run_dir={only_dir}", f"eval.vllm.export_dir={run_dir / 'export'}",
+            "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3", "eval.plots=false",
+            "eval.methods=[vllm_eagle3]", check=True, timeout=1200)
+    report = json.loads((only_dir / "eval" / "report.json").read_text())
+    assert report["baseline"] == "vllm_plain" and report["recommendation"]["baseline"] == "vllm_plain"
+    assert list(report["methods"]) == ["vllm_plain", "vllm_eagle3"]
+    eagle3 = report["methods"]["vllm_eagle3"]
+    assert eagle3["identical_to_plain"] and report["vllm"]["methods"]["vllm_eagle3"]["identical_to_vllm_plain"]
+    assert eagle3["speedup_ci"] is not None and report["methods"]["vllm_plain"]["speedup"] == 1.0
+    assert all(p["turns"] == 1 for p in report["prompts"])
+    assert "Baseline: **vllm_plain**" in (only_dir / "eval" / "report.md").read_text()
+    held = json.loads((only_dir / "accounting" / "evaluate.rank0.json").read_text())
+    assert held["layer_bytes_held"] == 0 < held["layer_bytes_total"]
