@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from specforge_lite.accounting import begin_stage
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
+from specforge_lite.sizing import check_stage
 from specforge_lite.sizing import report as size_every_stage
 from specforge_lite.targets import sizing_config
 from specforge_lite.launch import launch, launch_plan, stage_overrides
@@ -64,6 +65,10 @@ def run_stage(cfg: DictConfig) -> None:
             begin_stage(cfg.run_dir, cfg.stage)
             importlib.import_module(MODULES[cfg.stage]).run(cfg)
         return
+    # the stages `run` keeps in this process are sized now, not after hours of training; sample and
+    # train size themselves on the ranks they launch (specforge_lite/launch.py)
+    check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
+    check_stage(cfg, "export", ("export",))
     for name in ORDER:
         log.info("=== stage %s ===", name)
         if not launched(cfg, name):

@@ -71,3 +71,11 @@ def test_a_stage_that_cannot_fit_stops_before_loading(tmp_path, stage, extra, se
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "Warning" not in line]
     assert len(lines) == 1 and setting in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert {p.name for p in tmp_path.iterdir()} <= {"logs"} if tmp_path.exists() else True
+
+
+def test_run_sizes_the_stages_it_keeps_before_sampling(tmp_path):
+    """`run` stops at the door when its evaluate cannot fit, not after sampling and training."""
+    proc = run_cli("run", "+recipe=smoke", "device_memory_gib=0.001", f"run_dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "evaluate" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "train").exists() and not (tmp_path / "samples").exists()
