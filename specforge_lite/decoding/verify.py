@@ -13,31 +13,11 @@ same temperature / top-p transform (`warp_probs`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is picked from logits; temperature 0 means greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-GREEDY = SamplingParams()
+from specforge_lite.contract import GREEDY, SamplingParams  # noqa: F401  (re-exported: the rules' input)
 
 
 def warp_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:

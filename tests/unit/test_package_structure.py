@@ -81,6 +81,8 @@ def test_arrows_point_down():
     for name, deps in module_imports().items():
         if not name.startswith(("specforge_lite.stages", "specforge_lite.__main__")):
             assert not [d for d in deps if d.startswith("specforge_lite.stages")], name
+        if name == "specforge_lite.contract":  # the interface decoding and the drafters both build on
+            assert deps <= {"specforge_lite"}, deps
         if name.startswith("specforge_lite.runtime"):
             assert not [d for d in deps if d.startswith(("specforge_lite.decoding", "specforge_lite.drafters",
                                                          "specforge_lite.serving"))], name
