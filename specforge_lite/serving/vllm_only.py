@@ -19,6 +19,7 @@ import hashlib
 import logging
 from collections import defaultdict
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
@@ -30,7 +31,7 @@ from specforge_lite.decoding.report import recommend
 from specforge_lite.decoding.stats import method_intervals, prompt_totals, speed_ratio, tau, tokens_per_s
 from specforge_lite.eval_methods import vllm_only_methods
 from specforge_lite.serving import vllm_engine, vllm_report
-from specforge_lite.targets import load_target_config, load_tokenizer, resolve_target_path
+from specforge_lite.targets import load_target_config, load_tokenizer, resolve_dtype, resolve_target_path
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ def run(cfg: DictConfig) -> dict:
     log.info("evaluating %s in vLLM alone (tensor_parallel_size=%d, no target weights in this process) on %d "
              "prompts of %s, first turns only", ", ".join(methods), ecfg.vllm.tensor_parallel_size, len(prompts),
              ecfg.dataset)
-    dtype = str(getattr(cfg.target.dtype, "value", cfg.target.dtype))
+    # the dtype our engine would have loaded (auto: fp32 on a CPU, bf16 on a GPU), never vLLM's own
+    # "auto", which reads the checkpoint's and may differ from the target's recorded runs
+    device = torch.device("cuda" if vllm_engine.on_gpu() else "cpu")
+    dtype = str(resolve_dtype(cfg.target.dtype, device)).removeprefix("torch.")
     results = vllm_engine.run_methods(cfg, methods, requests, eos_ids, None, tokenizer, out,
                                       lambda *parts: request_seed(cfg.seed, *parts), dtype=dtype)
     if "error" in results[BASELINE]:
