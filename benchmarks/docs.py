@@ -33,14 +33,14 @@ CARDS = sorted([*(ROOT / "recipes").glob("*/README.md"), *(ROOT / "recipes").glo
 
 BLOCK = re.compile(r"<!-- results:(?P<name>[\w.\-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
 
-# A measured figure typed by hand: a ratio (1.04x), a rate, a tau, a duration, a memory size.
+# A measured figure typed by hand: a ratio (N.NNx), a rate, a tau, a duration, a memory size.
 FIGURE = re.compile(
-    r"\b\d+(?:\.\d+)?x(?![\w-])"                              # 1.04x, 2.7x
-    r"|\b\d[\d.,]*\s*(?:tokens/s|tok/s)"                     # 61.8 tokens/s
-    r"|\btau\b[^.\n]{0,12}?\d\.\d"                           # tau 1.43, tau of 1.2
-    r"|\b\d+(?:\.\d+)?\s*(?:min|ms)\b"                       # 22 min, 14.7 ms
-    r"|\b\d+(?:\.\d+)?\s*s\b(?!/)"                           # 53 s
-    r"|\b\d+(?:\.\d+)?\s*(?:GiB|GB)\b(?!\s*(?:GPU|H100|A100))")  # 36.5 GiB (not "80 GB GPUs")
+    r"\b\d+(?:\.\d+)?x(?![\w-])"                              # N.NNx, Nx
+    r"|\b\d[\d.,]*\s*(?:tokens/s|tok/s)"                     # N.N tokens/s
+    r"|\btau\b[^.\n]{0,12}?\d\.\d"                           # tau N.NN, tau of N.N
+    r"|\b\d+(?:\.\d+)?\s*(?:min|ms)\b"                       # N min, N.N ms
+    r"|\b\d+(?:\.\d+)?\s*s\b(?!/)"                           # N s
+    r"|\b\d+(?:\.\d+)?\s*(?:GiB|GB)\b(?!\s*(?:GPU|H100|A100))")  # N.N GiB (a device's size such as "80 GB GPUs" is not one)
 
 
 def load(name: str) -> dict:

@@ -33,6 +33,8 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | 
     failed = {name: r for name, r in results.items() if "error" in r}
     results = {name: r for name, r in results.items() if name not in failed}
     vllm_plain = results.get("vllm_plain")
+    vllm_plain_rate = (sum(len(o["token_ids"]) for o in vllm_plain["outputs"])
+                       / sum(o["seconds"] for o in vllm_plain["outputs"])) if vllm_plain is not None else None
     entries = {}
     for name, result in results.items():
         outputs = result["outputs"]
@@ -64,10 +66,8 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | 
         if entry["tokens_per_s"]:
             if "plain" in ours:
                 entry["speedup_vs_our_plain"] = entry["tokens_per_s"] / ours["plain"]["tokens_per_s"]
-            if vllm_plain is not None:
-                base = sum(len(o["token_ids"]) for o in vllm_plain["outputs"]) / sum(
-                    o["seconds"] for o in vllm_plain["outputs"])
-                entry["speedup_vs_vllm_plain"] = entry["tokens_per_s"] / base
+            if vllm_plain_rate is not None:
+                entry["speedup_vs_vllm_plain"] = entry["tokens_per_s"] / vllm_plain_rate
         if greedy:
             if plain_tokens is not None:
                 same = [o["token_ids"] == p for o, p in zip(outputs, plain_tokens)]
