@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_eagle3_options features          # target features, once (~4 min)
     python -m benchmarks.bench_eagle3_options run NAME [key=value ...]   # one variant (~5 min)
-    python -m benchmarks.bench_eagle3_options record            # table + JSON from every variant run
+    python -m benchmarks.bench_eagle3_options record [--study NAME]   # table + JSON from every variant run
 
 The eagle_smollm2 data (its sampled conversations plus 400 source ones), the target's aux
 and final hidden states computed once and kept (bf16) under runs/bench_eagle3_options/;
@@ -15,11 +15,16 @@ Only the variant's options change; the training step is the train stage's own
 Variant keys: lr, bs (sequences per step), ttt (steps), init (`random`: the fully random
 layer the drafter used before; default: the drafter's own init), tt (teacher temperature
 applied to the training soft labels only), allpos=1 (loss at every token, prompts too),
-cfg (comma-separated extra config overrides, e.g. cfg=drafter.norm_before_residual=true).
+cfg (comma-separated extra config overrides, e.g. cfg=drafter.norm_before_residual=true),
+mp=bf16 (the step under CPU bf16 autocast, as train.mixed_precision=bf16), opt=muon (torch's
+Muon for the 2-D weights of the layers, lr matched to AdamW's RMS; AdamW for the rest).
+Every variant reports its training seconds beside its steps, so equal-time readings come
+from the curves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -72,6 +77,22 @@ def reinit_random(drafter, seed: int) -> None:
         drafter.lm_head.weight.copy_(lm_head)
 
 
+def make_optimizers(drafter, params: list, lr: float, kind: str) -> list:
+    """AdamW over everything, or Muon over the layers' 2-D weights (not the embeddings or the
+    head, as Muon's authors advise) with AdamW over the rest."""
+    adamw = dict(lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    if kind == "adamw":
+        return [torch.optim.AdamW(params, **adamw)]
+    if kind != "muon":
+        raise SystemExit(f"opt={kind}: choose adamw or muon")
+    head = {id(p) for m in (drafter.lm_head, getattr(drafter, "embed_tokens", None)) if m is not None
+            for p in m.parameters()}
+    matrices = [p for p in params if p.ndim == 2 and id(p) not in head]
+    rest = [p for p in params if p.ndim != 2 or id(p) in head]
+    return [torch.optim.Muon(matrices, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw"),
+            torch.optim.AdamW(rest, **adamw)]
+
+
 def run(name: str, opts: dict) -> None:
     from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
@@ -93,7 +114,9 @@ def run(name: str, opts: dict) -> None:
         reinit_random(drafter, cfg.train.seed)
     prepare = eagle3.batch_preparer(drafter, target)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizers = make_optimizers(drafter, params, lr, opts.get("opt", "adamw"))
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if opts.get("mp") == "bf16" \
+        else contextlib.nullcontext
     batches = plan_batches([len(rows[i]["input_ids"]) for i in train_ids], bs, 0, 1.0)
     hidden = drafter.config.hidden_size
     temperature = float(opts.get("tt", 1.0))
@@ -131,14 +154,17 @@ def run(name: str, opts: dict) -> None:
     every = max(1, len(batches) // 8)
     for step, indices in enumerate(batches):
         started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, len(batches), cfg.train)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, len(batches), cfg.train)
         batch = make(indices)
-        loss, num, _ = eagle3.loss_and_metrics(drafter, batch, cfg)
-        (loss / max(num, 1)).backward()
+        with autocast():
+            loss, num, _ = eagle3.loss_and_metrics(drafter, batch, cfg)
+        (loss.float() / max(num, 1)).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - started
         tokens += int(batch["attention_mask"].sum())
         if (step + 1) % every == 0 or step + 1 == len(batches):
@@ -149,17 +175,17 @@ def run(name: str, opts: dict) -> None:
     (OUT / "variants" / f"{name}.json").write_text(json.dumps({"name": name, "options": opts, "curve": curve}))
 
 
-def record(command: str) -> None:
+def record(command: str, study: str = "eagle3_options") -> None:
     variants = [json.loads(p.read_text()) for p in sorted((OUT / "variants").glob("*.json"))]
-    write_results("eagle3_options", {"command": command, "variants": variants})
+    write_results(study, {"command": command, "variants": variants})
     lines = []
     for v in sorted(variants, key=lambda v: v["curve"][-1]["tau"]):
         end = v["curve"][-1]
         options = " ".join(f"{k}={val}" for k, val in v["options"].items()) or "(defaults)"
         lines.append(f"| {v['name']} | `{options}` | {end['step']} | {end['tokens']} | "
                      + " / ".join(f"{a:.3f}" for a in end["acc"]) + f" | **{end['tau']:.3f}** | "
-                     + " ".join(f"{p['tau']:.2f}" for p in v["curve"]) + " |")
-    update_doc_section("eagle3_options", f"""## EAGLE-3 training options on SmolLM2 (cached features, held-out acceptance)
+                     + " ".join(f"{p['tau']:.2f}" for p in v["curve"]) + f" | {end['train_s'] / 60:.1f} |")
+    update_doc_section(study, f"""## EAGLE-3 training {"options" if study == "eagle3_options" else "study: " + study} on SmolLM2 (cached features, held-out acceptance)
 
 Command: `{command}`. One epoch of the eagle_smollm2 training rows (sampled + 400 source
 conversations, 4 sequences per step unless `bs` says otherwise, lr 1e-3 unless `lr` says
@@ -167,15 +193,18 @@ otherwise, 3 TTT steps), target features cached once; scored on 40 held-out conv
 (teacher-forced, k = 3 TTT steps, bonus token included). Same rows, order and seed for
 every variant; only the named options differ.
 
-| variant | options | steps | tokens | held-out acc step 0 / 1 / 2 | simulated tau | tau at each eighth of the run |
-|---|---|---:|---:|---|---:|---|
+| variant | options | steps | tokens | held-out acc step 0 / 1 / 2 | simulated tau | tau at each eighth of the run | training min |
+|---|---|---:|---:|---|---:|---|---:|
 {chr(10).join(lines)}
 
-Best here: **{max(variants, key=lambda v: v["curve"][-1]["tau"])["name"]}**. The first variants ran in a
-prototype of this script (same rows, order, training step and scoring); this script re-ran
-readout_init_bs2_norm_before_residual and reproduced it to the last digit. These are teacher-forced
-numbers on held-out text; what decoding gets is in the end-to-end sections.
+Best here: **{max(variants, key=lambda v: v["curve"][-1]["tau"])["name"]}**. {PROVENANCE.get(study, "")}These are
+teacher-forced numbers on held-out text; what decoding gets is in the end-to-end sections.
 """)
+
+
+PROVENANCE = {"eagle3_options": "The first variants ran in a prototype of this script (same rows, order, training "
+                                "step and scoring); this script re-ran readout_init_bs2_norm_before_residual and "
+                                "reproduced it to the last digit. "}
 
 
 if __name__ == "__main__":
@@ -184,6 +213,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "run":
         run(sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:]))
     elif sys.argv[1] == "record":
-        record(" ".join(sys.argv[2:]) or "python -m benchmarks.bench_eagle3_options ...")
+        args = sys.argv[2:]
+        study = args[args.index("--study") + 1] if "--study" in args else "eagle3_options"
+        record(f"python -m benchmarks.bench_eagle3_options record --study {study}", study)
     else:
         raise SystemExit(__doc__)
