@@ -21,8 +21,9 @@ TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
 TOPICS = [
     ("Engine: the target's forward", ["engine_avx512", "engine_avx2", "engine_autotune"], ("engine",)),
     ("Sampling", ["sampling", "batched_sampling"], ("sampl", "batched")),
-    ("Training", ["training", "training_target", "eagle3_options", "sampled_vs_source",
-                  "learning_curves_learning_curves_smollm2", "drafter_contract_equivalence"],
+    ("Training", ["training", "training_target", "eagle3_options", "eagle3_study", "sampled_vs_source",
+                  "learning_curves_learning_curves_smollm2", "drafter_contract_equivalence",
+                  "feature_formats"],
      ("train", "learning_curves")),
     ("Drafters side by side", ["eval_eagle_smollm2", "eval_eagle_smollm2_k1", "eval_eagle_smollm2_avx2",
                                "eval_eagle_smollm2_avx2_k1", "peagle", "peagle_drafting",

@@ -55,7 +55,7 @@ def render(results: dict) -> None:
         total = "-" if disk["bytes_at_most"] is None else f"{disk['bytes_at_most'] / 1e12:.2f} TB"
         lines.append(f"| `{name}` | {table['world']} | {table['mode']}, {table['strategy']}"
                      f"{', target sharded' if table['shard_target'] else ''} | " + " | ".join(cells)
-                     + f" | {disk['bytes_per_token'] / 1e3:.0f} KB | {total}{'' if disk['used'] else ' (online)'} |")
+                     + f" | {disk['bytes_per_token'] / 1e3:.1f} KB ({disk.get('format', 'bf16')}) | {total}{'' if disk['used'] else ' (online)'} |")
     update_doc_section("dry_run_recipes", f"""## Dry run of every GPU recipe: per-device memory and offline disk
 
 Command: `{results['command']}` ({results['date']}), the table `dry_run=true` prints for each
@@ -68,7 +68,8 @@ stops before loading anything, naming the setting to change. Weights are exact; 
 and activations are the largest the settings allow. `evaluate` is our engine (the whole
 target on one device: every evaluate decodes `plain` in it), `evaluate_vllm` the vllm_*
 methods with `eval.vllm.tensor_parallel_size`. Offline disk: bytes per token (the aux layers
-and the last hidden state, bf16) times at most the recipe's conversations x `data.max_length`
+and the last hidden state, or the int4_topk teacher, in the recipe's `train.feature_format`:
+`specforge_lite/feature_formats.py`) times at most the recipe's conversations x `data.max_length`
 ({'; '.join(sorted({t['offline_features']['tokens_from'] for t in results['recipes'].values()}))}).
 Raw: `benchmarks/results/dry_run_recipes.json`.
 

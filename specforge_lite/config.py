@@ -225,6 +225,10 @@ class TrainConfig:
     # auto (bf16 on GPU, none on CPU) | no | bf16
     mixed_precision: str = checked("auto", choices=("auto", "no", "bf16"))
     offline_shard_size: int = checked(64, ge=1)  # sequences per cached feature shard
+    # how offline features are stored (feature_formats.py): bf16 | int8 | int4 (group-wise scales) |
+    # int4_topk (int4 aux states and the teacher's top draft-vocab logits instead of the last state;
+    # eagle3 and peagle only); docs/BENCHMARKS.md "Compact offline features"
+    feature_format: str = checked("bf16", choices=("bf16", "int8", "int4", "int4_topk"))
     # Also train on this many source conversations as written (not regenerated), taken from
     # the train split after the sampled ones; the KL target is the target model's either way.
     source_conversations: int = checked(0, ge=0)

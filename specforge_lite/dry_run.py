@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json, stage_dir
+from specforge_lite.feature_formats import bytes_per_token
 from specforge_lite.registry import chosen_drafter
 from specforge_lite.targets import sizing_config as target_config
 
@@ -99,13 +100,14 @@ def dry_run(cfg: DictConfig, config=None) -> dict:
     memory = estimate(cfg, config, size, target_params, layer_params)
     mode = str(getattr(cfg.train.mode, "value", cfg.train.mode))
     strategy, gpus = strategy_name(cfg), cfg.trainer.dry_run_gpus
-    aux = size.aux_layers
+    aux, fmt = size.aux_layers, str(cfg.train.feature_format)
     result = {"target": cfg.target.path, "drafter": cfg.drafter.name, "target_params_b": target_params / 1e9,
               "drafter_trainable_params_m": size.trainable_params / 1e6, **size.facts, "seq_len": cfg.data.max_length,
               "batch_size_per_gpu": per_gpu_batch(cfg),
               "strategy": strategy, "num_gpus": gpus, "shard_target": bool(cfg.trainer.shard_target),
               "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
-              "mode": mode, "offline_feature_bytes_per_token": (aux + 1) * config.hidden_size * 2}
+              "mode": mode, "offline_feature_bytes_per_token": bytes_per_token(fmt, config.hidden_size, aux),
+              "offline_feature_format": fmt}
     lines = [f"dry run: {cfg.recipe_name} (nothing downloaded, nothing trained)",
              f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters", size.line,
              f"  per-GPU memory (GiB) with trainer={strategy} on {gpus} GPUs"
@@ -113,7 +115,7 @@ def dry_run(cfg: DictConfig, config=None) -> dict:
              f"batch {per_gpu_batch(cfg)} per GPU:"]
     lines += [f"    {k:<32} {v:8.2f}" for k, v in memory.items() if k.endswith("gib")]
     lines.append(f"  fits a 80 GB GPU with 10% headroom: {result['fits_80gb']} ({mode} mode)")
-    lines.append(f"  offline feature cache: {result['offline_feature_bytes_per_token'] / 1e3:.0f} KB per token "
+    lines.append(f"  offline feature cache: {result['offline_feature_bytes_per_token'] / 1e3:.1f} KB per token ({fmt}) "
                  f"({result['offline_feature_bytes_per_token'] * 1e6 / 1e9:.0f} GB per million tokens)")
     print("\n".join(lines))
     out = stage_dir(cfg, "train")

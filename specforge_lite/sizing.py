@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json
 from specforge_lite.dry_run import GiB, estimate, per_gpu_batch
+from specforge_lite.feature_formats import bytes_per_token
 from specforge_lite.eval_methods import VLLM_METHODS, engine_needed, vllm_override
 from specforge_lite.registry import chosen_drafter
 from specforge_lite.targets import sizing_config
@@ -135,12 +136,14 @@ def stage_table(cfg: DictConfig, config=None, world: int | None = None, disk: bo
                       "layout": "embeddings, final norm and lm_head read by name; the drafter twice "
                                 "(trained and reloaded)", "setting": "export on a device that holds the drafter"}
 
-    per_token = (drafter.aux_layers + 1) * h * 2  # features are stored bf16
+    fmt = str(cfg.train.feature_format)
+    per_token = bytes_per_token(fmt, h, drafter.aux_layers)  # in train.feature_format's bytes
     tokens, how = feature_tokens(cfg) if disk else (None, "not counted")
     return {"target": cfg.target.path, "recipe": cfg.recipe_name, "world": world, "weight_bytes": w,
             "target_bytes": whole, "layer_bytes": layers, "stages": rows,
-            "offline_features": {"bytes_per_token": per_token, "tokens_at_most": tokens, "tokens_from": how,
-                                 "bytes_at_most": None if tokens is None else tokens * per_token,
+            "offline_features": {"bytes_per_token": per_token, "format": fmt, "tokens_at_most": tokens,
+                                 "tokens_from": how,
+                                 "bytes_at_most": None if tokens is None else int(tokens * per_token),
                                  "used": offline}}
 
 
@@ -206,7 +209,8 @@ def format_table(table: dict, memory: float | None = None) -> list[str]:
         lines.append(f"  {name:<14} {row['bytes'] / GiB:9.2f} GiB  {row['layout']}{verdict}")
     disk = table["offline_features"]
     total = "unknown" if disk["bytes_at_most"] is None else f"at most {disk['bytes_at_most'] / 1e9:.0f} GB"
-    lines.append(f"  offline features: {disk['bytes_per_token'] / 1e3:.0f} KB per token, {total} "
+    lines.append(f"  offline features: {disk['bytes_per_token'] / 1e3:.1f} KB per token "
+                 f"({disk.get('format', 'bf16')}), {total} "
                  f"({disk['tokens_from']}){'' if disk['used'] else '; this recipe trains online'}")
     return lines
 

@@ -232,6 +232,12 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
 
         if not Path(init_from).is_dir():
             problems.append(f"drafter.init_from={init_from!r}: no such folder")
+    if tcfg.feature_format == "int4_topk" and cfg.drafter.name not in ("eagle3", "peagle"):
+        problems.append(f"train.feature_format=int4_topk stores the teacher instead of the last hidden state, which "
+                        f"drafter {cfg.drafter.name} reads: use bf16, int8 or int4")
+    elif tcfg.feature_format == "int4_topk" and (cfg.drafter.get("draft_vocab_size") or 0) > 2 ** 15:
+        problems.append(f"train.feature_format=int4_topk stores draft ids as int16: drafter.draft_vocab_size="
+                        f"{cfg.drafter.draft_vocab_size} is above {2 ** 15}; use int4 or a smaller draft vocab")
     if not tcfg.use_samples and tcfg.source_conversations == 0:
         problems.append("train.use_samples=false with train.source_conversations=0 leaves nothing to train on: "
                         "set train.source_conversations > 0")

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specforge_lite.feature_formats import SparseTeacher
 from specforge_lite.features import draft_vocab_targets
 
 
@@ -24,10 +25,14 @@ def draft_vocab_preparer(target, draft_vocab: torch.Tensor, t2d: torch.Tensor):
     head = target.get_output_embeddings().weight
     draft_head = head[draft_vocab]
 
-    def prepare(batch: dict, aux, last: torch.Tensor, own: bool) -> None:
+    def prepare(batch: dict, aux, last: torch.Tensor | SparseTeacher, own: bool) -> None:
         batch["aux_hidden"] = aux
-        batch["last_hidden"] = last
-        batch["target_logits"], in_draft = draft_vocab_targets(head, draft_head, last, t2d, batch["loss_mask"])
+        if isinstance(last, SparseTeacher):  # train.feature_format=int4_topk: the cache stored the teacher
+            batch["last_hidden"] = None
+            batch["target_logits"], in_draft = last.logits(draft_head.shape[0]), last.in_draft
+        else:
+            batch["last_hidden"] = last
+            batch["target_logits"], in_draft = draft_vocab_targets(head, draft_head, last, t2d, batch["loss_mask"])
         batch["valid"] = torch.zeros_like(batch["loss_mask"])
         batch["valid"][:, 1:] = batch["loss_mask"][:, 1:] * in_draft[:, :-1] * int(own)
         batch["num_positions"] = batch["valid"][:, 2:].sum().float()

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,7 +35,8 @@ from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, re
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.dry_run import dry_run
-from specforge_lite.features import FeatureCache, cache_key, collate, target_hidden
+from specforge_lite.feature_formats import stores_last
+from specforge_lite.features import FeatureCache, cache_key, collate, draft_vocab_targets, target_hidden
 from specforge_lite.checkpoints import resume
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.sizing import check_stage, report as size_every_stage
@@ -219,13 +221,18 @@ def run(cfg: DictConfig) -> None:
 
     cache = None
     if tcfg.mode == "offline":  # every rank builds the features of its share of the rows
-        cache = FeatureCache(out / "features", tcfg.offline_shard_size)
+        cache = FeatureCache(out / "features", tcfg.offline_shard_size, tcfg.feature_format)
+        teacher, draft_vocab = None, None
+        if not stores_last(tcfg.feature_format):  # the cache keeps the draft-vocab teacher, not `last`
+            head, draft_vocab = target.get_output_embeddings().weight, drafter.draft_vocab
+            teacher = partial(draft_vocab_targets, head, head[draft_vocab], t2d=drafter.t2d)
         if accelerator.is_main_process:
             cache.prepare(samples, target.config.hidden_size, aux_ids,
-                          cache_key(samples, cfg.target.path, target.dtype, aux_ids))
+                          cache_key(samples, cfg.target.path, target.dtype, aux_ids, tcfg.feature_format, draft_vocab))
         accelerator.wait_for_everyone()
         cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size, accelerator.process_index,
-                    accelerator.num_processes, accelerator.wait_for_everyone, lockstep=bool(cfg.trainer.shard_target))
+                    accelerator.num_processes, accelerator.wait_for_everyone, lockstep=bool(cfg.trainer.shard_target),
+                    teacher=teacher)
         accelerator.wait_for_everyone()
 
     optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))

@@ -50,6 +50,24 @@ def test_offline_disk_is_bytes_per_token_times_tokens(tmp_path):
     assert disk["bytes_at_most"] == disk["tokens_at_most"] * disk["bytes_per_token"] and disk["used"]
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int4_topk"])
+def test_offline_disk_uses_the_feature_format(tmp_path, fmt):
+    from specforge_lite.feature_formats import bytes_per_token
+
+    cfg = compose(["+recipe=eagle_llama8b", f"run_dir={tmp_path}", "data.max_samples=1000", "train.mode=offline",
+                   f"train.feature_format={fmt}"])
+    config = sizing_config(cfg.target.path)
+    disk = stage_table(cfg, config)["offline_features"]
+    assert disk["format"] == fmt and disk["bytes_per_token"] == bytes_per_token(fmt, config.hidden_size, 3)
+    assert disk["bytes_per_token"] < (3 + 1) * config.hidden_size * 2
+    assert disk["bytes_at_most"] == int(disk["tokens_at_most"] * disk["bytes_per_token"])
+
+
+def test_the_offline_eagle_recipes_store_compact_features():
+    for recipe in ("eagle_llama70b", "eagle_smollm2_full"):
+        assert compose([f"+recipe={recipe}"]).train.feature_format == "int4_topk"
+
+
 def test_dry_run_of_a_stage_loads_nothing(tmp_path):
     proc = run_cli("evaluate", "+recipe=eagle_llama70b", "dry_run=true", f"run_dir={tmp_path}", check=True)
     for stage in ("sample ", "features ", "train ", "evaluate ", "export ", "offline features:"):
