@@ -6,8 +6,9 @@ out of its process, `record_no_target(config)`); while a stage runs
 to `run_dir/accounting/STAGE.rank<R>.json`: the bytes of the target's decoder-layer weights
 it holds (a sharded weight's local shard only), the layers' total over all ranks, this
 rank's share of them (the rows FSDP's even split gives it) and the bytes of everything else
-(embeddings, final norm, lm_head). A stage that loads the target several times keeps the
-peak. `stage_summary(run_dir)` reads them back, one verdict per stage: does every rank hold
+(embeddings, final norm, lm_head). Where vLLM holds the target, its tensor-parallel workers
+report what each holds (`record_vllm_workers`, `STAGE.vllm-tp<R>.json`). A stage that loads
+the target several times keeps the peak. `stage_summary(run_dir)` reads them back, one verdict per stage: does every rank hold
 at most its share of the layer weights? (`make rehearse` asserts it; `specforge_lite/rehearse.py`.)
 """
 
@@ -50,6 +51,7 @@ def target_weights(model, world: int) -> dict:
 
     held = layers_total = other = 0
     shapes: dict[str, int] = {}  # "rows x row_bytes" -> how many layer weights have that shape
+    vectors: dict[str, int] = {}  # the same for the 1-D ones (norms, biases)
     seen = set()
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in seen:  # tied embeddings count once
@@ -68,8 +70,11 @@ def target_weights(model, world: int) -> dict:
         rows = shape[0] if shape else 1
         key = f"{rows}x{numel // max(rows, 1) * size}"
         shapes[key] = shapes.get(key, 0) + 1
+        if len(shape) == 1:
+            vectors[key] = vectors.get(key, 0) + 1
     return {"layer_bytes_held": held, "layer_bytes_total": layers_total,
-            "layer_bytes_share": share_bytes(shapes, world), "other_bytes_held": other, "layer_shapes": shapes}
+            "layer_bytes_share": share_bytes(shapes, world), "other_bytes_held": other, "layer_shapes": shapes,
+            "layer_vector_shapes": vectors}
 
 
 def share_bytes(shapes: dict, world: int) -> int:
@@ -82,21 +87,16 @@ def share_bytes(shapes: dict, world: int) -> int:
     return total
 
 
-def record_target(model, how: str) -> dict | None:
-    """Record what this rank holds of the target just loaded (`how`: which loader). A no-op
-    outside a stage. Returns the record written."""
-    if not _stage:
-        return None
-    rank, world = _rank_world()
-    entry = dict(target_weights(model, world), stage=_stage["stage"], rank=rank, world_size=world, loaded_by=how)
-    path = _stage["run_dir"] / ACCOUNTING_DIR / f"{_stage['stage']}.rank{rank}.json"
+def _keep_peak(path: Path, entry: dict) -> dict:
+    """Write `entry` to `path` unless an earlier record there (same world size) holds more."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():  # keep the peak over this stage's loads
         try:
             before = json.loads(path.read_text())
         except (OSError, ValueError):
             before = None
-        if before and before.get("world_size") == world and before["layer_bytes_held"] >= entry["layer_bytes_held"]:
+        if before and before.get("world_size") == entry["world_size"] \
+                and before["layer_bytes_held"] >= entry["layer_bytes_held"]:
             return before
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(entry, indent=1))
@@ -104,18 +104,75 @@ def record_target(model, how: str) -> dict | None:
     return entry
 
 
-def record_no_target(config, how: str) -> dict | None:
-    """Record that this rank holds none of the target's weights in this stage (an evaluate of
-    vLLM methods only: vLLM's own processes hold the target). The layers' total and share come
-    from `config` (the target's HF config), the model built on the meta device: nothing read."""
+def tensor_parallel_share(entry: dict, world: int) -> int:
+    """The layer bytes one tensor-parallel worker holds: every matrix split over `world`
+    workers, the 1-D weights (norms) whole on each, as tensor parallelism keeps them."""
+    vectors = entry.get("layer_vector_shapes", {})
+    matrices = {k: n - vectors.get(k, 0) for k, n in entry["layer_shapes"].items() if n > vectors.get(k, 0)}
+    whole = sum(int(k.split("x")[0]) * int(k.split("x")[1]) * n for k, n in vectors.items())
+    return share_bytes(matrices, world) + whole
+
+
+def share_of(entry: dict, world: int | None = None) -> int:
+    """An accounting record's share of the layer bytes over `world` ranks (its own world size
+    when None), by its rule: FSDP's even split of every weight, or tensor parallelism's."""
+    world = world or entry["world_size"]
+    if entry.get("share_rule") == "tensor_parallel":
+        return tensor_parallel_share(entry, world)
+    return share_bytes(entry["layer_shapes"], world)
+
+
+def record_target(model, how: str) -> dict | None:
+    """Record what this rank holds of the target just loaded (`how`: which loader). A no-op
+    outside a stage. Returns the record written."""
     if not _stage:
         return None
+    rank, world = _rank_world()
+    entry = dict(target_weights(model, world), stage=_stage["stage"], rank=rank, world_size=world, loaded_by=how)
+    return _keep_peak(_stage["run_dir"] / ACCOUNTING_DIR / f"{_stage['stage']}.rank{rank}.json", entry)
+
+
+def recording() -> bool:
+    """Whether a stage is being accounted (so a caller can skip work only the records need)."""
+    return bool(_stage)
+
+
+def _meta_model(config, dtype=None):
+    """The target built from its HF config on the meta device (shapes only, nothing read)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return record_target(model, how)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def record_vllm_workers(config, workers: list[dict], dtype, how: str) -> list[dict]:
+    """Record what each of vLLM's tensor-parallel workers holds of the target, as the workers
+    report it (`serving.vllm_engine.VllmEngine.held_weights`), one record per worker
+    (`STAGE.vllm-tpR.json`), against the layers' total and share computed from `config` in
+    `dtype` (the dtype vLLM loaded): the workers are this stage's ranks for the target; their
+    share is tensor parallelism's (`tensor_parallel_share`: matrices split, norms whole)."""
+    if not _stage:
+        return []
+    reference = target_weights(_meta_model(config, dtype), len(workers))
+    written = []
+    for worker in workers:
+        entry = dict(reference, layer_bytes_held=worker["layer_bytes"], other_bytes_held=worker["other_bytes"],
+                     stage=_stage["stage"], rank=worker["rank"], process=f"vllm-tp{worker['rank']}",
+                     world_size=len(workers), loaded_by=how, share_rule="tensor_parallel")
+        entry["layer_bytes_share"] = share_of(entry)
+        path = _stage["run_dir"] / ACCOUNTING_DIR / f"{_stage['stage']}.vllm-tp{worker['rank']}.json"
+        written.append(_keep_peak(path, entry))
+    return written
+
+
+def record_no_target(config, how: str) -> dict | None:
+    """Record that this rank holds none of the target's weights in this stage (an evaluate of
+    vLLM methods only: vLLM's own processes hold the target, `record_vllm_workers`). The layers' total and share come
+    from `config` (the target's HF config), the model built on the meta device: nothing read."""
+    if not _stage:
+        return None
+    return record_target(_meta_model(config), how)
 
 
 def clear(run_dir) -> None:
@@ -132,17 +189,18 @@ def stage_summary(run_dir, world: int | None = None) -> dict:
     over its share of an 8-device layout); null: each stage's own world size."""
     folder = Path(run_dir) / ACCOUNTING_DIR
     records: dict[str, list[dict]] = {}
-    for path in sorted(folder.glob("*.rank*.json")) if folder.is_dir() else ():
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
         entry = json.loads(path.read_text())
         records.setdefault(entry["stage"], []).append(entry)
     out = {}
     for stage, entries in records.items():
         peak = max(e["layer_bytes_held"] for e in entries)
-        share = max(share_bytes(e["layer_shapes"], world) if world else e["layer_bytes_share"] for e in entries)
+        share = max(share_of(e, world) for e in entries)
         out[stage] = {
             "world_size": max(e["world_size"] for e in entries),
             "loaded_by": sorted({e["loaded_by"] for e in entries}),
-            "ranks": {str(e["rank"]): e["layer_bytes_held"] for e in sorted(entries, key=lambda e: e["rank"])},
+            "ranks": {e.get("process", str(e["rank"])): e["layer_bytes_held"]
+                      for e in sorted(entries, key=lambda e: (e.get("process", ""), e["rank"]))},
             "other_bytes_held_peak": max(e["other_bytes_held"] for e in entries),
             "layer_bytes_peak": peak, "layer_bytes_total": max(e["layer_bytes_total"] for e in entries),
             "layer_bytes_share": share, "within_share": peak <= share}

@@ -77,7 +77,7 @@ class VllmConfig:
     gpu_memory_utilization: float = checked(0.9, gt=0.0, le=1.0)
     max_model_len: Optional[int] = checked(None, ge=1)
     enforce_eager: Optional[bool] = None  # null: true on CPU (no graph capture there), false on GPU
-    cpu_threads: Optional[int] = checked(None, ge=1)  # CPU only: vLLM's threads (cores its worker binds with single_process=false); null: one
+    cpu_threads: Optional[int] = checked(None, ge=1)  # CPU only: vLLM's threads per worker (cores each binds with single_process=false); null: one, or the cores split over tensor-parallel workers
     cpu_kvcache_gib: int = checked(1, ge=1)  # CPU only: VLLM_CPU_KVCACHE_SPACE
     # CPU only: vLLM's engine and its one worker run inside the runner process instead of an
     # engine-core and a worker process of their own (faster to load, decoding speed within noise:

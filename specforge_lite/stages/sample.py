@@ -31,6 +31,7 @@ from specforge_lite.artifacts import atomic_write_json, package_versions, sample
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
+from specforge_lite.features import target_files
 from specforge_lite.sizing import check_stage
 from specforge_lite.sample_backends import HFBackend, StaticBackend, VllmSampleBackend
 from specforge_lite.targets import load_target, resolve_target_path
@@ -107,9 +108,11 @@ def _rank_and_world(sample_cfg) -> tuple[int, int]:
 
 
 def fingerprint_keys(cfg: DictConfig) -> dict:
-    """What decides the content of the shards (`fingerprint` hashes it)."""
+    """What decides the content of the shards (`fingerprint` hashes it): the target by its path
+    and by its files (another model put in the same folder samples anew)."""
     keys = {
-        "target": cfg.target.path, "chat_template": cfg.target.chat_template,
+        "target": cfg.target.path, "target_files": target_files(cfg.target.path),
+        "chat_template": cfg.target.chat_template,
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "sample": {k: OmegaConf.to_container(cfg.sample, resolve=True)[k] for k in
                    ("max_new_tokens", "max_prompt_length", "temperature", "top_p", "turns", "shard_size", "seed")},

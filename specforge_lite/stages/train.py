@@ -36,7 +36,8 @@ from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.dry_run import dry_run
 from specforge_lite.feature_formats import stores_last
-from specforge_lite.features import FeatureCache, cache_key, collate, draft_vocab_targets, target_hidden
+from specforge_lite.features import (FeatureCache, cache_key, collate, draft_vocab_targets, target_files,
+                                     target_hidden)
 from specforge_lite.checkpoints import resume
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.sizing import check_stage, report as size_every_stage
@@ -143,7 +144,7 @@ UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "wandb", "checkpoint_every", "ke
 
 
 def fingerprint(cfg: DictConfig) -> str:
-    """Hash of what decides the trained weights: the target, the data, the samples (when
+    """Hash of what decides the trained weights: the target (its settings and files), the data, the samples (when
     used), the chosen drafter's options (less its `UNTRACKED_OPTIONS`) and the training
     settings (less logging, tracking and checkpoint cadence)."""
     import hashlib
@@ -154,7 +155,7 @@ def fingerprint(cfg: DictConfig) -> str:
     drafter = {k: v for k, v in OmegaConf.to_container(cfg.drafter, resolve=True).items()
                if k not in module.UNTRACKED_OPTIONS}
     samples = read_json_object(meta).get("fingerprint") if cfg.train.use_samples and meta.exists() else None
-    keys = {"target": OmegaConf.to_container(cfg.target, resolve=True),
+    keys = {"target": OmegaConf.to_container(cfg.target, resolve=True), "target_files": target_files(cfg.target.path),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
             "samples": samples, "drafter": drafter, "train": train}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -5,6 +5,7 @@ a stage started as one plain process starts its ranks, and their exit status is 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -36,8 +37,18 @@ def test_rehearse(tmp_path, recipe):
     held = list(online["ranks"].values())
     assert len(held) == 2 and all(0 < b <= online["layer_bytes_share"] for b in held)
     assert sum(held) == online["layer_bytes_total"]
-    # a stage the card does not shard yet is said to be over its share, with the reason
-    for key in spec["rehearsal"]["pending"]:
+    if result["vllm"]:  # sampling and evaluate in vLLM as the card says: each TP worker holds its share
+        for label in ("sample", "evaluate"):
+            acc = by_label[label]["stages"][label]
+            workers = [b for process, b in acc["ranks"].items() if process.startswith("vllm-tp")]
+            assert len(workers) == 2 and all(0 < b <= acc["layer_bytes_share"] for b in workers), acc
+            assert acc["verdict"] == "within share" and acc["layer_bytes_share"] < acc["layer_bytes_total"]
+            assert acc["ranks"].get("0", 0) == 0  # our own process holds none of the target
+        assert "NOT YET" not in proc.stdout
+    else:
+        assert not os.environ.get("SPECFORGE_LITE_REQUIRE_VLLM"), "vLLM required but the rehearsal ran without it"
+    # without vLLM, a stage the card does not shard yet is said to be over its share, with the reason
+    for key in spec["rehearsal"]["pending"] if not result["vllm"] else ():
         label, stage = key.split("/")
         acc = by_label[label]["stages"][stage]
         if not acc["within_share"]:
@@ -53,10 +64,12 @@ def test_aux_layers_and_draft_vocab_follow_the_recipe_rules(tmp_path):
     layers, and the recipe's draft vocabulary fraction (32000 of 128256) of the stand-in's 320."""
     from specforge_lite.rehearse import build_stand_in
 
-    settings = build_stand_in(load_spec("eagle_llama70b"), tmp_path)
+    settings = build_stand_in(load_spec("eagle_llama70b"), tmp_path, ranks=2)
     assert settings["drafter.draft_vocab_size"] == str(round(320 * 32000 / 128256))
     config = json.loads((tmp_path / "target" / "config.json").read_text())
     assert config["num_hidden_layers"] == 8 and config["num_attention_heads"] // config["num_key_value_heads"] == 8
+    # one KV head per rank (the recipe's 8 over 8 GPUs), heads vLLM's CPU kernels take
+    assert config["num_key_value_heads"] == 2 and config["head_dim"] == 32
     rope = config.get("rope_parameters") or config["rope_scaling"]  # transformers 5 writes rope_parameters
     assert rope["rope_type"] == "llama3" and config["tie_word_embeddings"] is False
 

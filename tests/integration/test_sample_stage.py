@@ -105,6 +105,23 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     assert "holds samples made with other settings" in proc.stderr
 
 
+def test_another_model_in_the_same_folder_is_not_taken_for_the_old_one(tmp_path):
+    """Samples and a trained drafter belong to the target's files, not only its path: a new model
+    put in the same folder is refused by the sampler (and would be trained anew), never reused."""
+    import shutil
+
+    from specforge_lite.targets import resolve_target_path
+
+    target = tmp_path / "target"
+    shutil.copytree(resolve_target_path("builtin:tiny-llama"), target)
+    run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"target.path={target}", check=True)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "rms_norm_eps": config["rms_norm_eps"] * 2}))
+    proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"target.path={target}")
+    assert proc.returncode == 2
+    assert "holds samples made with other settings" in proc.stderr and "target_files.config_sha256" in proc.stderr
+
+
 def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path):
     missing = tmp_path / "no-venv" / "bin" / "python"
     proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "sample.backend=vllm",

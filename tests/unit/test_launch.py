@@ -88,6 +88,56 @@ def test_stage_summary_compares_each_rank_with_its_share(tmp_path):
     assert over["layer_bytes_share"] == 3 * 100 * 4 and not over["within_share"]
 
 
+def test_vllm_workers_are_held_to_tensor_parallel_shares(tmp_path):
+    """vLLM's tensor-parallel workers report what they hold; each is a rank of the stage, its
+    share every matrix split over the workers and the norms whole (as tensor parallelism keeps
+    them); a worker holding the whole target is over its share."""
+    from transformers import LlamaConfig
+
+    from specforge_lite import accounting
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    full = target_weights(meta_llama(config), world=1)
+    norms = 2 * 2 * 16 * 4  # two norms of 16 fp32 per layer, 2 layers
+    split = (full["layer_bytes_total"] - norms) // 2 + norms
+    accounting.begin_stage(tmp_path, "sample")
+    try:
+        written = accounting.record_vllm_workers(config, [{"rank": 0, "layer_bytes": split, "other_bytes": 1},
+                                                          {"rank": 1, "layer_bytes": split, "other_bytes": 1}],
+                                                 torch.float32, "vllm")
+        assert [w["layer_bytes_share"] for w in written] == [split, split]
+        summary = stage_summary(tmp_path, world=2)["sample"]
+        assert summary["within_share"] and set(summary["ranks"]) == {"vllm-tp0", "vllm-tp1"}
+        accounting.begin_stage(tmp_path, "evaluate")
+        accounting.record_vllm_workers(config, [{"rank": 0, "layer_bytes": full["layer_bytes_total"],
+                                                 "other_bytes": 1}, {"rank": 1, "layer_bytes": 0, "other_bytes": 1}],
+                                       torch.float32, "vllm")
+        assert not stage_summary(tmp_path, world=2)["evaluate"]["within_share"]
+    finally:
+        accounting._stage.clear()
+
+
+def meta_llama(config):
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        return LlamaForCausalLM(config)
+
+
+def test_cpu_workers_get_disjoint_cores(monkeypatch):
+    """Tensor parallelism on CPU: vLLM's automatic binding wants a NUMA node per worker, so the
+    cores are split over the workers ourselves."""
+    from specforge_lite.serving.vllm_engine import cpu_binding
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert cpu_binding(2, None) == "0,1|2,3"
+    assert cpu_binding(2, 1) == "0|1"
+    assert cpu_binding(1, None) is None and cpu_binding(1, 3) == "0-2"
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert cpu_binding(2, None) == "0|0"  # fewer cores than workers: they share
+
+
 @pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
 def test_cards_show_the_rehearsed_commands(recipe):
     """The card's commands section is the one commands.yaml makes (python -m specforge_lite.rehearse --cards)."""

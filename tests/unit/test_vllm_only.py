@@ -1,5 +1,5 @@
 """An evaluate of vllm_* methods only (serving/vllm_only.py), without vLLM: the path choice,
-the door, the report built from the runner's output dicts (serving/vllm_runner.py's schema,
+the door, the report built from the runner's output dicts (serving/vllm_side/vllm_runner.py's schema,
 written by hand as tests/unit/test_vllm_counting.py does), and that no target is loaded."""
 
 import json

@@ -12,6 +12,11 @@ specforge_lite's dependencies. Protocol, one JSON object per line:
   its own `generate` call (batch 1) and carries its own deltas of vLLM's counters
   (spec-decode drafts, draft tokens, accepted tokens and accepted tokens per position,
   engine iterations); otherwise all prompts go in one call (vLLM batches them).
+- {"op": "weights"}: out: {"ok", "workers": [{"rank", "layer_bytes", "other_bytes"}]}, the
+  bytes of the target's parameters each worker holds (decoder layers apart from the rest),
+  read inside the workers (`LLM.apply_model` with specforge_lite_vllm_probe.held_weights, a
+  module of this folder, which vllm_engine puts on the workers' PYTHONPATH so that the
+  function travels to them by name): what a rehearsal checks against each rank's share.
 - {"op": "close"}: exit.
 
 Replies go to the process's original stdout; everything else (vLLM's logs, its
@@ -24,9 +29,8 @@ import sys
 import time
 import traceback
 
-# run as a script, this file's folder heads sys.path: keep it from shadowing any package
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+# run as a script, this file's folder heads sys.path: it holds only this runner and
+# specforge_lite_vllm_probe, names that shadow no package
 
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -120,6 +124,11 @@ def main() -> None:
         if request.get("op") == "close":
             break
         try:
+            if request.get("op") == "weights":
+                from specforge_lite_vllm_probe import held_weights  # importable in vLLM's workers too
+
+                reply({"ok": True, "workers": sorted(llm.apply_model(held_weights), key=lambda w: w["rank"])})
+                continue
             reply(generate(llm, request))
         except Exception as err:  # noqa: BLE001
             reply({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
