@@ -185,9 +185,10 @@ def record(command: str, study: str = "eagle3_options") -> None:
         lines.append(f"| {v['name']} | `{options}` | {end['step']} | {end['tokens']} | "
                      + " / ".join(f"{a:.3f}" for a in end["acc"]) + f" | **{end['tau']:.3f}** | "
                      + " ".join(f"{p['tau']:.2f}" for p in v["curve"]) + f" | {end['train_s'] / 60:.1f} |")
-    update_doc_section(study, f"""## EAGLE-3 training {"options" if study == "eagle3_options" else "study: " + study} on SmolLM2 (cached features, held-out acceptance)
+    update_doc_section(study, f"""## {TITLES.get(study, "EAGLE-3 training: " + study)} on SmolLM2 (cached features, held-out acceptance)
 
-Command: `{command}`. One epoch of the eagle_smollm2 training rows (sampled + 400 source
+Commands: `python -m benchmarks.bench_eagle3_options features`, then per variant
+`python -m benchmarks.bench_eagle3_options run NAME OPTIONS` (the options column), then `{command}`. One epoch of the eagle_smollm2 training rows (sampled + 400 source
 conversations, 4 sequences per step unless `bs` says otherwise, lr 1e-3 unless `lr` says
 otherwise, 3 TTT steps), target features cached once; scored on 40 held-out conversations
 (teacher-forced, k = 3 TTT steps, bonus token included). Same rows, order and seed for
@@ -202,6 +203,8 @@ teacher-forced numbers on held-out text; what decoding gets is in the end-to-end
 """)
 
 
+TITLES = {"eagle3_options": "EAGLE-3 training options",
+          "eagle3_study": "EAGLE-3 training study: bf16 autocast, Muon, EAGLE 3.1 norms"}
 PROVENANCE = {"eagle3_options": "The first variants ran in a prototype of this script (same rows, order, training "
                                 "step and scoring); this script re-ran readout_init_bs2_norm_before_residual and "
                                 "reproduced it to the last digit. "}
