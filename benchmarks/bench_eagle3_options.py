@@ -16,8 +16,9 @@ Variant keys: lr, bs (sequences per step), ttt (steps), init (`random`: the full
 layer the drafter used before; default: the drafter's own init), tt (teacher temperature
 applied to the training soft labels only), allpos=1 (loss at every token, prompts too),
 cfg (comma-separated extra config overrides, e.g. cfg=drafter.norm_before_residual=true),
-mp=bf16 (the step under CPU bf16 autocast, as train.mixed_precision=bf16), opt=muon (torch's
-Muon for the 2-D weights of the layers, lr matched to AdamW's RMS; AdamW for the rest).
+mp=bf16 (the step under CPU bf16 autocast, as train.mixed_precision=bf16), opt=muon (the train
+stage's train.optimizer=muon: Muon for the 2-D weights of the layers, its step matched to
+AdamW's RMS so the same lr applies; AdamW for the rest).
 Every variant reports its training seconds beside its steps, so equal-time readings come
 from the curves.
 """
@@ -78,19 +79,11 @@ def reinit_random(drafter, seed: int) -> None:
 
 
 def make_optimizers(drafter, params: list, lr: float, kind: str) -> list:
-    """AdamW over everything, or Muon over the layers' 2-D weights (not the embeddings or the
-    head, as Muon's authors advise) with AdamW over the rest."""
-    adamw = dict(lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    if kind == "adamw":
-        return [torch.optim.AdamW(params, **adamw)]
-    if kind != "muon":
-        raise SystemExit(f"opt={kind}: choose adamw or muon")
-    head = {id(p) for m in (drafter.lm_head, getattr(drafter, "embed_tokens", None)) if m is not None
-            for p in m.parameters()}
-    matrices = [p for p in params if p.ndim == 2 and id(p) not in head]
-    rest = [p for p in params if p.ndim != 2 or id(p) in head]
-    return [torch.optim.Muon(matrices, lr=lr, weight_decay=0.0, adjust_lr_fn="match_rms_adamw"),
-            torch.optim.AdamW(rest, **adamw)]
+    """The train stage's own optimiser (`train.optimizer`: adamw, or muon on the layers' matrices
+    with AdamW on the rest; specforge_lite/optim.py), no weight decay."""
+    from specforge_lite.optim import build_optimizer
+
+    return [build_optimizer(kind, drafter, params, lr, 0.0)]
 
 
 def run(name: str, opts: dict) -> None:

@@ -213,6 +213,9 @@ class TrainConfig:
     min_lr_ratio: float = checked(0.1, ge=0.0, le=1.0)
     warmup_ratio: float = checked(0.05, ge=0.0, lt=1.0)
     weight_decay: float = checked(0.0, ge=0.0)
+    # adamw | muon (Muon on the drafter layers' matrices, AdamW on the rest: specforge_lite/optim.py;
+    # docs/BENCHMARKS.md "EAGLE-3 training study"); muon needs the drafter whole on every rank (ddp)
+    optimizer: str = checked("adamw", choices=("adamw", "muon"))
     max_grad_norm: float = checked(0.5, gt=0.0)
     step_weight: float = checked(0.8, gt=0.0)  # loss weight of TTT step j is step_weight ** j
     checkpoint_every: int = checked(50, ge=0, note="0 disables")  # optimizer steps
@@ -222,7 +225,7 @@ class TrainConfig:
     tracker: Tracker = Tracker.wandb
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 0
-    # auto (bf16 on GPU, none on CPU) | no | bf16
+    # auto (bf16 on GPUs and on CPUs that compute it natively, else none) | no | bf16
     mixed_precision: str = checked("auto", choices=("auto", "no", "bf16"))
     offline_shard_size: int = checked(64, ge=1)  # sequences per cached feature shard
     # how offline features are stored (feature_formats.py): bf16 | int8 | int4 (group-wise scales) |

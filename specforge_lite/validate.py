@@ -242,6 +242,9 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
         problems.append("train.use_samples=false with train.source_conversations=0 leaves nothing to train on: "
                         "set train.source_conversations > 0")
     strategy = getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
+    if tcfg.optimizer == "muon" and strategy != "ddp":
+        problems.append(f"train.optimizer=muon orthogonalises whole weight matrices, which trainer.strategy={strategy} "
+                        "shards over ranks: use trainer.strategy=ddp (or train.optimizer=adamw)")
     if cfg.trainer.deepspeed_config and strategy.startswith("deepspeed"):
         from pathlib import Path
 

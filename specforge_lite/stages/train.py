@@ -39,6 +39,7 @@ from specforge_lite.feature_formats import stores_last
 from specforge_lite.features import (FeatureCache, cache_key, collate, draft_vocab_targets, target_files,
                                      target_hidden)
 from specforge_lite.checkpoints import resume
+from specforge_lite.optim import build_optimizer
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.sizing import check_stage, report as size_every_stage
 from specforge_lite.strategies import build_strategy
@@ -236,7 +237,7 @@ def run(cfg: DictConfig) -> None:
                     teacher=teacher)
         accelerator.wait_for_everyone()
 
-    optimizer = torch.optim.AdamW(params, lr=tcfg.lr, weight_decay=tcfg.weight_decay, betas=(0.9, 0.95))
+    optimizer = build_optimizer(tcfg.optimizer, drafter, params, tcfg.lr, tcfg.weight_decay)
     strategy.module, strategy.stamp = module, stamp  # what checkpoints save and check
     drafter, optimizer = strategy.prepare(drafter, optimizer)
 
