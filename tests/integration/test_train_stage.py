@@ -69,8 +69,9 @@ def test_offline_mode_matches_online_closely(sampled, tmp_path):
         assert (a[name].float() - b[name].float()).abs().max() < 5e-2, name
 
 
-def test_kill_and_resume_gives_identical_weights(sampled, tmp_path):
-    args = ["train.max_steps=150", "train.checkpoint_every=5", "train.log_every=50"]
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_kill_and_resume_gives_identical_weights(sampled, tmp_path, optimizer):
+    args = ["train.max_steps=150", "train.checkpoint_every=5", "train.log_every=50", f"train.optimizer={optimizer}"]
     killed = fresh_run(sampled, tmp_path, "killed")
     proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", "+recipe=smoke", SAMPLED,
                              f"run_dir={killed}", *args], cwd=REPO,
