@@ -238,6 +238,9 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
         if proc.returncode:
             break
     out["failures"] = [f"{c['label']}: exit status {c['returncode']}" for c in out["commands"] if c["returncode"]]
+    # every stage says what its ranks (or vLLM's workers) hold: one that recorded nothing is unproven
+    out["failures"] += [f"{c['label']}: no rank recorded what it holds of the target" for c in out["commands"]
+                        if not c["returncode"] and not c["stages"]]
     out["failures"] += [f"{c['label']}/{s}: rank peak {a['layer_bytes_peak']} B of layer weights > share "
                         f"{a['layer_bytes_share']} B" for c in out["commands"] for s, a in c["stages"].items()
                         if a["verdict"] == "OVER SHARE"]
