@@ -78,18 +78,11 @@ def reinit_random(drafter, seed: int) -> None:
         drafter.lm_head.weight.copy_(lm_head)
 
 
-def make_optimizers(drafter, params: list, lr: float, kind: str) -> list:
-    """The train stage's own optimiser (`train.optimizer`: adamw, or muon on the layers' matrices
-    with AdamW on the rest; specforge_lite/optim.py), no weight decay."""
-    from specforge_lite.optim import build_optimizer
-
-    return [build_optimizer(kind, drafter, params, lr, 0.0)]
-
-
 def run(name: str, opts: dict) -> None:
     from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
     from specforge_lite.features import collate
+    from specforge_lite.optim import build_optimizer
     from specforge_lite.stages.train import lr_at, plan_batches
     from specforge_lite.targets import load_target
 
@@ -107,7 +100,7 @@ def run(name: str, opts: dict) -> None:
         reinit_random(drafter, cfg.train.seed)
     prepare = eagle3.batch_preparer(drafter, target)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizers = make_optimizers(drafter, params, lr, opts.get("opt", "adamw"))
+    optimizer = build_optimizer(opts.get("opt", "adamw"), drafter, params, lr, 0.0)  # the train stage's own
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if opts.get("mp") == "bf16" \
         else contextlib.nullcontext
     batches = plan_batches([len(rows[i]["input_ids"]) for i in train_ids], bs, 0, 1.0)
@@ -147,17 +140,15 @@ def run(name: str, opts: dict) -> None:
     every = max(1, len(batches) // 8)
     for step, indices in enumerate(batches):
         started = time.perf_counter()
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, len(batches), cfg.train)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, len(batches), cfg.train)
         batch = make(indices)
         with autocast():
             loss, num, _ = eagle3.loss_and_metrics(drafter, batch, cfg)
         (loss.float() / max(num, 1)).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
-        for optimizer in optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - started
         tokens += int(batch["attention_mask"].sum())
         if (step + 1) % every == 0 or step + 1 == len(batches):

@@ -84,7 +84,7 @@ def build_optimizer(kind: str, drafter, params: list, lr: float, weight_decay: f
     if kind != "muon":
         raise ValueError(f"train.optimizer={kind!r}; choose {' or '.join(OPTIMIZERS)}")
     token_rows = {id(p) for name, p in drafter.named_parameters()
-                  if name.split(".")[0] in ("lm_head", "embed_tokens") or "embed" in name}
+                  if name.split(".")[0] == "lm_head" or "embed" in name}
     matrices = [p for p in params if p.ndim == 2 and id(p) not in token_rows]
     rest = [p for p in params if p.ndim != 2 or id(p) in token_rows]
     groups = [{"params": matrices, "muon": True}] + ([{"params": rest, "muon": False}] if rest else [])

@@ -26,8 +26,8 @@ def _output(tokens, iterations, seconds, drafts=0, accepted_per_position=()):
 
 
 def _results():
-    # two prompts of 9 tokens each; plain: 1 prefill + 8 decoding iterations, 1 s each answer;
-    # ngram: prompt a in 4 decoding forwards (0.5 s), prompt b in 8 (1 s), its second answer differs
+    # two prompts of 9 answer tokens each: plain decodes each in one prefill and 8 iterations; ngram
+    # answers prompt a in half the iterations and half plain's time, prompt b as plain, but differently
     plain = [_output(range(9), 9, 1.0), _output(range(9), 9, 1.0)]
     ngram = [_output(range(9), 5, 0.5, drafts=4, accepted_per_position=(4, 0)),
              _output([0, 1, 2, 3, 4, 5, 6, 7, 99], 9, 1.0)]
@@ -57,7 +57,7 @@ def test_report_against_vllm_plain():
     assert report["baseline"] == "vllm_plain" and report["recommendation"]["baseline"] == "vllm_plain"
     plain, ngram = report["methods"]["vllm_plain"], report["methods"]["vllm_ngram"]
     assert plain["tau"] == 1.0 and plain["speedup"] == 1.0 and plain["identical_to_plain"]
-    # ngram: 16 tokens in 1.5 s against plain's 18 in 2 s; tau (8 + 8) / (4 + 8)
+    # ngram: both answers' tokens over both answers' time, against plain's; tau: decoded tokens over forwards
     assert ngram["tokens_per_s"] == pytest.approx(18 / 1.5) and ngram["speedup"] == pytest.approx((18 / 1.5) / 9)
     assert ngram["tau"] == pytest.approx(16 / 12)
     assert ngram["identical_to_plain"] is False and ngram["identical_answers"] == "1/2"

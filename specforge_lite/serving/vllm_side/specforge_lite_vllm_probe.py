@@ -6,6 +6,7 @@ that `LLM.apply_model` sends `held_weights` to the workers by name.
 
 
 def _is_layer(name: str) -> bool:
+    """accounting.is_layer_weight's rule, restated: this file runs where the package is not installed."""
     parts = name.split(".")
     return any(p == "layers" and i + 1 < len(parts) and parts[i + 1].isdigit() for i, p in enumerate(parts))
 
