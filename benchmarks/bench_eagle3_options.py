@@ -100,7 +100,8 @@ def run(name: str, opts: dict) -> None:
         reinit_random(drafter, cfg.train.seed)
     prepare = eagle3.batch_preparer(drafter, target)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = build_optimizer(opts.get("opt", "adamw"), drafter, params, lr, 0.0)  # the train stage's own
+    optimizer = build_optimizer(opts.get("opt", "adamw"), drafter, params, lr, 0.0,  # the train stage's own
+                                low_precision=opts.get("mp") == "bf16")
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if opts.get("mp") == "bf16" \
         else contextlib.nullcontext
     batches = plan_batches([len(rows[i]["input_ids"]) for i in train_ids], bs, 0, 1.0)

@@ -227,6 +227,9 @@ class TrainConfig:
     seed: int = 0
     # auto (bf16 on GPUs and on CPUs that compute it natively, else none) | no | bf16
     mixed_precision: str = checked("auto", choices=("auto", "no", "bf16"))
+    # with bf16: the frozen target's forward under bf16 autocast too where its weights are fp32 (a
+    # CPU target); false keeps it in the weights' dtype (docs/BENCHMARKS.md "Demo training step")
+    target_autocast: bool = True
     offline_shard_size: int = checked(64, ge=1)  # sequences per cached feature shard
     # how offline features are stored (feature_formats.py): bf16 | int8 | int4 (group-wise scales) |
     # int4_topk (int4 aux states and the teacher's top draft-vocab logits instead of the last state;

@@ -11,6 +11,7 @@ logits instead of the final hidden state.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,13 +33,24 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def target_hidden(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layer_ids) -> tuple:
+def target_hidden(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, aux_layer_ids,
+                  compute: torch.dtype | None = None) -> tuple:
     """`(aux_hidden [B, T, len(aux_layer_ids) * H] or None when no aux layers are asked for,
-    last_hidden [B, T, H])` from one frozen target forward."""
-    out = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=bool(aux_layer_ids),
-                       use_cache=False)
+    last_hidden [B, T, H])` from one frozen target forward, in the target's dtype.
+
+    compute: a lower dtype for the forward's matmuls than the target's weights (bf16 autocast of
+    an fp32 target on a CPU that computes bf16 natively: train.mixed_precision); None: as loaded."""
+    weights = next(target.parameters()).dtype
+    lower = compute is not None and compute != weights
+    cast = torch.autocast(input_ids.device.type, dtype=compute) if lower else contextlib.nullcontext()
+    with cast:
+        out = target.model(input_ids=input_ids, attention_mask=attention_mask,
+                           output_hidden_states=bool(aux_layer_ids), use_cache=False)
     aux = torch.cat([out.hidden_states[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
-    return aux, out.last_hidden_state
+    last = out.last_hidden_state
+    if lower:
+        aux, last = (aux.to(weights) if aux is not None else None), last.to(weights)
+    return aux, last
 
 
 @torch.no_grad()
@@ -88,6 +100,12 @@ def target_files(path: str) -> dict:
                if f.suffix in (".safetensors", ".bin", ".pt") or f.name.endswith(".index.json")}
     return {"path": str(folder.resolve()), "weights": weights,
             "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None}
+
+
+def computed_dtype(target, compute: torch.dtype | None) -> str:
+    """The dtype the target's forward computes in (`target_hidden`): its weights', or `compute` under autocast."""
+    weights = next(target.parameters()).dtype
+    return str(weights) if compute is None or compute == weights else f"{weights} autocast {compute}"
 
 
 def cache_key(rows: list[dict], target_path: str, target_dtype, aux_layer_ids, feature_format: str = "bf16",
@@ -173,14 +191,15 @@ class FeatureCache:
                                     "shard_size": self.shard_size, "key": key}))
 
     def build(self, target, samples, aux_layer_ids, pad_id: int, batch_size: int, rank: int = 0, world: int = 1,
-              barrier=None, lockstep: bool = False, teacher=None) -> None:
+              barrier=None, lockstep: bool = False, teacher=None, compute: torch.dtype | None = None) -> None:
         """Write the missing shards (after `prepare`): rank r of `world` writes the r-th, r+world-th, ...
         of them, straight into the shared folder, so training reads them as one rank's cache.
         `barrier`: called once every rank has listed the missing shards (before any is written).
         lockstep: the target is sharded over the ranks (every rank must take part in every
         target forward), so a rank with fewer batches runs empty-handed forwards until all are done.
         teacher: for int4_topk, `teacher(last [B, T, H], loss_mask [B, T]) -> (draft-vocab logits
-        [B, T, V_d], in_draft [B, T])` (features.draft_vocab_targets with the drafter's vocab)."""
+        [B, T, V_d], in_draft [B, T])` (features.draft_vocab_targets with the drafter's vocab).
+        compute: the target forward's dtype where it is lower than the weights' (`target_hidden`)."""
         if not stores_last(self.format) and teacher is None:
             raise SpecforgeError(f"train.feature_format={self.format} stores the teacher: the cache needs "
                                  "the draft vocab")
@@ -205,7 +224,7 @@ class FeatureCache:
         for j, lo, hi, last_batch in batches(mine):
             rows = samples[lo:hi]
             batch = collate(rows, pad_id, target.device)
-            aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
+            aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids, compute)
             done += 1
             soft = None if stores_last(self.format) else teacher(last_hidden=last, loss_mask=batch["loss_mask"])
             for k, row in enumerate(rows):
@@ -225,7 +244,7 @@ class FeatureCache:
         bar.close()
         while lockstep and done < forwards:  # the other ranks' forwards need this rank's shards of the layers
             batch = collate(samples[:1], pad_id, target.device)
-            target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids)
+            target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_layer_ids, compute)
             done += 1
 
     def _stored(self, name: str, index: int, x: torch.Tensor) -> dict[str, torch.Tensor]:

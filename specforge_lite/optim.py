@@ -22,11 +22,13 @@ NS_STEPS = 5
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic of Muon's authors: fast growth of small singular values
 
 
-def orthogonalise(update: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalise(update: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An approximately orthogonal matrix with `update`'s singular vectors (singular values
-    pushed towards 1) by a quintic Newton-Schulz iteration, in fp32."""
+    pushed towards 1) by a quintic Newton-Schulz iteration in `dtype` (the iteration only
+    needs singular values near 1, which bf16 keeps: Muon's authors run it in bf16)."""
     a, b, c = NS_COEFFICIENTS
-    x = update.float()
+    x = update.to(dtype)
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
@@ -40,8 +42,10 @@ def orthogonalise(update: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for the groups with `muon=True` (2-D weights), AdamW for the others, one step."""
 
-    def __init__(self, groups: list[dict], lr: float, weight_decay: float = 0.0):
+    def __init__(self, groups: list[dict], lr: float, weight_decay: float = 0.0,
+                 ns_dtype: torch.dtype = torch.float32):
         super().__init__(groups, {"lr": lr, "weight_decay": weight_decay, "muon": False})
+        self.ns_dtype = ns_dtype
         for group in self.param_groups:
             if group["muon"] and any(p.ndim != 2 for p in group["params"]):
                 raise ValueError("Muon's groups hold 2-D weights only")
@@ -62,7 +66,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 if group["muon"]:
                     buf = state.setdefault("momentum", torch.zeros_like(p))
                     buf.lerp_(p.grad, 1 - MUON_MOMENTUM)
-                    update = orthogonalise(p.grad.lerp(buf, MUON_MOMENTUM))  # Nesterov
+                    update = orthogonalise(p.grad.lerp(buf, MUON_MOMENTUM), dtype=self.ns_dtype)  # Nesterov
                     p.add_(update.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape)))  # AdamW's RMS
                     continue
                 if not state:
@@ -76,9 +80,11 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(kind: str, drafter, params: list, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(kind: str, drafter, params: list, lr: float, weight_decay: float,
+                    low_precision: bool = False) -> torch.optim.Optimizer:
     """`train.optimizer`: torch's AdamW over `params`, or MuonAdamW with the 2-D weights of
-    the drafter's layers under Muon (not the embeddings or the head, whose rows are tokens)."""
+    the drafter's layers under Muon (not the embeddings or the head, whose rows are tokens).
+    low_precision: the run computes in bf16 (train.mixed_precision), so Muon's iteration does too."""
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=BETAS)
     if kind != "muon":
@@ -88,4 +94,5 @@ def build_optimizer(kind: str, drafter, params: list, lr: float, weight_decay: f
     matrices = [p for p in params if p.ndim == 2 and id(p) not in token_rows]
     rest = [p for p in params if p.ndim != 2 or id(p) in token_rows]
     groups = [{"params": matrices, "muon": True}] + ([{"params": rest, "muon": False}] if rest else [])
-    return MuonAdamW(groups, lr=lr, weight_decay=weight_decay)
+    return MuonAdamW(groups, lr=lr, weight_decay=weight_decay,
+                     ns_dtype=torch.bfloat16 if low_precision else torch.float32)

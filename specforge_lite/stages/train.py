@@ -36,8 +36,8 @@ from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.dry_run import dry_run
 from specforge_lite.feature_formats import stores_last
-from specforge_lite.features import (FeatureCache, cache_key, collate, draft_vocab_targets, target_files,
-                                     target_hidden)
+from specforge_lite.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
+                                     target_files, target_hidden)
 from specforge_lite.checkpoints import resume
 from specforge_lite.optim import build_optimizer
 from specforge_lite.registry import RENAMED, chosen_drafter
@@ -221,6 +221,9 @@ def run(cfg: DictConfig) -> None:
     while len(batches) < needed:  # max_steps past the planned epochs: keep cycling the plan
         batches += plan_batches(lengths, tcfg.batch_size, tcfg.seed + len(batches), 1.0)
 
+    # the frozen target's forward in the training's precision too (bf16 autocast of an fp32 target
+    # on a CPU with native bf16): it is most of an online step (docs/BENCHMARKS.md "Demo training step")
+    compute = torch.bfloat16 if strategy.mixed == "bf16" and tcfg.target_autocast else None
     cache = None
     if tcfg.mode == "offline":  # every rank builds the features of its share of the rows
         cache = FeatureCache(out / "features", tcfg.offline_shard_size, tcfg.feature_format)
@@ -230,14 +233,16 @@ def run(cfg: DictConfig) -> None:
             teacher = partial(draft_vocab_targets, head, head[draft_vocab], t2d=drafter.t2d)
         if accelerator.is_main_process:
             cache.prepare(samples, target.config.hidden_size, aux_ids,
-                          cache_key(samples, cfg.target.path, target.dtype, aux_ids, tcfg.feature_format, draft_vocab))
+                          cache_key(samples, cfg.target.path, computed_dtype(target, compute), aux_ids,
+                                    tcfg.feature_format, draft_vocab))
         accelerator.wait_for_everyone()
         cache.build(target, samples, aux_ids, tokenizer.pad_token_id, tcfg.batch_size, accelerator.process_index,
                     accelerator.num_processes, accelerator.wait_for_everyone, lockstep=bool(cfg.trainer.shard_target),
-                    teacher=teacher)
+                    teacher=teacher, compute=compute)
         accelerator.wait_for_everyone()
 
-    optimizer = build_optimizer(tcfg.optimizer, drafter, params, tcfg.lr, tcfg.weight_decay)
+    optimizer = build_optimizer(tcfg.optimizer, drafter, params, tcfg.lr, tcfg.weight_decay,
+                                low_precision=strategy.mixed == "bf16")
     strategy.module, strategy.stamp = module, stamp  # what checkpoints save and check
     drafter, optimizer = strategy.prepare(drafter, optimizer)
 
@@ -268,7 +273,7 @@ def run(cfg: DictConfig) -> None:
             t_target = time.perf_counter()
             batch = collate([samples[i] for i in indices], tokenizer.pad_token_id, accelerator.device)
             if cache is None:
-                aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids)
+                aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids, compute)
             else:
                 aux, last = cache.batch(indices, accelerator.device)
             prepare(batch, aux, last, own)  # soft labels, loss positions (none if not `own`)

@@ -63,3 +63,23 @@ def test_shards_get_the_umasks_mode(tmp_path, tiny_target):
         os.umask(mask)
     shards = list(tmp_path.glob("*.safetensors"))
     assert shards and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in shards)
+
+
+def test_a_bf16_forward_of_an_fp32_target_is_keyed_apart_and_returned_in_fp32(tiny_target):
+    """train.mixed_precision=bf16 runs the frozen fp32 target under bf16 autocast: the states come
+    back in the weights' dtype, close to the fp32 forward's, and the cache key names the autocast."""
+    import torch
+
+    from specforge_lite.features import collate, computed_dtype, target_hidden
+
+    target, _ = tiny_target
+    batch = collate(ROWS, 0, "cpu")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    aux32, last32 = target_hidden(target, ids, mask, [1, 2])
+    aux16, last16 = target_hidden(target, ids, mask, [1, 2], torch.bfloat16)
+    assert aux16.dtype == last16.dtype == torch.float32
+    assert not torch.equal(last16, last32)  # the forward did compute in bf16
+    assert ((last16 - last32).norm() / last32.norm()) < 0.05
+    assert ((aux16 - aux32).norm() / aux32.norm()) < 0.05
+    assert computed_dtype(target, None) == computed_dtype(target, torch.float32) == "torch.float32"
+    assert computed_dtype(target, torch.bfloat16) == "torch.float32 autocast torch.bfloat16"

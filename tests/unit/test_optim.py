@@ -20,6 +20,26 @@ def test_newton_schulz_pushes_singular_values_towards_one():
         assert singular.min() > 0.5 and singular.max() < 1.3, singular
 
 
+def test_newton_schulz_in_bf16_is_the_fp32_iteration_within_bf16_rounding():
+    """The bf16 iteration (train.mixed_precision=bf16) gives the fp32 one's matrix, returned in bf16."""
+    torch.manual_seed(0)
+    grad = torch.randn(32, 96) * torch.logspace(-1, 1, 96)
+    low, full = orthogonalise(grad, dtype=torch.bfloat16), orthogonalise(grad)
+    assert low.dtype == torch.bfloat16
+    assert ((low.float() - full).norm() / full.norm()) < 0.05
+    singular = torch.linalg.svdvals(low.float())
+    assert singular.min() > 0.5 and singular.max() < 1.3, singular
+
+
+def test_low_precision_runs_muons_iteration_in_bf16():
+    model = Tiny()
+    assert build_optimizer("muon", model, list(model.parameters()), 1e-2, 0.0).ns_dtype == torch.float32
+    low = build_optimizer("muon", model, list(model.parameters()), 1e-2, 0.0, low_precision=True)
+    assert low.ns_dtype == torch.bfloat16
+    steps(model, low, 2)  # steps in bf16 keep the fp32 weights fp32
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
 class Tiny(nn.Module):
     def __init__(self):
         super().__init__()
