@@ -44,12 +44,14 @@ def compose(overrides: list[str]):
     return compose_config(["+recipe=eagle_smollm2", "stage=train", "train.source_conversations=400", *overrides])
 
 
-def features() -> None:
+def features(out: Path = OUT, cfg=None, compute: torch.dtype | None = None) -> None:
+    """Every training row's target features (computed in `compute` where given, as the train
+    stage's target_autocast does), kept in `out`/features.pt with the rows and the held-out split."""
     from specforge_lite.features import collate, target_hidden
     from specforge_lite.stages.train import ensure_samples, training_rows
     from specforge_lite.targets import load_target
 
-    cfg = compose([])
+    cfg = cfg if cfg is not None else compose([])
     ensure_samples(cfg)
     target, tokenizer = load_target(cfg.target)
     rows = training_rows(cfg, tokenizer)  # sampled rows first, then source rows
@@ -58,13 +60,13 @@ def features() -> None:
     feats, started = [], time.perf_counter()
     for i, row in enumerate(rows):
         batch = collate([row], tokenizer.pad_token_id, "cpu")
-        aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids)
+        aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids, compute)
         feats.append((aux[0].bfloat16(), last[0].bfloat16()))
         if i % 50 == 0:
             print(f"features {i}/{len(rows)} {time.perf_counter() - started:.0f} s", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     torch.save({"rows": rows, "feats": feats, "held": held,
-                "train": [i for i in range(len(rows)) if i not in set(held)]}, OUT / "features.pt")
+                "train": [i for i in range(len(rows)) if i not in set(held)]}, out / "features.pt")
 
 
 def reinit_random(drafter, seed: int) -> None:
@@ -78,7 +80,7 @@ def reinit_random(drafter, seed: int) -> None:
         drafter.lm_head.weight.copy_(lm_head)
 
 
-def run(name: str, opts: dict) -> None:
+def run(name: str, opts: dict, out: Path = OUT) -> None:
     from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
     from specforge_lite.features import collate
@@ -89,7 +91,7 @@ def run(name: str, opts: dict) -> None:
     lr, bs = float(opts.get("lr", 1e-3)), int(opts.get("bs", 4))
     cfg = compose([f"train.lr={lr}", f"drafter.ttt_steps={int(opts.get('ttt', 3))}",
                    *[c for c in opts.get("cfg", "").split(",") if c]])
-    data = torch.load(OUT / "features.pt", weights_only=False)
+    data = torch.load(out / "features.pt", weights_only=False)
     rows, feats = data["rows"], data["feats"]
     target, tokenizer = load_target(cfg.target)
     train_ids = data["train"]
@@ -104,7 +106,9 @@ def run(name: str, opts: dict) -> None:
                                 low_precision=opts.get("mp") == "bf16")
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if opts.get("mp") == "bf16" \
         else contextlib.nullcontext
-    batches = plan_batches([len(rows[i]["input_ids"]) for i in train_ids], bs, 0, 1.0)
+    epochs = float(opts.get("epochs", 1))
+    batches = plan_batches([len(rows[i]["input_ids"]) for i in train_ids], bs, 0, epochs)
+    per_epoch = len(batches) / epochs
     hidden = drafter.config.hidden_size
     temperature = float(opts.get("tt", 1.0))
 
@@ -138,7 +142,7 @@ def run(name: str, opts: dict) -> None:
                 "tau": 1 + sum(c / totals["total"][0] for c in totals["chain"])}
 
     curve, train_s, tokens = [], 0.0, 0
-    every = max(1, len(batches) // 8)
+    every = max(1, len(batches) // int(opts.get("points", 8)))
     for step, indices in enumerate(batches):
         started = time.perf_counter()
         for group in optimizer.param_groups:
@@ -152,12 +156,16 @@ def run(name: str, opts: dict) -> None:
         optimizer.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - started
         tokens += int(batch["attention_mask"].sum())
-        if (step + 1) % every == 0 or step + 1 == len(batches):
+        epoch_end = opts.get("save") == "1" and round((step + 1) % per_epoch) == 0
+        if (step + 1) % every == 0 or step + 1 == len(batches) or epoch_end:
             point = {**score(), "step": step + 1, "tokens": tokens, "train_s": train_s}
+            if epoch_end:  # the drafter as it stands after each whole epoch, for a decoded evaluate
+                point["drafter"] = str(out / "drafters" / f"{name}-epoch{round((step + 1) / per_epoch)}")
+                eagle3.save(drafter, Path(point["drafter"]), extra={"trained_steps": step + 1})
             curve.append(point)
             print(name, json.dumps(point), flush=True)
-    (OUT / "variants").mkdir(parents=True, exist_ok=True)
-    (OUT / "variants" / f"{name}.json").write_text(json.dumps({"name": name, "options": opts, "curve": curve}))
+    (out / "variants").mkdir(parents=True, exist_ok=True)
+    (out / "variants" / f"{name}.json").write_text(json.dumps({"name": name, "options": opts, "curve": curve}))
 
 
 def record(command: str, study: str = "eagle3_options") -> None:

@@ -21,7 +21,8 @@ TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
 TOPICS = [
     ("Engine: the target's forward", ["engine_avx512", "engine_avx2", "engine_autotune"], ("engine",)),
     ("Sampling", ["sampling", "batched_sampling"], ("sampl", "batched")),
-    ("Training", ["demo_training", "training", "training_target", "eagle3_options", "eagle3_study", "sampled_vs_source",
+    ("Training", ["demo_training", "learning_curve", "training", "training_target", "eagle3_options",
+                  "eagle3_study", "sampled_vs_source",
                   "learning_curves_learning_curves_smollm2", "drafter_contract_equivalence",
                   "feature_formats"],
      ("train", "learning_curves")),

@@ -112,9 +112,20 @@ def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int
     return {t: statistics.median(samples) for t, samples in times.items()}
 
 
+def costs_as_decoding_paid(forward_costs: dict[int, float], plain_forward_ms: float | None) -> tuple[dict, float]:
+    """The isolated cost table scaled so that its 1-token forward is what plain decoding paid a
+    forward in the same run (`plain_forward_ms`, its decoding forwards' measured mean), and the
+    scale: inside the loop a forward also pays what the table's tight repeats do not (caches and
+    memory traffic of a longer context, the machine's state while other work ran). None: as timed."""
+    if not plain_forward_ms or forward_costs.get(1, 0) <= 0:
+        return dict(forward_costs), 1.0
+    scale = 1e-3 * plain_forward_ms / forward_costs[1]
+    return {t: s * scale for t, s in forward_costs.items()}, scale
+
+
 def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
            draft_cost: Callable[[int], float], overhead_s: float = 0.0, prefill_s: float = 0.0,
-           answer_tokens: float | None = None) -> dict:
+           answer_tokens: float | None = None, plain_overhead_s: float | None = None) -> dict:
     """The k in 1..len(alphas) maximising expected tokens/s.
 
     step_s(k) = draft_cost(k) + forward_costs[k + 1] + overhead_s, and per step
@@ -122,14 +133,15 @@ def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
     overhead_s per token. With `answer_tokens` (N, the mean answer length) and `prefill_s`
     (the mean prefill of an answer) the rates are per answer, as the measured tokens/s
     are: N / (prefill_s + (N - 1) / tokens_per_step * step_s); else per decoding step.
-    A position no step reached (alpha None) counts as never accepted.
+    A position no step reached (alpha None) counts as never accepted. plain_overhead_s: plain
+    decoding's own measured overhead per token where known (else the method's `overhead_s`).
     """
     def rate(tokens_per_step: float, step_s: float) -> float:
         if answer_tokens is None:
             return tokens_per_step / step_s
         return answer_tokens / (prefill_s + (answer_tokens - 1) / tokens_per_step * step_s)
 
-    plain_rate = rate(1.0, forward_costs[1] + overhead_s)
+    plain_rate = rate(1.0, forward_costs[1] + (overhead_s if plain_overhead_s is None else plain_overhead_s))
     rows = []
     for k in range(1, len(alphas) + 1):
         if k + 1 not in forward_costs:

@@ -38,7 +38,7 @@ from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, loa
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.runtime.fast_engine import TargetForward, build_target_engine
-from specforge_lite.decoding.metrics import best_k, measure_forward_costs, summarise
+from specforge_lite.decoding.metrics import best_k, costs_as_decoding_paid, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
@@ -272,6 +272,8 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
     boot = ecfg.bootstrap
     intervals = method_intervals(prompt_totals(answer_rows), PLAIN, boot.resamples, boot.seed, boot.level)
 
+    # best k prices a step at what decoding paid a forward in this run, not the isolated timing
+    paid, scale = costs_as_decoding_paid(costs, plain["target_forward_ms"])
     entries = {}
     for name in methods:
         rows = by_method[name]
@@ -288,7 +290,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
             entry["per_category"][cat] = {"tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
                                           "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
         if name in drafters:
-            entry["best_k"] = _best_k_for(entry, drafters[name], costs, answer_shape)
+            entry["best_k"] = _best_k_for(entry, drafters[name], paid, answer_shape, plain)
         entries[name] = entry
 
     ours = [m for m in methods if m in drafters]
@@ -315,20 +317,24 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
         "methods": entries,
         "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in methods}
                              for cat in categories},
-        "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()}},
+        "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},
+                          "decoding_scale": scale, "ms_as_decoding_paid": {t: 1e3 * s for t, s in paid.items()}},
         "best_k": best, "best_k_method": best_method,
         "answers": answer_rows,
     }
 
 
-def _best_k_for(entry: dict, drafter, costs: dict[int, float], answer_shape: tuple[float, float]) -> dict:
+def _best_k_for(entry: dict, drafter, costs: dict[int, float], answer_shape: tuple[float, float],
+                plain: dict) -> dict:
     """Best k from this method's measured acceptance and its measured costs; rates per mean
-    answer (prefill_s, tokens) so that expected speedups compare with the measured ones."""
+    answer (prefill_s, tokens) so that expected speedups compare with the measured ones;
+    plain decoding's own overhead per token for its rate."""
     draft_ms_step, draft_ms_token = entry["draft_ms_per_step"] or 0.0, entry.get("draft_ms_per_token") or 0.0
     if getattr(drafter, "sequential", False):
         draft_cost = lambda k: 1e-3 * draft_ms_token * k  # noqa: E731  one drafter forward per token
     else:
         draft_cost = lambda k: 1e-3 * draft_ms_step  # noqa: E731  one call whatever k
     prefill_s, answer_tokens = answer_shape
+    plain_overhead = plain["overhead_ms_per_step"]
     return best_k(entry["per_position_acceptance"], costs, draft_cost, 1e-3 * (entry["overhead_ms_per_step"] or 0),
-                  prefill_s, answer_tokens)
+                  prefill_s, answer_tokens, None if plain_overhead is None else 1e-3 * plain_overhead)

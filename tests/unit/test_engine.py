@@ -296,6 +296,23 @@ def test_best_k_per_answer_counts_the_prefill():
     assert per_answer["expected_speedup"] == pytest.approx(1.5 / 1.25)
 
 
+def test_best_k_prices_forwards_as_decoding_paid_them():
+    """The isolated table (1-token forward 10 ms) is scaled to what plain decoding paid a forward
+    in the same run (12.5 ms): every width by the same 1.25, so ratios between widths stay; and
+    plain's rate uses plain's own overhead, not the drafter's."""
+    from specforge_lite.decoding.metrics import costs_as_decoding_paid
+
+    costs = {1: 0.010, 2: 0.011, 4: 0.014}
+    paid, scale = costs_as_decoding_paid(costs, 12.5)
+    assert scale == pytest.approx(1.25)
+    assert paid == pytest.approx({1: 0.0125, 2: 0.01375, 4: 0.0175})
+    assert costs_as_decoding_paid(costs, None) == (costs, 1.0)  # nothing measured: the table as timed
+    free = lambda k: 0.0  # noqa: E731
+    own = best_k([1.0], paid, free, overhead_s=0.002, plain_overhead_s=0.0)
+    assert own["plain_tokens_per_s"] == pytest.approx(1 / 0.0125)
+    assert own["expected_tokens_per_s"] == pytest.approx(2 / (0.01375 + 0.002))
+
+
 # --------------------------------------------------------------------------- the real target
 
 @pytest.mark.slow

@@ -1,0 +1,219 @@
+"""The EAGLE-3 demo's learning curve: held-out acceptance against training tokens and CPU minutes.
+
+    python -m benchmarks.bench_learning_curve features     # the demo's rows' target features, once
+    python -m benchmarks.bench_learning_curve train NAME   # one recipe (before | new) for 4 epochs
+    python -m benchmarks.bench_learning_curve evaluate     # decoded tau of every saved drafter, one run
+    python -m benchmarks.bench_learning_curve record --sampling-min M   # JSON, plot and docs section
+
+The demo recipe's training rows (its sampled conversations and source ones), their target features
+computed once under bf16 autocast (the stage's default) and kept under runs/bench_learning_curve/.
+Each recipe trains four epochs over them through `bench_eagle3_options.run` (the stage's loss,
+optimiser and schedule, over the whole four epochs), scored teacher-forced on 40 held-out
+conversations at sixteen points and saved after each epoch; one evaluate then decodes every saved
+drafter on held-out prompts: MT-Bench first turns that the demo does not evaluate.
+
+CPU minutes are what the demo's online train stage would spend on those tokens on this machine:
+tokens over the stage's measured tokens/s for that recipe (benchmarks/results/demo_training.json),
+plus the demo's sampling minutes (the same for both recipes), so the axis counts what a user pays.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.common import DOC, ROOT, compose_config, update_doc_section, write_results
+
+OUT = ROOT / "runs" / "bench_learning_curve"
+SAMPLES = ROOT / "runs" / "smollm2" / "samples"
+# each recipe as bench_eagle3_options options, its row of demo_training.json (its stage's speed) and
+# its epochs (today's recipe to twice the demo's budget, the new one to four times)
+RECIPES = {
+    "before": ({"lr": "1e-3", "bs": "1", "mp": "bf16", "opt": "adamw"}, "before", 2),
+    "new": ({"lr": "3e-3", "bs": "1", "mp": "bf16", "opt": "muon"}, "bf16 target + Muon", 4),
+}
+DECODED_EPOCHS = (1, 2, 4)  # the budgets decoded (epoch 3 is scored teacher-forced only)
+HELD_PROMPTS, NEW_TOKENS = 24, 64
+
+
+def demo_config():
+    return compose_config(["+recipe=eagle_smollm2", "stage=train", f"samples_dir={SAMPLES}"])
+
+
+def features() -> None:
+    import torch
+
+    from benchmarks.bench_eagle3_options import features as build
+
+    build(OUT, demo_config(), compute=torch.bfloat16)
+
+
+def train(name: str) -> None:
+    from benchmarks.bench_eagle3_options import run
+
+    options, _, epochs = RECIPES[name]
+    run(name, {**options, "epochs": str(epochs), "points": str(4 * epochs), "save": "1"}, OUT)
+
+
+def variants() -> dict:
+    return {name: json.loads((OUT / "variants" / f"{name}.json").read_text()) for name in RECIPES
+            if (OUT / "variants" / f"{name}.json").exists()}
+
+
+def heldout_prompts() -> Path:
+    """MT-Bench first turns the demo does not evaluate (it takes `eval.max_prompts` round robin)."""
+    from specforge_lite.data.eval_prompts import read_eval_prompts, select_prompts
+
+    demo = compose_config(["+recipe=eagle_smollm2", "stage=evaluate"])
+    prompts = read_eval_prompts("builtin:mt_bench")
+    used = {p["id"] for p in select_prompts(prompts, demo.eval.max_prompts)}
+    path = OUT / "mtbench_not_in_demo.jsonl"
+    path.write_text("".join(json.dumps({"id": p["id"], "category": p["category"], "turns": p["turns"][:1]}) + "\n"
+                            for p in prompts if p["id"] not in used))
+    return path
+
+
+def evaluate() -> None:
+    drafters = [f"{name}-e{i + 1}:{p['drafter']}" for name, v in variants().items()
+                for i, p in enumerate(x for x in v["curve"] if "drafter" in x) if i + 1 in DECODED_EPOCHS]
+    run_dir = OUT / "eval_run"
+    command = [sys.executable, "-m", "specforge_lite", "evaluate", "+recipe=eagle_smollm2", f"run_dir={run_dir}",
+               f"samples_dir={SAMPLES}", f"eval.dataset={heldout_prompts()}", f"eval.max_prompts={HELD_PROMPTS}",
+               f"eval.max_new_tokens={NEW_TOKENS}", "eval.methods=[plain,ngram]",
+               f"eval.extra_drafters=[{','.join(drafters)}]", f"eval.best_k_method={drafters[-1].split(':')[0]}"]
+    subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+
+
+def minutes(tokens: int, rate: float, sampling_min: float) -> float:
+    return sampling_min + tokens / rate / 60
+
+
+def needed_tau(method: dict, plain: dict, speedup: float) -> float:
+    """The tau at which this drafter's measured step costs (verify forward, drafting, overhead)
+    give `speedup` over plain decoding's measured time per token."""
+    step_ms = method["target_forward_ms"] + method["draft_ms_per_step"] + method["overhead_ms_per_step"]
+    plain_ms = 1000 / plain["tokens_per_s"]
+    return speedup * step_ms / plain_ms
+
+
+def record(sampling_min: float) -> None:
+    """sampling_min: the demo's sampling minutes as its log reported them (the same for both recipes)."""
+    speeds = json.loads((ROOT / "benchmarks" / "results" / "demo_training.json").read_text())["results"]
+    report = json.loads((OUT / "eval_run" / "eval" / "report.json").read_text())
+    methods = report["methods"]
+    curves = {}
+    for name, v in variants().items():
+        rate = speeds[RECIPES[name][1]]["tokens_per_s"]
+        points = [{**p, "cpu_min": minutes(p["tokens"], rate, sampling_min)} for p in v["curve"]]
+        epochs = [p for p in points if "drafter" in p]
+        for i, p in enumerate(epochs):
+            p["epoch"] = i + 1
+            m = methods.get(f"{name}-e{i + 1}")
+            if m:
+                p.update(decoded_tau=m["tau"], decoded_tau_ci=m["tau_ci"], speedup=m["speedup"],
+                         speedup_ci=m["speedup_ci"])
+        epochs = [p for p in epochs if "decoded_tau" in p]
+        curves[name] = {"options": v["options"], "stage_tokens_per_s": rate, "points": points, "epochs": epochs}
+    last = max((m for m in methods if m.startswith("new-e")), key=lambda m: int(m.split("-e")[1]))
+    goal = {"plain_x1.3": needed_tau(methods[last], methods["plain"], 1.3),
+            "ngram": needed_tau(methods[last], methods["plain"], methods["ngram"]["speedup"])}
+    new = curves.get("new", {}).get("epochs", [])
+    projection = project(new, max(goal.values())) if len(new) >= 2 else None
+    command = "python -m benchmarks.bench_learning_curve features; ... train before; ... train new; " \
+              f"... evaluate; ... record --sampling-min {sampling_min}"
+    write_results("learning_curve", {"command": command, "sampling_min": sampling_min,
+                                     "heldout": {"prompts": HELD_PROMPTS, "new_tokens": NEW_TOKENS,
+                                                 "set": "MT-Bench first turns not in the demo's 24"},
+                                     "ngram": {k: methods["ngram"][k] for k in ("tau", "tau_ci", "speedup",
+                                                                               "speedup_ci")},
+                                     "tau_needed": goal, "projection": projection, "curves": curves})
+    image = plot(curves, goal)
+    rows = []
+    for name, c in curves.items():
+        for p in c["epochs"]:
+            rows.append(f"| {name} | {p['epoch']} | {p['tokens']} | {p['cpu_min']:.1f} | {p['tau']:.3f} | "
+                        f"{p['decoded_tau']:.2f} [{p['decoded_tau_ci'][0]:.2f}, {p['decoded_tau_ci'][1]:.2f}] | "
+                        f"{p['speedup']:.2f}x [{p['speedup_ci'][0]:.2f}, {p['speedup_ci'][1]:.2f}] |")
+    ng = methods["ngram"]
+    where = (f"Along the new recipe's decoded points (tau against log CPU minutes, a straight-line fit through "
+             f"its epochs) tau {max(goal.values()):.2f} would take about {projection['cpu_min']:.0f} CPU minutes: "
+             f"an extrapolation, not a measurement." if projection else "")
+    update_doc_section("learning_curve", f"""## EAGLE-3 learning curve: the demo's recipe before and after issue 27
+
+Commands: `{command}` (`python -m benchmarks.bench_learning_curve`, each step in turn). The demo's
+training rows (eagle_smollm2's sampled and source conversations), target features cached once; today's
+recipe trains {RECIPES['before'][2]} epochs and the new one {RECIPES['new'][2]} (the schedule spans all of a
+run's epochs, so epoch 1 of a longer run is not the one-epoch recipe), one sequence per step. Teacher-forced tau: 40 held-out conversations.
+Decoded tau: {HELD_PROMPTS} MT-Bench first turns the demo does not evaluate, {NEW_TOKENS} new tokens,
+k = 3, our compiled engine, every drafter in one evaluate (95% intervals over prompts).
+CPU minutes: sampling ({sampling_min:.1f} min) plus the tokens at the demo train stage's measured
+speed for that recipe ("Demo training step"): epoch 1 is the demo's budget, 2 and 4 are twice and
+four times it.
+
+| recipe | epochs | tokens | CPU min | teacher-forced tau | decoded tau | speedup vs plain |
+|---|---:|---:|---:|---:|---:|---:|
+{chr(10).join(rows)}
+
+n-gram lookup in the same evaluate: tau {ng['tau']:.2f}, {ng['speedup']:.2f}x
+[{ng['speedup_ci'][0]:.2f}, {ng['speedup_ci'][1]:.2f}]. With the drafting and verification costs this
+evaluate measured, a drafter needs tau {goal['plain_x1.3']:.2f} for 1.3x plain and {goal['ngram']:.2f} to
+match n-gram's speed. {where}
+
+![learning curve]({image})
+""")
+
+
+def project(epochs: list[dict], tau: float) -> dict | None:
+    """CPU minutes at which a least-squares line of decoded tau against log minutes reaches `tau`."""
+    xs, ys = [math.log(p["cpu_min"]) for p in epochs], [p["decoded_tau"] for p in epochs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / max(sum((x - mx) ** 2 for x in xs), 1e-12)
+    if slope <= 0:
+        return None
+    return {"tau": tau, "cpu_min": math.exp(mx + (tau - my) / slope), "slope_per_log_min": slope}
+
+
+def plot(curves: dict, goal: dict) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for name, c in curves.items():
+        pts = c["points"]
+        axes[0].plot([p["tokens"] / 1e3 for p in pts], [p["tau"] for p in pts], marker=".", label=name)
+        axes[1].plot([p["cpu_min"] for p in pts], [p["tau"] for p in pts], marker=".", label=name)
+        ep = c["epochs"]
+        axes[2].errorbar([p["cpu_min"] for p in ep], [p["decoded_tau"] for p in ep],
+                         yerr=[[p["decoded_tau"] - p["decoded_tau_ci"][0] for p in ep],
+                               [p["decoded_tau_ci"][1] - p["decoded_tau"] for p in ep]], marker="o", capsize=3,
+                         label=name)
+    axes[2].axhline(goal["plain_x1.3"], ls="--", c="grey", label="tau for 1.3x plain")
+    axes[0].set(xlabel="training tokens (thousands)", ylabel="teacher-forced tau", title="held-out, per token")
+    axes[1].set(xlabel="CPU minutes (sampling + training)", ylabel="teacher-forced tau", title="held-out, per minute")
+    axes[2].set(xlabel="CPU minutes (sampling + training)", ylabel="decoded tau (k = 3)",
+                title="decoded, MT-Bench not in the demo")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = DOC.parent / "img" / "learning_curve_eagle3.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    return os.path.relpath(out, DOC.parent)
+
+
+if __name__ == "__main__":
+    verbs = {"features": features, "evaluate": evaluate}
+    if len(sys.argv) > 2 and sys.argv[1] == "train":
+        train(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1:3] == ["record", "--sampling-min"]:
+        record(float(sys.argv[3]))
+    elif len(sys.argv) == 2 and sys.argv[1] in verbs:
+        verbs[sys.argv[1]]()
+    else:
+        raise SystemExit(__doc__)
