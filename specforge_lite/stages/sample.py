@@ -221,9 +221,11 @@ def run(cfg: DictConfig) -> None:
         for j in todo:
             torch.manual_seed(sample_cfg.seed * 1_000_003 + j)  # same shard, same draws, after any restart
             chunk = train[j * shard_size:(j + 1) * shard_size]
+            shard_started = time.perf_counter()
             rows, skipped = regenerate(backend, tokenizer, chunk, sample_cfg, cfg.data.max_length, count_tokens)
             write_shard(data_dir, j, rows, {"records": len(chunk), "written": len(rows), "skipped": dict(skipped),
                                             "generated_tokens": sum(r["num_generated_tokens"] for r in rows),
+                                            "seconds": time.perf_counter() - shard_started,
                                             "backend": str(getattr(sample_cfg.backend, "value", sample_cfg.backend))})
             bar.update(len(chunk))
         bar.close()
@@ -249,6 +251,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
     skipped: Counter = Counter()
     backends: Counter = Counter()  # which backend made each shard (a resume may use another)
     num_rows = num_tokens = num_loss = generated = 0
+    seconds = 0.0
     if complete:
         import pyarrow.parquet as pq
 
@@ -256,6 +259,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
             stats = read_json_object(stats_path(data_dir, j))
             skipped.update(stats["skipped"])
             generated += stats["generated_tokens"]
+            seconds += stats.get("seconds", 0.0)
             backends[stats.get("backend", "unrecorded")] += 1
             table = pq.read_table(shard_path(data_dir, j), columns=["input_ids", "loss_mask"])
             num_rows += table.num_rows
@@ -271,6 +275,9 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
                  "read": read_stats.to_dict()},
         "num_rows": num_rows, "num_tokens": num_tokens, "num_loss_tokens": num_loss,
         "num_generated_tokens": generated, "skipped": dict(skipped), "versions": package_versions(),
+        # generation time summed over the shards (whichever command or rank made them), start-up excluded:
+        # what the target's own answers cost, next to what training on them buys
+        "generation_s": seconds,
     }
     if backends:  # the backends that made the shards, not only the one of this command
         meta["shard_backends"] = dict(backends)

@@ -44,6 +44,7 @@ def test_smoke_sample_writes_dataset_and_provenance(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["complete"] and meta["target"] == "builtin:tiny-llama"
     assert meta["sampling"]["max_new_tokens"] == 16 and "torch" in meta["versions"]
+    assert meta["generation_s"] > 0 and meta["num_generated_tokens"] > 0
     rows = rows_by_id(tmp_path)
     assert len(rows) == meta["num_rows"] == meta["data"]["num_train"]
     heldout = set(json.loads((out / "split.json").read_text())["heldout_ids"])
