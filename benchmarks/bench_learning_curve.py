@@ -28,8 +28,8 @@ from pathlib import Path
 
 from benchmarks.common import DOC, ROOT, compose_config, update_doc_section, write_results
 
-OUT = ROOT / "runs" / "bench_learning_curve"
-SAMPLES = ROOT / "runs" / "smollm2" / "samples"
+OUT = Path("runs/bench_learning_curve")  # relative: run from the repository's root, like every benchmark
+SAMPLES = Path("runs/smollm2/samples")  # the demo recipe's samples_dir
 # each recipe as bench_eagle3_options options, its row of demo_training.json (its stage's speed) and
 # its epochs (today's recipe to twice the demo's budget, the new one to four times)
 RECIPES = {

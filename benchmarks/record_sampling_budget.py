@@ -1,0 +1,77 @@
+"""Record how the demo's budget split between sampling and training moves decoded acceptance.
+
+    python -m benchmarks.record_sampling_budget LABEL=RUN_DIR:SAMPLING_S:TRAINING_S [...] --command "..."
+
+Each RUN_DIR is a finished `make demo` (a fresh clone's runs/eagle_smollm2); SAMPLING_S and
+TRAINING_S are the stage times its log reported. Reads the run's samples meta (how many of the
+target's own answers), its train metrics and its evaluate report (EAGLE-3 and n-gram on the
+same prompts in the same run), and writes one row per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from benchmarks.common import update_doc_section, write_results
+
+
+def summary(run: Path, sampling_s: float, training_s: float) -> dict:
+    cfg = OmegaConf.load(run / "train" / "config.yaml")
+    samples = Path(cfg.samples_dir) if cfg.get("samples_dir") else run / "samples"
+    if not samples.is_absolute():  # relative to the checkout the run was made in
+        samples = run.parents[1] / samples
+    meta = json.loads((samples / "meta.json").read_text())
+    history = json.loads((run / "train" / "metrics.json").read_text())["history"]
+    report = json.loads((run / "eval" / "report.json").read_text())
+    eagle, ngram = report["methods"]["eagle3"], report["methods"]["ngram"]
+    return {"prompts": cfg.data.max_samples, "sampler": str(cfg.sample.backend), "sampled_rows": meta["num_rows"],
+            "sampled_loss_tokens": meta["num_loss_tokens"], "source_conversations": cfg.train.source_conversations,
+            "optimizer": cfg.train.optimizer, "lr": cfg.train.lr, "steps": history[-1]["step"],
+            "training_tokens": history[-1]["tokens_seen"], "sampling_min": sampling_s / 60,
+            "training_min": training_s / 60,
+            "eagle3": {k: eagle[k] for k in ("tau", "tau_ci", "speedup", "speedup_ci", "per_position_acceptance")},
+            "ngram": {k: ngram[k] for k in ("tau", "tau_ci", "speedup", "speedup_ci")},
+            "num_prompts": report["num_prompts"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR:SAMPLING_S:TRAINING_S")
+    parser.add_argument("--command", required=True, help="how the runs were made")
+    args = parser.parse_args()
+    runs = {}
+    for item in args.runs:
+        label, rest = item.split("=", 1)
+        folder, sampling_s, training_s = rest.rsplit(":", 2)
+        runs[label] = summary(Path(folder), float(sampling_s), float(training_s))
+    write_results("sampling_budget", {"command": args.command, "runs": runs})
+
+    def ci(x: list) -> str:
+        return f"[{x[0]:.2f}, {x[1]:.2f}]"
+
+    rows = "\n".join(
+        f"| {label} | {r['prompts']} ({r['sampler']}) | {r['sampled_rows']} / {r['sampled_loss_tokens']} | "
+        f"{r['source_conversations']} | {r['sampling_min']:.1f} | {r['training_min']:.1f} | "
+        f"{r['eagle3']['tau']:.2f} {ci(r['eagle3']['tau_ci'])} | "
+        + " / ".join(f"{a:.2f}" for a in r["eagle3"]["per_position_acceptance"])
+        + f" | {r['eagle3']['speedup']:.2f}x {ci(r['eagle3']['speedup_ci'])} | "
+        f"{r['ngram']['speedup']:.2f}x {ci(r['ngram']['speedup_ci'])} |" for label, r in runs.items())
+    update_doc_section("sampling_budget", f"""## Sampling budget: the target's own answers against source text
+
+Each row is one `make demo` on a fresh clone of this 2-core machine (EAGLE-3, one epoch, one
+sequence per step; decoded on the demo's {next(iter(runs.values()))['num_prompts']} MT-Bench first turns, k = 3; 95%
+intervals over prompts). Only the split of the budget between sampling the target's answers
+and training on source conversations as written changes between rows. {args.command}
+
+| run | prompts sampled (sampler) | sampled rows / answer tokens | source conversations | sampling min | training min | decoded tau | acceptance at positions 1 / 2 / 3 | EAGLE-3 vs plain | n-gram vs plain |
+|---|---|---|---:|---:|---:|---:|---|---:|---:|
+{rows}
+""")
+
+
+if __name__ == "__main__":
+    main()
