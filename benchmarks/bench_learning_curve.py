@@ -94,11 +94,16 @@ def minutes(tokens: int, rate: float, sampling_min: float) -> float:
 
 
 def needed_tau(method: dict, plain: dict, speedup: float) -> float:
-    """The tau at which this drafter's measured step costs (verify forward, drafting, overhead)
-    give `speedup` over plain decoding's measured time per token."""
+    """The tau at which this drafter, at its measured costs per decoding step (verify forward,
+    drafting, overhead), reaches `speedup` over plain decoding per answer as this evaluate measures
+    it: an answer of N tokens costs plain P + (N - 1) * its step, the drafter P + (N - 1) / tau *
+    its step, P (the prefill and the rest outside the steps) read off plain's measured wall time."""
+    n = plain["num_tokens"] / plain["num_answers"]
+    plain_answer_ms = 1e3 * plain["wall_s"] / plain["num_answers"]
+    outside = plain_answer_ms - (n - 1) * (plain["target_forward_ms"] + plain["overhead_ms_per_step"])
     step_ms = method["target_forward_ms"] + method["draft_ms_per_step"] + method["overhead_ms_per_step"]
-    plain_ms = 1000 / plain["tokens_per_s"]
-    return speedup * step_ms / plain_ms
+    budget = plain_answer_ms / speedup - outside
+    return (n - 1) * step_ms / budget if budget > 0 else math.inf
 
 
 def record(sampling_min: float) -> None:

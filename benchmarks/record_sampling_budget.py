@@ -60,6 +60,11 @@ def main() -> None:
         + " / ".join(f"{a:.2f}" for a in r["eagle3"]["per_position_acceptance"])
         + f" | {r['eagle3']['speedup']:.2f}x {ci(r['eagle3']['speedup_ci'])} | "
         f"{r['ngram']['speedup']:.2f}x {ci(r['ngram']['speedup_ci'])} |" for label, r in runs.items())
+    first, last = (runs[k]["eagle3"] for k in (next(iter(runs)), next(reversed(runs))))
+    overlap = first["tau_ci"][0] <= last["tau_ci"][1] and last["tau_ci"][0] <= first["tau_ci"][1]
+    verdict = (f"Decoded tau moved {last['tau'] - first['tau']:+.2f} from the first row to the last, "
+               + ("within the intervals: at this scale more of the target's own answers did not measurably buy "
+                  "acceptance." if overlap else "with the intervals apart."))
     update_doc_section("sampling_budget", f"""## Sampling budget: the target's own answers against source text
 
 Each row is one `make demo` on a fresh clone of this 2-core machine (EAGLE-3, one epoch, one
@@ -70,6 +75,8 @@ and training on source conversations as written changes between rows. {args.comm
 | run | prompts sampled (sampler) | sampled rows / answer tokens | source conversations | sampling min | training min | decoded tau | acceptance at positions 1 / 2 / 3 | EAGLE-3 vs plain | n-gram vs plain |
 |---|---|---|---:|---:|---:|---:|---|---:|---:|
 {rows}
+
+{verdict}
 """)
 
 
