@@ -134,6 +134,7 @@ def record(sampling_min: float) -> None:
         four = minutes(4 * first["tokens"], rate, sampling_min)
         projection["four_times"] = {"cpu_min": four, "tau": projection["intercept"]
                                     + projection["slope_per_log_min"] * math.log(four)}
+        projection["ngram_cpu_min"] = project(new, goal["ngram"])["cpu_min"]
     command = "python -m benchmarks.bench_learning_curve features; ... train before; ... train new; " \
               f"... evaluate; ... record --sampling-min {sampling_min}"
     write_results("learning_curve", {"command": command, "sampling_min": sampling_min,
@@ -152,8 +153,9 @@ def record(sampling_min: float) -> None:
     ng = methods["ngram"]
     where = (f"Along the new recipe's decoded points (tau against log CPU minutes, a straight line through "
              f"its epochs) four times the demo's budget ({projection['four_times']['cpu_min']:.0f} min) would give "
-             f"tau about {projection['four_times']['tau']:.2f}, and tau {max(goal.values()):.2f} would take about "
-             f"{projection['cpu_min']:.0f} CPU minutes: extrapolations, not measurements."
+             f"tau about {projection['four_times']['tau']:.2f}; n-gram's speed (tau {goal['ngram']:.2f}) would take "
+             f"about {projection['ngram_cpu_min']:.0f} CPU minutes and 1.3x plain (tau {goal['plain_x1.3']:.2f}) "
+             f"about {projection['cpu_min']:.0f}: extrapolations from two points, not measurements."
              if projection else "The decoded points do not rise with minutes: no projection.")
     update_doc_section("learning_curve", f"""## EAGLE-3 learning curve: the demo's recipe before and after issue 27
 
