@@ -43,6 +43,7 @@ from specforge_lite.optim import build_optimizer
 from specforge_lite.registry import RENAMED, chosen_drafter
 from specforge_lite.sizing import check_stage, report as size_every_stage
 from specforge_lite.strategies import build_strategy
+from specforge_lite.strategies.base import target_compute
 from specforge_lite.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
 from specforge_lite.targets import sizing_config
 from specforge_lite.validate import validate_config
@@ -223,7 +224,7 @@ def run(cfg: DictConfig) -> None:
 
     # the frozen target's forward in the training's precision too (bf16 autocast of an fp32 target
     # on a CPU with native bf16): it is most of an online step (docs/BENCHMARKS.md "Demo training step")
-    compute = torch.bfloat16 if strategy.mixed == "bf16" and tcfg.target_autocast else None
+    compute = target_compute(cfg)
     cache = None
     if tcfg.mode == "offline":  # every rank builds the features of its share of the rows
         cache = FeatureCache(out / "features", tcfg.offline_shard_size, tcfg.feature_format)

@@ -45,6 +45,12 @@ def mixed_precision(cfg: DictConfig) -> str:
     return mixed
 
 
+def target_compute(cfg: DictConfig) -> torch.dtype | None:
+    """The dtype the frozen target's forward computes in while training, where it is lower than
+    its weights': bf16 when training is in bf16 and `train.target_autocast` (features.target_hidden)."""
+    return torch.bfloat16 if mixed_precision(cfg) == "bf16" and cfg.train.target_autocast else None
+
+
 def ensure_process_group(device: torch.device) -> None:
     """A process group even for one process started without a launcher (ZeRO and FSDP need one)."""
     import torch.distributed as dist

@@ -15,12 +15,16 @@ from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.feature_formats import dequantize
 from specforge_lite.features import collate, draft_vocab_targets, target_hidden
 from specforge_lite.stages.train import training_rows
+from specforge_lite.strategies.base import target_compute
 from specforge_lite.targets import load_target
 from tests.conftest import compose, run_cli
 
 OFFLINE = ["+recipe=smoke", "train.mode=offline", "train.use_samples=false", "train.max_steps=2",
            "train.log_every=1", "train.checkpoint_every=0", "target.dtype=float32", "train.source_conversations=4",
-           "train.tracker=none"]
+           "train.tracker=none",
+           # the format's own exactness: an fp32 target forward, so the stored top ids are the reference's
+           # (a bf16 forward batched otherwise than the reference reorders near-ties: test_offline_features)
+           "train.target_autocast=false"]
 
 
 def shard_tensors(run_dir) -> tuple[dict, dict]:
@@ -33,7 +37,8 @@ def shard_tensors(run_dir) -> tuple[dict, dict]:
 
 
 def reference(fmt: str):
-    """The rows, the target's fp32 aux states and draft-vocab teacher of what these settings train on."""
+    """The rows, the target's aux states and draft-vocab teacher (computed as the stage computes
+    them) of what these settings train on."""
     cfg = compose(["stage=train", *OFFLINE, f"train.feature_format={fmt}"])
     target, tokenizer = load_target(cfg.target)
     rows = training_rows(cfg, tokenizer)
@@ -43,7 +48,8 @@ def reference(fmt: str):
     out = []
     for row in rows:
         batch = collate([row], tokenizer.pad_token_id, target.device)
-        aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], eagle3.target_layers(drafter))
+        aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], eagle3.target_layers(drafter),
+                                  target_compute(cfg))  # as the stage computes it
         logits, in_draft = draft_vocab_targets(head, head[drafter.draft_vocab], last, drafter.t2d, batch["loss_mask"])
         out.append((aux[0], logits[0], in_draft[0]))
     return out

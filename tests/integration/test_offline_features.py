@@ -15,6 +15,7 @@ from safetensors import safe_open
 from specforge_lite.accounting import stage_summary
 from specforge_lite.features import collate, target_hidden
 from specforge_lite.stages.train import training_rows
+from specforge_lite.strategies.base import target_compute
 from specforge_lite.targets import load_target
 from tests.conftest import REPO, compose, free_port, run_cli
 
@@ -40,7 +41,7 @@ def expected_last(*overrides: str) -> list[torch.Tensor]:
     out = []
     for row in rows:
         batch = collate([row], tokenizer.pad_token_id, target.device)
-        _, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], [])
+        _, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], [], target_compute(cfg))
         out.append(last[0].to(torch.bfloat16))
     return out
 
