@@ -17,14 +17,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from benchmarks.common import update_doc_section, write_results
+from benchmarks.record_eval import samples_of
 
 
 def summary(run: Path, sampling_s: float, training_s: float) -> dict:
     cfg = OmegaConf.load(run / "train" / "config.yaml")
-    samples = Path(cfg.samples_dir) if cfg.get("samples_dir") else run / "samples"
-    if not samples.is_absolute():  # relative to the checkout the run was made in
-        samples = run.parents[1] / samples
-    meta = json.loads((samples / "meta.json").read_text())
+    meta = json.loads((samples_of(run) / "meta.json").read_text())
     history = json.loads((run / "train" / "metrics.json").read_text())["history"]
     report = json.loads((run / "eval" / "report.json").read_text())
     eagle, ngram = report["methods"]["eagle3"], report["methods"]["ngram"]
