@@ -30,14 +30,22 @@ from benchmarks.common import DOC, ROOT, compose_config, update_doc_section, wri
 
 OUT = Path("runs/bench_learning_curve")  # relative: run from the repository's root, like every benchmark
 SAMPLES = Path("runs/smollm2/samples")  # the demo recipe's samples_dir
-# each recipe as bench_eagle3_options options, its row of demo_training.json (its stage's speed) and
-# its epochs (today's recipe at the demo's budget, the new one to twice it: what this machine's
-# session allowed; four times is projected from the curve, and says so)
+# each recipe as bench_eagle3_options options, its row of demo_training.json (its stage's speed), its
+# epochs (the schedule spans them all) and the epochs decoded: today's recipe at the demo's budget, the
+# new one over two and four times it, and the new one at the demo's budget with one thing changed
+# (the loss, the schedule's floor), which the study judges against "new1"
+NEW = {"lr": "3e-3", "bs": "1", "mp": "bf16", "opt": "muon"}
 RECIPES = {
-    "before": ({"lr": "1e-3", "bs": "1", "mp": "bf16", "opt": "adamw"}, "before", 1),
-    "new": ({"lr": "3e-3", "bs": "1", "mp": "bf16", "opt": "muon"}, "bf16 target + Muon", 2),
+    "before": ({"lr": "1e-3", "bs": "1", "mp": "bf16", "opt": "adamw"}, "before", 1, (1,)),
+    "new": (NEW, "bf16 target + Muon", 2, (1, 2)),
+    "new4": (NEW, "bf16 target + Muon", 4, (2, 4)),
+    "new1": (NEW, "bf16 target + Muon", 1, (1,)),
+    "reverse_kl": ({**NEW, "cfg": "drafter.loss=reverse_kl"}, "bf16 target + Muon", 1, (1,)),
+    "jsd": ({**NEW, "cfg": "drafter.loss=jsd"}, "bf16 target + Muon", 1, (1,)),
+    "constant_lr": ({**NEW, "cfg": "train.min_lr_ratio=1.0"}, "bf16 target + Muon", 1, (1,)),
+    "norms31": ({**NEW, "cfg": "drafter.fc_norm=true,drafter.norm_output=true"}, "bf16 target + Muon", 1, (1,)),
 }
-DECODED_EPOCHS = (1, 2, 4)  # the budgets decoded where a run reaches them
+STUDY = ("new1", "reverse_kl", "jsd", "constant_lr", "norms31")  # one epoch each: the losses and the schedule
 HELD_PROMPTS, NEW_TOKENS = 24, 64
 
 
@@ -56,7 +64,7 @@ def features() -> None:
 def train(name: str) -> None:
     from benchmarks.bench_eagle3_options import run
 
-    options, _, epochs = RECIPES[name]
+    options, _, epochs, _ = RECIPES[name]
     run(name, {**options, "epochs": str(epochs), "points": str(4 * epochs), "save": "1"}, OUT)
 
 
@@ -80,7 +88,7 @@ def heldout_prompts() -> Path:
 
 def evaluate() -> None:
     drafters = [f"{name}-e{i + 1}:{p['drafter']}" for name, v in variants().items()
-                for i, p in enumerate(x for x in v["curve"] if "drafter" in x) if i + 1 in DECODED_EPOCHS]
+                for i, p in enumerate(x for x in v["curve"] if "drafter" in x) if i + 1 in RECIPES[name][3]]
     run_dir = OUT / "eval_run"
     command = [sys.executable, "-m", "specforge_lite", "evaluate", "+recipe=eagle_smollm2", f"run_dir={run_dir}",
                f"samples_dir={SAMPLES}", f"eval.dataset={heldout_prompts()}", f"eval.max_prompts={HELD_PROMPTS}",

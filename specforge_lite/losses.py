@@ -3,6 +3,8 @@ callers mask and reduce (by the global count of loss tokens)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -49,3 +51,10 @@ def jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature:
 
 
 LOSSES = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "tvd": total_variation, "jsd": jsd}
+
+
+def training_loss(name) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The per-position loss a drafter trains on for the option value `name` (a `Divergence` or
+    its string): forward KL as soft cross-entropy (the same gradient, without the teacher's entropy)."""
+    name = getattr(name, "value", name)
+    return soft_cross_entropy if name == "forward_kl" else LOSSES[name]

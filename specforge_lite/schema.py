@@ -7,7 +7,16 @@ own `Options`) can declare its rules without importing the root schema.
 from __future__ import annotations
 
 from dataclasses import MISSING, field
+from enum import Enum
 from typing import Any
+
+
+class Divergence(str, Enum):
+    """The training loss between the target's and the drafter's distributions (`losses.LOSSES`)."""
+    forward_kl = "forward_kl"  # KL(target || draft), the default
+    reverse_kl = "reverse_kl"  # KL(draft || target)
+    tvd = "tvd"  # total variation distance
+    jsd = "jsd"  # Jensen-Shannon (beta 0.5)
 
 
 def checked(default: Any = MISSING, *, default_factory: Any = MISSING, **rules: Any) -> Any:

@@ -57,18 +57,19 @@ def shifted_targets(target_logits: torch.Tensor, valid: torch.Tensor, steps: int
     return out
 
 
-def stepwise_loss(outputs, targets, step_weight: float):
+def stepwise_loss(outputs, targets, step_weight: float, loss_name="forward_kl"):
     """Summed loss and counts over draft steps (or heads).
 
     outputs: per step j, draft logits [N_j, V_d] at that step's masked positions, or
     [B, T, V_d] for all positions; targets: per step `(target_logits [B, T, V_d],
-    mask [B, T])` from `shifted_targets`. Loss of step j: soft cross-entropy (forward
-    KL up to a constant) at the masked positions, weighted step_weight ** j.
+    mask [B, T])` from `shifted_targets`. Loss of step j: `loss_name` (`losses.training_loss`:
+    forward KL as soft cross-entropy by default) at the masked positions, weighted step_weight ** j.
     Returns `(loss_sum, positions of step 0, metrics)`; metrics hold per step the
     `correct` / `total` counts and `chain`, the anchors whose steps 0..j are all correct.
     """
-    from specforge_lite.losses import soft_cross_entropy
+    from specforge_lite.losses import training_loss
 
+    divergence = training_loss(loss_name)
     loss = targets[0][0].new_zeros(())
     metrics = {"correct": [], "total": [], "chain": []}
     chain = None
@@ -76,7 +77,7 @@ def stepwise_loss(outputs, targets, step_weight: float):
         mask = mask.bool()
         teacher = target_logits[mask]
         student = logits if logits.dim() == 2 else logits[mask]
-        loss = loss + (step_weight ** j) * soft_cross_entropy(student, teacher).sum()
+        loss = loss + (step_weight ** j) * divergence(student, teacher).sum()
         correct = torch.zeros_like(mask)
         correct[mask] = student.argmax(-1) == teacher.argmax(-1)
         metrics["correct"].append(int(correct.sum()))

@@ -43,7 +43,7 @@ def eagle3_step(target, autocast: bool) -> tuple[float, torch.Tensor]:
 
     cfg = OmegaConf.create({"drafter": {"draft_vocab_size": 64, "aux_layer_ids": [1, 3, 4], "ttt_steps": 3,
                                         "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
-                                        "norm_output": False},
+                                        "norm_output": False, "loss": "forward_kl"},
                             "train": {"seed": 0, "step_weight": 0.8}})
     torch.manual_seed(0)
     drafter = eagle3.build(cfg, target, torch.arange(target.config.vocab_size).flip(0)).to("cuda")

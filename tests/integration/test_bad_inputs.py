@@ -89,6 +89,7 @@ RANGE_CASES = [
     ("train", ["train.keep_checkpoints=0"], "train.keep_checkpoints=0: must be >= 1"),
     ("train", ["drafter.draft_vocab_size=0"], "drafter.draft_vocab_size=0: must be >= 1"),
     ("train", ["drafter.ttt_steps=0"], "drafter.ttt_steps=0: must be >= 1"),
+    ("train", ["drafter.loss=kl"], "Invalid value 'kl', expected one of [forward_kl, reverse_kl, tvd, jsd]"),
     ("train", ["drafter.aux_layer_ids=[1,3]"], "drafter.aux_layer_ids=[1, 3]: needs exactly 3 values, got 2"),
     ("train", ["drafter.aux_layer_ids=[1,3,-1]"], "every value must be >= 0"),
     ("evaluate", ["eval.max_new_tokens=0"], "eval.max_new_tokens=0: must be >= 1"),

@@ -7,7 +7,10 @@ import math
 import pytest
 import torch
 
-from specforge_lite.losses import LOSSES, forward_kl, jsd, reverse_kl, soft_cross_entropy, total_variation
+from specforge_lite.drafters.common import stepwise_loss
+from specforge_lite.losses import (LOSSES, forward_kl, jsd, reverse_kl, soft_cross_entropy, total_variation,
+                                   training_loss)
+from specforge_lite.schema import Divergence
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -47,3 +50,32 @@ def test_known_limits():
 def test_temperature_softens():
     a, b = torch.tensor([[4.0, 0.0]]), torch.tensor([[0.0, 4.0]])
     assert forward_kl(a, b, temperature=4.0) < forward_kl(a, b, temperature=1.0)
+
+
+@pytest.mark.parametrize("name", list(Divergence))
+def test_every_loss_option_trains_with_its_divergence(name):
+    """forward_kl trains through soft cross-entropy (the same gradient); the others through LOSSES."""
+    teacher = torch.randn(6, 13)
+    student = torch.randn(6, 13, requires_grad=True)
+    training_loss(name)(student, teacher).sum().backward()
+    got = student.grad.clone()
+    student.grad = None
+    LOSSES[name.value](student, teacher).sum().backward()
+    assert torch.allclose(got, student.grad, atol=1e-6)
+    assert training_loss(name.value) is training_loss(name)  # the string and the enum alike
+    assert (training_loss("forward_kl") is soft_cross_entropy) and name.value in LOSSES
+
+
+@pytest.mark.parametrize("name", ["forward_kl", "reverse_kl", "jsd"])
+def test_stepwise_loss_sums_the_named_divergence_over_masked_positions_by_step_weight(name):
+    torch.manual_seed(0)
+    masks = [torch.tensor([[1, 1, 0, 1]]), torch.tensor([[0, 1, 0, 1]])]
+    teachers = [torch.randn(1, 4, 7) for _ in masks]
+    students = [torch.randn(1, 4, 7) for _ in masks]
+    loss, count, metrics = stepwise_loss(students, list(zip(teachers, masks)), 0.5, name)
+    expected = sum(0.5 ** j * training_loss(name)(s[m.bool()], t[m.bool()]).sum()
+                   for j, (s, t, m) in enumerate(zip(students, teachers, masks)))
+    assert loss.item() == pytest.approx(float(expected), rel=1e-6)
+    assert count == 3 and metrics["total"] == [3, 2]
+    other = stepwise_loss(students, list(zip(teachers, masks)), 0.5, "tvd")[0]
+    assert other.item() != pytest.approx(loss.item(), rel=1e-3)  # the option reaches the loss

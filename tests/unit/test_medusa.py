@@ -18,8 +18,9 @@ from specforge_lite.drafters.medusa.decode import MedusaDecodeDrafter
 from specforge_lite.drafters.medusa.export import export_weights, load_vllm_dir, max_logit_difference, write_vllm_dir
 
 
-def cfg(heads=3, layers=2, vocab=64):
-    return OmegaConf.create({"drafter": {"num_heads": heads, "num_layers": layers, "draft_vocab_size": vocab},
+def cfg(heads=3, layers=2, vocab=64, loss="forward_kl"):
+    return OmegaConf.create({"drafter": {"num_heads": heads, "num_layers": layers, "draft_vocab_size": vocab,
+                                         "loss": loss},
                              "train": {"seed": 0, "step_weight": 0.8}})
 
 

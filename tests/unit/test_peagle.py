@@ -23,7 +23,8 @@ AUX = [1, 3, 4]
 def options(**overrides):
     base = {"draft_vocab_size": 64, "aux_layer_ids": AUX, "num_layers": 2, "num_depths": 4, "mask_token_id": None,
             "down_sample_ratio": 0.7, "down_sample_ratio_min": 0.2, "depth_weight": 1.0, "train_embeddings": True,
-            "norm_before_residual": True, "norm_before_fc": False, "init_from_eagle3": None}
+            "norm_before_residual": True, "norm_before_fc": False, "init_from_eagle3": None,
+            "loss": "forward_kl"}
     return OmegaConf.create({"drafter": {**base, **overrides}, "train": {"seed": 0}})
 
 
@@ -171,6 +172,11 @@ def test_build_loss_and_metrics(tiny_target):
     assert num == metrics["total"][0] == int(batch["num_positions"]) == 2 * 38
     assert metrics["total"][1:] == [depth_keep(38, d, 0.7, 0.2) * 2 for d in (1, 2, 3)]
     assert metrics["chain"][0] == metrics["correct"][0] and all(c <= num for c in metrics["chain"])
+    # drafter.loss reaches the loss (same entries, same counts), not the metrics
+    reverse, num_r, metrics_r = peagle.loss_and_metrics(drafter, batch, options(draft_vocab_size=320,
+                                                                               loss="reverse_kl"))
+    assert (num_r, metrics_r) == (num, metrics) and float(reverse) > 0
+    assert float(reverse) != pytest.approx(float(loss), rel=1e-3)
     loss.backward()
     assert float(loss.detach()) > 0
     assert drafter.mask_hidden.grad is not None and drafter.embed_tokens.weight.grad is not None

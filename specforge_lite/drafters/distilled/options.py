@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import List, Optional
 
-from specforge_lite.schema import checked
-
-
-class DistillLoss(str, Enum):
-    forward_kl = "forward_kl"  # KL(target || draft), the default
-    reverse_kl = "reverse_kl"
-    tvd = "tvd"  # total variation distance
-    jsd = "jsd"  # Jensen-Shannon (beta 0.5)
+from specforge_lite.schema import Divergence, checked
 
 
 @dataclass
@@ -22,7 +14,7 @@ class DistilledOptions:
     student: Optional[str] = None  # an HF dir / hub id with the target's vocab; null: truncated target
     # layers of the truncated copy (first n layers, final norm, lm_head)
     student_layers: int = checked(4, ge=1, below_target="num_hidden_layers", when={"student": None})
-    loss: DistillLoss = DistillLoss.forward_kl
+    loss: Divergence = Divergence.forward_kl
     temperature: float = checked(1.0, gt=0.0)  # applied to both distributions; the loss is scaled by T^2
     lora: bool = False  # train LoRA adapters (merged into the weights at save) instead of all weights
     lora_rank: int = checked(16, ge=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from specforge_lite.schema import checked
+from specforge_lite.schema import Divergence, checked
 
 
 @dataclass
@@ -17,6 +17,9 @@ class Eagle3Options:
     # null: [2, L//2, L-3]; HF output_hidden_states ids, each below the target's layer count
     aux_layer_ids: Optional[List[int]] = checked(None, length=3, ge=0, below_target="num_hidden_layers")
     ttt_steps: int = checked(3, ge=1)  # training-time test unroll
+    # the per-step loss against the target's draft-vocab distribution (docs/BENCHMARKS.md
+    # "EAGLE-3 losses and schedule"); forward_kl trains through its soft cross-entropy (same gradient)
+    loss: Divergence = Divergence.forward_kl
     # the residual stream starts from hidden_norm(fused features), as speculators trains and vLLM
     # assumes by default; measured better on SmolLM2 (docs/BENCHMARKS.md "EAGLE-3 training options").
     # SGLang's layout cannot express it: train with false to export for SGLang

@@ -83,7 +83,7 @@ def loss_and_metrics(drafter, batch: dict, cfg):
     steps = cfg.drafter.ttt_steps
     outputs = drafter(batch["input_ids"], batch["aux_hidden"], steps)
     return stepwise_loss(outputs, shifted_targets(batch["target_logits"], batch["valid"], steps),
-                         cfg.train.step_weight)
+                         cfg.train.step_weight, cfg.drafter.loss)
 
 
 # ---------------------------------------------------------------------- save / load

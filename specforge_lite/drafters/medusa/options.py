@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from specforge_lite.schema import checked
+from specforge_lite.schema import Divergence, checked
 
 
 @dataclass
@@ -16,6 +16,9 @@ class MedusaOptions:
     draft_vocab_size: int = checked(8192, ge=1)
     num_heads: int = checked(4, ge=1)  # head i predicts the token i + 2 ahead
     num_layers: int = checked(1, ge=1)  # residual blocks per head
+    # the per-step loss against the target's draft-vocab distribution (docs/BENCHMARKS.md
+    # "EAGLE-3 losses and schedule"); forward_kl trains through its soft cross-entropy (same gradient)
+    loss: Divergence = Divergence.forward_kl
     # start from trained heads: our train folder or a vLLM Medusa folder (its heads, blocks and
     # draft vocab replace the options above)
     init_from: Optional[str] = None

@@ -47,4 +47,4 @@ def loss_and_metrics(heads, batch: dict, cfg):
     raw = heads.module if hasattr(heads, "module") else heads
     targets = shifted_targets(batch["target_logits"], batch["valid"], raw.config.num_heads)
     outputs = heads(batch["last_hidden"], [mask.bool() for _, mask in targets])
-    return stepwise_loss(outputs, targets, cfg.train.step_weight)
+    return stepwise_loss(outputs, targets, cfg.train.step_weight, cfg.drafter.loss)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from specforge_lite.schema import checked
+from specforge_lite.schema import Divergence, checked
 
 
 @dataclass
@@ -28,6 +28,9 @@ class PEagleOptions:
     # loss weight of depth d is depth_weight ** d; the drop-token sampling already thins depth d
     # to about r^d of the positions, so 1.0 (speculators') still weighs deep depths less
     depth_weight: float = checked(1.0, gt=0.0)
+    # the per-step loss against the target's draft-vocab distribution (docs/BENCHMARKS.md
+    # "EAGLE-3 losses and schedule"); forward_kl trains through its soft cross-entropy (same gradient)
+    loss: Divergence = Divergence.forward_kl
     train_embeddings: bool = True  # speculators trains P-EAGLE's embed_tokens and exports them
     norm_before_residual: bool = True  # as EAGLE-3 (vLLM defaults it to false for peagle: always written)
     norm_before_fc: bool = False  # RMSNorm over the concatenated aux states before fc

@@ -109,8 +109,8 @@ def loss_and_metrics(drafter, batch: dict, cfg):
 
     drafter: a `PEagleDrafter` or its DDP wrapper (called, so gradients synchronise).
     batch: `input_ids` [B, T], `aux_hidden` [B, T, 3H], `target_logits` [B, T, V_d], `valid` [B, T]
-    (`common.draft_vocab_preparer`). Loss of the entry (anchor t, depth d): soft cross-entropy
-    (forward KL up to a constant) between the target's draft-vocab distribution at position
+    (`common.draft_vocab_preparer`). Loss of the entry (anchor t, depth d): `drafter.loss`
+    (forward KL as soft cross-entropy by default) between the target's draft-vocab distribution at position
     t+1+d (its prediction of x[t+2+d]) and the drafter's, where valid[t+2+d] (an assistant
     token whose target argmax is in the draft vocab), weighted depth_weight ** d, summed over
     the entries `drop_token_layout` keeps. Returns the depth-0 positions as the count (the
@@ -118,7 +118,7 @@ def loss_and_metrics(drafter, batch: dict, cfg):
     entries and `chain` (anchors correct at depths 0..d), rescaled from the kept anchors to
     the depth-0 count so the logged simulated tau estimates the undropped value.
     """
-    from specforge_lite.losses import soft_cross_entropy
+    from specforge_lite.losses import training_loss
 
     opts = cfg.drafter
     depths = int(opts.num_depths)
@@ -131,7 +131,7 @@ def loss_and_metrics(drafter, batch: dict, cfg):
     row_anchor, row_depth = anchor[loss_rows], depth[loss_rows]
     teacher = batch["target_logits"][rows, row_anchor + 1 + row_depth]
     weights = opts.depth_weight ** row_depth.to(logits.dtype)
-    loss = (weights * soft_cross_entropy(logits, teacher)).sum()
+    loss = (weights * training_loss(opts.loss)(logits, teacher)).sum()
 
     correct = logits.detach().argmax(-1) == teacher.argmax(-1)
     grid = torch.zeros(depths, *batch["input_ids"].shape, dtype=torch.bool, device=device)
