@@ -1,7 +1,7 @@
 """The EAGLE-3 demo's learning curve: held-out acceptance against training tokens and CPU minutes.
 
     python -m benchmarks.bench_learning_curve features     # the demo's rows' target features, once
-    python -m benchmarks.bench_learning_curve train NAME   # one recipe (before | new), its epochs
+    python -m benchmarks.bench_learning_curve train NAME   # one recipe of RECIPES, its epochs (~6 min each)
     python -m benchmarks.bench_learning_curve evaluate     # decoded tau of every saved drafter, one run
     python -m benchmarks.bench_learning_curve record --sampling-min M   # JSON, plot and docs section
 
@@ -9,12 +9,13 @@ The demo recipe's training rows (its sampled conversations and source ones), the
 computed once under bf16 autocast (the stage's default) and kept under runs/bench_learning_curve/.
 Each recipe trains its epochs over them through `bench_eagle3_options.run` (the stage's loss,
 optimiser and schedule, over all of the run's epochs), scored teacher-forced on 40 held-out
-conversations at sixteen points and saved after each epoch; one evaluate then decodes every saved
-drafter on held-out prompts: MT-Bench first turns that the demo does not evaluate.
+conversations at four points an epoch and saved after each epoch; one evaluate then decodes the saved
+drafters on held-out prompts: MT-Bench first turns that the demo does not evaluate. The one-epoch
+variants (STUDY) change one thing of the new recipe each: the loss, the schedule's floor, the norms.
 
 CPU minutes are what the demo's online train stage would spend on those tokens on this machine:
 tokens over the stage's measured tokens/s for that recipe (benchmarks/results/demo_training.json),
-plus the demo's sampling minutes (the same for both recipes), so the axis counts what a user pays.
+plus the demo's sampling minutes (the same for every recipe), so the axis counts what a user pays.
 """
 
 from __future__ import annotations
@@ -114,8 +115,15 @@ def needed_tau(method: dict, plain: dict, speedup: float) -> float:
     return (n - 1) * step_ms / budget if budget > 0 else math.inf
 
 
+def budget_points(curves: dict) -> list[dict]:
+    """The new recipe at one, two and four times the demo's budget, each the last epoch of a run whose
+    schedule ends there (new1, new, new4): what a user setting train.epochs to 1, 2 or 4 gets."""
+    return [c["epochs"][-1] for name in ("new1", "new", "new4") if (c := curves.get(name)) and c["epochs"]
+            and c["epochs"][-1]["epoch"] == RECIPES[name][2]]
+
+
 def record(sampling_min: float) -> None:
-    """sampling_min: the demo's sampling minutes as its log reported them (the same for both recipes)."""
+    """sampling_min: the demo's sampling minutes as its log reported them (the same for every recipe)."""
     speeds = json.loads((ROOT / "benchmarks" / "results" / "demo_training.json").read_text())["results"]
     report = json.loads((OUT / "eval_run" / "eval" / "report.json").read_text())
     methods = report["methods"]
@@ -129,64 +137,96 @@ def record(sampling_min: float) -> None:
             m = methods.get(f"{name}-e{i + 1}")
             if m:
                 p.update(decoded_tau=m["tau"], decoded_tau_ci=m["tau_ci"], speedup=m["speedup"],
-                         speedup_ci=m["speedup_ci"])
+                         speedup_ci=m["speedup_ci"], per_position=m["per_position_acceptance"])
         epochs = [p for p in epochs if "decoded_tau" in p]
-        curves[name] = {"options": v["options"], "stage_tokens_per_s": rate, "points": points, "epochs": epochs}
-    last = max((m for m in methods if m.startswith("new-e")), key=lambda m: int(m.split("-e")[1]))
+        curves[name] = {"options": v["options"], "stage_tokens_per_s": rate, "points": points, "epochs": epochs,
+                        "train_s": v["curve"][-1]["train_s"]}
+    # the tau needed, at the costs of the longest-trained new drafter (every new drafter has the same shapes)
+    last = next(m for m in ("new4-e4", "new-e2", "new1-e1") if m in methods)
     goal = {"plain_x1.3": needed_tau(methods[last], methods["plain"], 1.3),
             "ngram": needed_tau(methods[last], methods["plain"], methods["ngram"]["speedup"])}
-    new = curves.get("new", {}).get("epochs", [])
-    projection = project(new, max(goal.values())) if len(new) >= 2 else None
-    if projection:  # four times the demo's budget: the fit read at four epochs' minutes
-        rate, first = curves["new"]["stage_tokens_per_s"], new[0]
-        four = minutes(4 * first["tokens"], rate, sampling_min)
-        projection["four_times"] = {"cpu_min": four, "tau": projection["intercept"]
-                                    + projection["slope_per_log_min"] * math.log(four)}
-        projection["ngram_cpu_min"] = project(new, goal["ngram"])["cpu_min"]
-    command = "python -m benchmarks.bench_learning_curve features; ... train before; ... train new; " \
-              f"... evaluate; ... record --sampling-min {sampling_min}"
+    frontier = budget_points(curves)
+    projection = project(frontier, goal["plain_x1.3"]) if len(frontier) >= 2 else None
+    if projection:
+        projection["ngram_cpu_min"] = project(frontier, goal["ngram"])["cpu_min"]
+    study = {name: curves[name] for name in STUDY if name in curves and curves[name]["epochs"]}
+    command = ("python -m benchmarks.bench_learning_curve features; ... train NAME (for NAME in "
+               f"{' '.join(RECIPES)}); ... evaluate; ... record --sampling-min {sampling_min}")
     write_results("learning_curve", {"command": command, "sampling_min": sampling_min,
                                      "heldout": {"prompts": HELD_PROMPTS, "new_tokens": NEW_TOKENS,
                                                  "set": "MT-Bench first turns not in the demo's 24"},
                                      "ngram": {k: methods["ngram"][k] for k in ("tau", "tau_ci", "speedup",
                                                                                "speedup_ci")},
-                                     "tau_needed": goal, "projection": projection, "curves": curves})
-    image = plot(curves, goal)
-    rows = []
-    for name, c in curves.items():
-        for p in c["epochs"]:
-            rows.append(f"| {name} | {p['epoch']} | {p['tokens']} | {p['cpu_min']:.1f} | {p['tau']:.3f} | "
-                        f"{p['decoded_tau']:.2f} [{p['decoded_tau_ci'][0]:.2f}, {p['decoded_tau_ci'][1]:.2f}] | "
-                        f"{p['speedup']:.2f}x [{p['speedup_ci'][0]:.2f}, {p['speedup_ci'][1]:.2f}] |")
+                                     "tau_needed": goal, "budgets": frontier, "projection": projection,
+                                     "study": list(study), "curves": curves})
+    image = plot({k: c for k, c in curves.items() if k not in STUDY or k == "new1"}, goal)
+
+    def decoded(p: dict) -> str:
+        return (f"{p['decoded_tau']:.2f} [{p['decoded_tau_ci'][0]:.2f}, {p['decoded_tau_ci'][1]:.2f}] | "
+                f"{p['speedup']:.2f}x [{p['speedup_ci'][0]:.2f}, {p['speedup_ci'][1]:.2f}]")
+
+    rows = [f"| {name} | {RECIPES[name][2]} | {p['epoch']} | {p['tokens']} | {p['cpu_min']:.1f} | {p['tau']:.3f} | "
+            f"{decoded(p)} |" for name, c in curves.items() if name not in STUDY or name == "new1"
+            for p in c["epochs"]]
+    base = study.get("new1")
+    study_rows = [f"| {name} | `{RECIPES[name][0].get('cfg', '(the new recipe)')}` | {c['train_s'] / 60:.1f} | "
+                  f"{c['epochs'][-1]['tau']:.3f} | {decoded(c['epochs'][-1])} | "
+                  f"{' / '.join(f'{a:.2f}' for a in c['epochs'][-1]['per_position'])} |"
+                  for name, c in sorted(study.items(), key=lambda kv: -kv[1]["epochs"][-1]["decoded_tau"])]
+    best = max(study, key=lambda k: study[k]["epochs"][-1]["decoded_tau"]) if study else None
+    verdict = ""
+    if base and best:
+        b, w = base["epochs"][-1], study[best]["epochs"][-1]
+        apart = w["decoded_tau_ci"][0] > b["decoded_tau_ci"][1]
+        verdict = (f"Highest decoded tau: **{best}** ({w['decoded_tau']:.2f} against new1's {b['decoded_tau']:.2f}); "
+                   + ("its interval clears new1's, so it is worth a default." if best != "new1" and apart else
+                      "no variant's interval clears new1's, so the recipe keeps forward KL, the cosine floor and "
+                      "the EAGLE-3 norms." if best != "new1" else "new1 itself: the recipe's defaults stand."))
     ng = methods["ngram"]
-    where = (f"Along the new recipe's decoded points (tau against log CPU minutes, a straight line through "
-             f"its epochs) four times the demo's budget ({projection['four_times']['cpu_min']:.0f} min) would give "
-             f"tau about {projection['four_times']['tau']:.2f}; n-gram's speed (tau {goal['ngram']:.2f}) would take "
-             f"about {projection['ngram_cpu_min']:.0f} CPU minutes and 1.3x plain (tau {goal['plain_x1.3']:.2f}) "
-             f"about {projection['cpu_min']:.0f}: extrapolations from two points, not measurements."
-             if projection else "The decoded points do not rise with minutes: no projection.")
+    budget_text = ", ".join(f"{p['tokens'] // 1000}k tokens ({p['cpu_min']:.0f} CPU min) {p['decoded_tau']:.2f}"
+                            for p in frontier)
+    where = (f"Along these budget points (tau against log CPU minutes, least squares) n-gram's speed (tau "
+             f"{goal['ngram']:.2f}) would take about {projection['ngram_cpu_min']:.0f} CPU minutes and 1.3x plain "
+             f"(tau {goal['plain_x1.3']:.2f}) about {projection['cpu_min']:.0f}: extrapolations beyond the "
+             f"measured budgets, not measurements." if projection else
+             "Fewer than two decoded budget points, or tau not rising with minutes: no projection.")
     update_doc_section("learning_curve", f"""## EAGLE-3 learning curve: the demo's recipe before and after issue 27
 
 Commands: `{command}` (`python -m benchmarks.bench_learning_curve`, each step in turn). The demo's
-training rows (eagle_smollm2's sampled and source conversations), target features cached once; today's
-recipe trains {RECIPES['before'][2]} epochs and the new one {RECIPES['new'][2]} (the schedule spans all of a
-run's epochs, so epoch 1 of a longer run is not the one-epoch recipe), one sequence per step.
+training rows (eagle_smollm2's sampled and source conversations), target features cached once, one sequence
+per step. `before` is the recipe before issue 27 (AdamW, lr 1e-3); `new`, `new4` and `new1` are today's
+(Muon, lr 3e-3) over 2, 4 and 1 epochs; the schedule spans all of a run's epochs, so epoch 1 of a longer
+run is not the one-epoch recipe.
 Teacher-forced tau: 40 held-out conversations.
 Decoded tau: {HELD_PROMPTS} MT-Bench first turns the demo does not evaluate, {NEW_TOKENS} new tokens,
 k = 3, our compiled engine, every drafter in one evaluate (95% intervals over prompts).
 CPU minutes: sampling ({sampling_min:.1f} min) plus the tokens at the demo train stage's measured
-speed for that recipe ("Demo training step"): epoch 1 is the demo's budget, epoch 2 twice it.
+speed for that recipe ("Demo training step"): one epoch is the demo's budget.
 
-| recipe | epochs | tokens | CPU min | teacher-forced tau | decoded tau | speedup vs plain |
-|---|---:|---:|---:|---:|---:|---:|
+| recipe | run's epochs | epoch | tokens | CPU min | teacher-forced tau | decoded tau | speedup vs plain |
+|---|---:|---:|---:|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
 n-gram lookup in the same evaluate: tau {ng['tau']:.2f}, {ng['speedup']:.2f}x
 [{ng['speedup_ci'][0]:.2f}, {ng['speedup_ci'][1]:.2f}]. With the drafting and verification costs this
 evaluate measured, a drafter needs tau {goal['plain_x1.3']:.2f} for 1.3x plain and {goal['ngram']:.2f} to
-match n-gram's speed. {where}
+match n-gram's speed. Today's recipe run to its end at one, two and four times the demo's budget
+(measured): {budget_text}. {where}
 
 ![learning curve]({image})
+
+### Losses, schedule and norms at the demo's budget
+
+The new recipe for one epoch (`new1`) with one thing changed (`drafter.loss`, a constant learning rate
+after warm-up in place of the cosine to 10%, EAGLE 3.1's `fc_norm` and `norm_output`), same rows, order
+and seed; decoded in the same evaluate as above. Equal CPU minutes: every variant trains the same tokens
+(its training minutes, measured in this benchmark, are beside it).
+
+| variant | change | training min | teacher-forced tau | decoded tau | speedup vs plain | acceptance a1 / a2 / a3 |
+|---|---|---:|---:|---:|---:|---|
+{chr(10).join(study_rows)}
+
+{verdict}
 """)
 
 
