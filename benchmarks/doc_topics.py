@@ -20,7 +20,7 @@ TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
 # prefixes it starts with, else to the last topic.
 TOPICS = [
     ("Engine: the target's forward", ["engine_avx512", "engine_avx2", "engine_autotune"], ("engine",)),
-    ("Sampling", ["sampling_budget", "sampling", "batched_sampling"], ("sampl", "batched")),
+    ("Sampling", ["sampling_budget", "sample_backends", "sampling", "batched_sampling"], ("sampl", "batched")),
     ("Training", ["demo_training", "learning_curve", "training", "training_target", "eagle3_options",
                   "eagle3_study", "sampled_vs_source",
                   "learning_curves_learning_curves_smollm2", "drafter_contract_equivalence",
