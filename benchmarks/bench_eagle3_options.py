@@ -80,6 +80,39 @@ def reinit_random(drafter, seed: int) -> None:
         drafter.lm_head.weight.copy_(lm_head)
 
 
+def tally(drafter, batches, cfg) -> dict:
+    """Teacher-forced per-step accuracy and simulated tau (1 + mean run of correct steps, bonus
+    included) of `drafter` over prepared batches."""
+    from specforge_lite.drafters import eagle3
+
+    totals = {"correct": None, "total": None, "chain": None}
+    with torch.no_grad():
+        for batch in batches:
+            _, _, metrics = eagle3.loss_and_metrics(drafter, batch, cfg)
+            for key in totals:
+                totals[key] = metrics[key] if totals[key] is None else [a + b for a, b in zip(totals[key], metrics[key])]
+    return {"acc": [c / t for c, t in zip(totals["correct"], totals["total"])],
+            "tau": 1 + sum(c / totals["total"][0] for c in totals["chain"])}
+
+
+def teacher_forced(drafter, target, tokenizer, rows: list[dict], cfg, batch_size: int = 4) -> dict:
+    """`tally` over token rows (`input_ids`, `loss_mask`), their features from the target's forward
+    in its weights' dtype (as decoding computes them)."""
+    from specforge_lite.drafters import eagle3
+    from specforge_lite.features import collate, target_hidden
+
+    drafter.eval()
+    prepare, batches = eagle3.batch_preparer(drafter, target), []
+    aux_ids = eagle3.target_layers(drafter)
+    for i in range(0, len(rows), batch_size):
+        batch = collate(rows[i:i + batch_size], tokenizer.pad_token_id, "cpu")
+        with torch.no_grad():
+            aux, last = target_hidden(target, batch["input_ids"], batch["attention_mask"], aux_ids)
+        prepare(batch, aux, last, True)
+        batches.append(batch)
+    return tally(drafter, batches, cfg)
+
+
 def run(name: str, opts: dict, out: Path = OUT) -> None:
     from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
@@ -130,16 +163,9 @@ def run(name: str, opts: dict, out: Path = OUT) -> None:
 
     def score() -> dict:
         drafter.eval()
-        totals = {"correct": None, "total": None, "chain": None}
-        with torch.no_grad():
-            for batch in held:
-                _, _, metrics = eagle3.loss_and_metrics(drafter, batch, cfg)
-                for key in totals:
-                    totals[key] = metrics[key] if totals[key] is None else \
-                        [a + b for a, b in zip(totals[key], metrics[key])]
+        result = tally(drafter, held, cfg)
         drafter.train()
-        return {"acc": [c / t for c, t in zip(totals["correct"], totals["total"])],
-                "tau": 1 + sum(c / totals["total"][0] for c in totals["chain"])}
+        return result
 
     curve, train_s, tokens = [], 0.0, 0
     every = max(1, len(batches) // int(opts.get("points", 8)))

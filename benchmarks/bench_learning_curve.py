@@ -3,6 +3,7 @@
     python -m benchmarks.bench_learning_curve features     # the demo's rows' target features, once
     python -m benchmarks.bench_learning_curve train NAME   # one recipe of RECIPES, its epochs (~6 min each)
     python -m benchmarks.bench_learning_curve evaluate     # decoded tau of every saved drafter, one run
+    python -m benchmarks.bench_learning_curve onpolicy     # teacher-forced tau on the target's own answers
     python -m benchmarks.bench_learning_curve record --sampling-min M   # JSON, plot and docs section
 
 The demo recipe's training rows (its sampled conversations and source ones), their target features
@@ -87,15 +88,47 @@ def heldout_prompts() -> Path:
     return path
 
 
+def decoded_drafters() -> list[tuple[str, str]]:
+    """(method name, drafter folder) of every saved drafter the evaluate decodes."""
+    return [(f"{name}-e{i + 1}", p["drafter"]) for name, v in variants().items()
+            for i, p in enumerate(x for x in v["curve"] if "drafter" in x) if i + 1 in RECIPES[name][3]]
+
+
 def evaluate() -> None:
-    drafters = [f"{name}-e{i + 1}:{p['drafter']}" for name, v in variants().items()
-                for i, p in enumerate(x for x in v["curve"] if "drafter" in x) if i + 1 in RECIPES[name][3]]
+    drafters = [f"{name}:{folder}" for name, folder in decoded_drafters()]
     run_dir = OUT / "eval_run"
     command = [sys.executable, "-m", "specforge_lite", "evaluate", "+recipe=eagle_smollm2", f"run_dir={run_dir}",
                f"samples_dir={SAMPLES}", f"eval.dataset={heldout_prompts()}", f"eval.max_prompts={HELD_PROMPTS}",
                f"eval.max_new_tokens={NEW_TOKENS}", "eval.methods=[plain,ngram]",
                f"eval.extra_drafters=[{','.join(drafters)}]", f"eval.best_k_method={drafters[-1].split(':')[0]}"]
     subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+
+
+def onpolicy() -> None:
+    """Teacher-forced tau of every decoded drafter on the target's own greedy answers to the held-out
+    prompts (the text decoding verifies), beside the same score on the 40 held-out training-style
+    conversations: tells a drafter that decodes worse than it scores apart from a domain gap."""
+    import torch
+
+    from benchmarks.bench_eagle3_options import teacher_forced
+    from specforge_lite.data.chat import prompt_ids
+    from specforge_lite.data.eval_prompts import read_eval_prompts, select_prompts
+    from specforge_lite.drafters import eagle3
+    from specforge_lite.targets import load_target
+
+    cfg = demo_config()
+    target, tokenizer = load_target(cfg.target)
+    rows = []
+    for prompt in select_prompts(read_eval_prompts(str(OUT / "mtbench_not_in_demo.jsonl")), HELD_PROMPTS):
+        ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt["turns"][0]}])
+        with torch.no_grad():  # greedy in fp32: the answers plain decoding gave in the evaluate
+            answer = target.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):]
+        rows.append({"input_ids": ids + answer.tolist(), "loss_mask": [0] * len(ids) + [1] * len(answer)})
+    scores = {}
+    for name, folder in decoded_drafters():
+        scores[name] = teacher_forced(eagle3.load(Path(folder), target), target, tokenizer, rows, cfg)
+        print(name, scores[name], flush=True)
+    (OUT / "onpolicy.json").write_text(json.dumps(scores))
 
 
 def minutes(tokens: int, rate: float, sampling_min: float) -> float:
@@ -127,6 +160,8 @@ def record(sampling_min: float) -> None:
     speeds = json.loads((ROOT / "benchmarks" / "results" / "demo_training.json").read_text())["results"]
     report = json.loads((OUT / "eval_run" / "eval" / "report.json").read_text())
     methods = report["methods"]
+    scored = OUT / "onpolicy.json"
+    onpolicy_tau = json.loads(scored.read_text()) if scored.exists() else {}
     curves = {}
     for name, v in variants().items():
         rate = speeds[RECIPES[name][1]]["tokens_per_s"]
@@ -138,6 +173,8 @@ def record(sampling_min: float) -> None:
             if m:
                 p.update(decoded_tau=m["tau"], decoded_tau_ci=m["tau_ci"], speedup=m["speedup"],
                          speedup_ci=m["speedup_ci"], per_position=m["per_position_acceptance"])
+                if f"{name}-e{i + 1}" in onpolicy_tau:
+                    p["onpolicy_tau"] = onpolicy_tau[f"{name}-e{i + 1}"]["tau"]
         epochs = [p for p in epochs if "decoded_tau" in p]
         curves[name] = {"options": v["options"], "stage_tokens_per_s": rate, "points": points, "epochs": epochs,
                         "train_s": v["curve"][-1]["train_s"]}
@@ -151,7 +188,8 @@ def record(sampling_min: float) -> None:
         projection["ngram_cpu_min"] = project(frontier, goal["ngram"])["cpu_min"]
     study = {name: curves[name] for name in STUDY if name in curves and curves[name]["epochs"]}
     command = ("python -m benchmarks.bench_learning_curve features; ... train NAME (for NAME in "
-               f"{' '.join(RECIPES)}); ... evaluate; ... record --sampling-min {sampling_min}")
+               f"{' '.join(RECIPES)}); ... evaluate; {'... onpolicy; ' if onpolicy_tau else ''}"
+               f"... record --sampling-min {sampling_min}")
     write_results("learning_curve", {"command": command, "sampling_min": sampling_min,
                                      "heldout": {"prompts": HELD_PROMPTS, "new_tokens": NEW_TOKENS,
                                                  "set": "MT-Bench first turns not in the demo's 24"},
@@ -162,7 +200,7 @@ def record(sampling_min: float) -> None:
     image = plot({k: c for k, c in curves.items() if k not in STUDY or k == "new1"}, goal)
 
     def decoded(p: dict) -> str:
-        return (f"{p['decoded_tau']:.2f} [{p['decoded_tau_ci'][0]:.2f}, {p['decoded_tau_ci'][1]:.2f}] | "
+        return (f"{p['onpolicy_tau']:.2f} | " if onpolicy_tau else "") + (f"{p['decoded_tau']:.2f} [{p['decoded_tau_ci'][0]:.2f}, {p['decoded_tau_ci'][1]:.2f}] | "
                 f"{p['speedup']:.2f}x [{p['speedup_ci'][0]:.2f}, {p['speedup_ci'][1]:.2f}]")
 
     rows = [f"| {name} | {RECIPES[name][2]} | {p['epoch']} | {p['tokens']} | {p['cpu_min']:.1f} | {p['tau']:.3f} | "
@@ -182,13 +220,19 @@ def record(sampling_min: float) -> None:
                    + ("its interval clears new1's, so it is worth a default." if best != "new1" and apart else
                       "no variant's interval clears new1's, so the recipe keeps forward KL, the cosine floor and "
                       "the EAGLE-3 norms." if best != "new1" else "new1 itself: the recipe's defaults stand."))
+    onpolicy_head, onpolicy_rule = ("teacher-forced tau on the target's answers | ", "---:|") if onpolicy_tau else ("", "")
     ng = methods["ngram"]
     budget_text = ", ".join(f"{p['tokens'] // 1000}k tokens ({p['cpu_min']:.0f} CPU min) {p['decoded_tau']:.2f}"
                             for p in frontier)
-    where = (f"Along these budget points (tau against log CPU minutes, least squares) n-gram's speed (tau "
-             f"{goal['ngram']:.2f}) would take about {projection['ngram_cpu_min']:.0f} CPU minutes and 1.3x plain "
-             f"(tau {goal['plain_x1.3']:.2f}) about {projection['cpu_min']:.0f}: extrapolations beyond the "
-             f"measured budgets, not measurements." if projection else
+    onpolicy_text = ("; on the target's answers: the same score on the target's own greedy answers to the "
+                     "decoded prompts (`... onpolicy`), the text decoding verifies") if onpolicy_tau else ""
+    where = (f"Along these budget points (tau against log CPU minutes, least squares) decoded tau gains "
+             f"{projection['slope_per_log_min'] * math.log(2):.3f} per doubling of the CPU minutes; at that rate "
+             f"n-gram's speed (tau {goal['ngram']:.2f}) lies {math.log2(projection['ngram_cpu_min'] / frontier[-1]['cpu_min']):.1f} "
+             f"doublings beyond the four-fold budget (about {projection['ngram_cpu_min'] / 60:,.0f} CPU hours) and 1.3x "
+             f"plain (tau {goal['plain_x1.3']:.2f}) {math.log2(projection['cpu_min'] / frontier[-1]['cpu_min']):.1f}: "
+             f"extrapolations beyond the measured budgets, not measurements. More epochs of this recipe "
+             f"are not the way to win here." if projection else
              "Fewer than two decoded budget points, or tau not rising with minutes: no projection.")
     update_doc_section("learning_curve", f"""## EAGLE-3 learning curve: the demo's recipe before and after issue 27
 
@@ -197,14 +241,14 @@ training rows (eagle_smollm2's sampled and source conversations), target feature
 per step. `before` is the recipe before issue 27 (AdamW, lr 1e-3); `new`, `new4` and `new1` are today's
 (Muon, lr 3e-3) over 2, 4 and 1 epochs; the schedule spans all of a run's epochs, so epoch 1 of a longer
 run is not the one-epoch recipe.
-Teacher-forced tau: 40 held-out conversations.
+Teacher-forced tau: 40 held-out conversations like the training rows{onpolicy_text}.
 Decoded tau: {HELD_PROMPTS} MT-Bench first turns the demo does not evaluate, {NEW_TOKENS} new tokens,
 k = 3, our compiled engine, every drafter in one evaluate (95% intervals over prompts).
 CPU minutes: sampling ({sampling_min:.1f} min) plus the tokens at the demo train stage's measured
 speed for that recipe ("Demo training step"): one epoch is the demo's budget.
 
-| recipe | run's epochs | epoch | tokens | CPU min | teacher-forced tau | decoded tau | speedup vs plain |
-|---|---:|---:|---:|---:|---:|---:|---:|
+| recipe | run's epochs | epoch | tokens | CPU min | teacher-forced tau | {onpolicy_head}decoded tau | speedup vs plain |
+|---|---:|---:|---:|---:|---:|{onpolicy_rule}---:|---:|
 {chr(10).join(rows)}
 
 n-gram lookup in the same evaluate: tau {ng['tau']:.2f}, {ng['speedup']:.2f}x
@@ -222,8 +266,8 @@ after warm-up in place of the cosine to 10%, EAGLE 3.1's `fc_norm` and `norm_out
 and seed; decoded in the same evaluate as above. Equal CPU minutes: every variant trains the same tokens
 (its training minutes, measured in this benchmark, are beside it).
 
-| variant | change | training min | teacher-forced tau | decoded tau | speedup vs plain | acceptance a1 / a2 / a3 |
-|---|---|---:|---:|---:|---:|---|
+| variant | change | training min | teacher-forced tau | {onpolicy_head}decoded tau | speedup vs plain | acceptance a1 / a2 / a3 |
+|---|---|---:|---:|{onpolicy_rule}---:|---:|---|
 {chr(10).join(study_rows)}
 
 {verdict}
@@ -272,7 +316,7 @@ def plot(curves: dict, goal: dict) -> str:
 
 
 if __name__ == "__main__":
-    verbs = {"features": features, "evaluate": evaluate}
+    verbs = {"features": features, "evaluate": evaluate, "onpolicy": onpolicy}
     if len(sys.argv) > 2 and sys.argv[1] == "train":
         train(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1:3] == ["record", "--sampling-min"]:
