@@ -226,6 +226,12 @@ def record(sampling_min: float) -> None:
                             for p in frontier)
     onpolicy_text = ("; on the target's answers: the same score on the target's own greedy answers to the "
                      "decoded prompts (`... onpolicy`), the text decoding verifies") if onpolicy_tau else ""
+    decoded_points = [p for c in curves.values() for p in c["epochs"] if "onpolicy_tau" in p]
+    gap = (f" Teacher-forced on the target's own answers, every drafter scores within "
+           f"{max(abs(p['onpolicy_tau'] - p['decoded_tau']) for p in decoded_points):.2f} of its decoded tau, while "
+           f"on text like the training rows the budget points rise from {frontier[0]['tau']:.2f} to "
+           f"{frontier[-1]['tau']:.2f}: decoding counts what the drafter learnt, and what it learns is the "
+           f"training text more than the target's answers to other prompts." if decoded_points and frontier else "")
     where = (f"Along these budget points (tau against log CPU minutes, least squares) decoded tau gains "
              f"{projection['slope_per_log_min'] * math.log(2):.3f} per doubling of the CPU minutes; at that rate "
              f"n-gram's speed (tau {goal['ngram']:.2f}) lies {math.log2(projection['ngram_cpu_min'] / frontier[-1]['cpu_min']):.1f} "
@@ -255,7 +261,7 @@ n-gram lookup in the same evaluate: tau {ng['tau']:.2f}, {ng['speedup']:.2f}x
 [{ng['speedup_ci'][0]:.2f}, {ng['speedup_ci'][1]:.2f}]. With the drafting and verification costs this
 evaluate measured, a drafter needs tau {goal['plain_x1.3']:.2f} for 1.3x plain and {goal['ngram']:.2f} to
 match n-gram's speed. Today's recipe run to its end at one, two and four times the demo's budget
-(measured): {budget_text}. {where}
+(measured): {budget_text}. {where}{gap}
 
 ![learning curve]({image})
 

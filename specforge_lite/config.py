@@ -31,6 +31,9 @@ class DType(str, Enum):
 
 
 class SampleBackend(str, Enum):
+    # vllm where an interpreter with vLLM is found (sample.vllm.python, $SPECFORGE_LITE_VLLM_PYTHON,
+    # this one, .venv-vllm), else compiled where our static forward runs the target, else hf
+    auto = "auto"
     hf = "hf"  # transformers' forward, batched with a dynamic cache
     static = "static"  # our static-cache forward (Llama-family targets), batched, eager
     compiled = "compiled"  # the same with its decoding step compiled

@@ -60,12 +60,23 @@ def num_processes(cfg) -> int:
     return torch.cuda.device_count()
 
 
+def sample_uses_vllm(cfg) -> bool:
+    """sample.backend=vllm, or auto where an interpreter with vLLM is found (as the stage resolves it)."""
+    requested = getattr(cfg.sample.backend, "value", cfg.sample.backend)
+    if requested == "auto":
+        from specforge_lite.serving.vllm_engine import find_python
+
+        return find_python(cfg.sample.vllm.python) is not None
+    return requested == "vllm"
+
+
 def single_process_reason(cfg, stage: str) -> str | None:
     """Why `stage` runs in one process under this config, or None when it may fan out."""
     if stage not in MULTI_RANK_STAGES:
         return f"{stage} runs in one process"
-    if stage == "sample" and getattr(cfg.sample.backend, "value", cfg.sample.backend) == "vllm":
-        return (f"sample.backend=vllm: one process drives the vLLM engine "
+    if stage == "sample" and sample_uses_vllm(cfg):
+        return (f"sample.backend={getattr(cfg.sample.backend, 'value', cfg.sample.backend)} (vLLM): one process "
+                f"drives the vLLM engine "
                 f"(tensor_parallel_size={cfg.sample.vllm.tensor_parallel_size})")
     if stage == "train" and cfg.train.dry_run:
         return "train.dry_run=true sizes the run in one process"

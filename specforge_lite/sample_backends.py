@@ -1,6 +1,7 @@
 """The sample stage's backends: each turns a batch of prompts (token ids) into answers
 `[(token ids, finish)]` with the target. `hf` (transformers, left-padded batches),
-`static` / `compiled` (our static-cache forward) and `vllm` (real vLLM in a child process)."""
+`static` / `compiled` (our static-cache forward) and `vllm` (real vLLM in a child process);
+`open_backend` builds the one `sample.backend` names, `auto` resolved."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
 from specforge_lite.runtime.hf_runner import cache_kwargs
-from specforge_lite.serving.vllm_engine import (VllmEngine, account_workers, engine_kwargs, eos_ids_of, on_gpu,
-                                                prompt_seed, sampling_params)
-from specforge_lite.targets import eos_token_ids, load_target_config, resolve_dtype
+from omegaconf import OmegaConf
+
+from specforge_lite.runtime.static_llama import unsupported_reason
+from specforge_lite.serving.vllm_engine import (VllmEngine, account_workers, engine_kwargs, eos_ids_of, find_python,
+                                                on_gpu, prompt_seed, sampling_params)
+from specforge_lite.targets import (eos_token_ids, load_target, load_target_config, load_tokenizer, resolve_dtype,
+                                    resolve_target_path)
 
 log = logging.getLogger(__name__)
 
@@ -180,3 +185,38 @@ class VllmSampleBackend:
         self.engine.close()
 
 
+
+
+# --------------------------------------------------------------------------- choice
+
+
+def backend_name(requested, vllm_python: str | None, target_config) -> str:
+    """`sample.backend` with `auto` resolved: vllm where an interpreter with vLLM was found (the
+    fastest sampler measured here, docs/BENCHMARKS.md "Sampling backends on the demo's settings"),
+    else compiled where our static forward runs the target, else hf."""
+    name = str(getattr(requested, "value", requested))
+    if name != "auto":
+        return name
+    if vllm_python:
+        return "vllm"
+    return "hf" if unsupported_reason(target_config) else "compiled"
+
+
+def open_backend(cfg, log_path: Path):
+    """`(backend, tokenizer, name)`: the sampler of `cfg.sample.backend` (auto resolved), its target
+    loaded where it runs in this process. vLLM chosen by `auto` on a CPU gets this process's torch
+    threads unless sample.vllm.cpu_threads says otherwise."""
+    sample_cfg = cfg.sample
+    config = load_target_config(cfg.target, weights=False)
+    name = backend_name(sample_cfg.backend, find_python(sample_cfg.vllm.python), config)
+    if name == "vllm":
+        if str(getattr(sample_cfg.backend, "value", sample_cfg.backend)) == "auto" and not on_gpu() \
+                and sample_cfg.vllm.cpu_threads is None:
+            sample_cfg = OmegaConf.merge(sample_cfg, {"vllm": {"cpu_threads": torch.get_num_threads()}})
+        tokenizer = load_tokenizer(cfg.target)
+        return (VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer, log_path),
+                tokenizer, name)
+    model, tokenizer = load_target(cfg.target)
+    if name in ("static", "compiled"):
+        return StaticBackend(model, tokenizer, sample_cfg, compiled=name == "compiled"), tokenizer, name
+    return HFBackend(model, tokenizer, sample_cfg), tokenizer, name

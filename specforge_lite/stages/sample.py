@@ -33,8 +33,7 @@ from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
 from specforge_lite.features import target_files
 from specforge_lite.sizing import check_stage
-from specforge_lite.sample_backends import HFBackend, StaticBackend, VllmSampleBackend
-from specforge_lite.targets import load_target, resolve_target_path
+from specforge_lite.sample_backends import open_backend
 
 log = logging.getLogger(__name__)
 
@@ -187,19 +186,9 @@ def run(cfg: DictConfig) -> None:
         return
 
     if todo:  # the target loads before anything is written
-        tokenizer = None
-        if sample_cfg.backend == "vllm":  # real vLLM in a child process (specforge_lite/serving)
-            from specforge_lite.targets import load_tokenizer
-
-            tokenizer = load_tokenizer(cfg.target)
-            backend = VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer,
-                                        out / f"vllm-rank{rank}.log")
-        else:
-            model, tokenizer = load_target(cfg.target)
-            if sample_cfg.backend in ("static", "compiled"):
-                backend = StaticBackend(model, tokenizer, sample_cfg, compiled=sample_cfg.backend == "compiled")
-            else:
-                backend = HFBackend(model, tokenizer, sample_cfg)
+        # vllm runs in a child process (specforge_lite/serving); auto picks the fastest one installed
+        backend, tokenizer, backend_used = open_backend(cfg, out / f"vllm-rank{rank}.log")
+        log.info("sample backend: %s", backend_used)
         require_chat_template(tokenizer)
     if rank == 0:
         stage_dir(cfg, "sample")
@@ -226,7 +215,7 @@ def run(cfg: DictConfig) -> None:
             write_shard(data_dir, j, rows, {"records": len(chunk), "written": len(rows), "skipped": dict(skipped),
                                             "generated_tokens": sum(r["num_generated_tokens"] for r in rows),
                                             "seconds": time.perf_counter() - shard_started,
-                                            "backend": str(getattr(sample_cfg.backend, "value", sample_cfg.backend))})
+                                            "backend": backend_used})
             bar.update(len(chunk))
         bar.close()
         elapsed = time.perf_counter() - started

@@ -84,3 +84,36 @@ def test_static_backends_equal_the_hf_backend(tiny_target, forbid_recompiles):
         assert (static.compile_s is not None) == compiled
         sources.append(static.graph_source)
     assert sources == [None, "compiled", "loaded"]
+
+
+def test_auto_picks_vllm_where_installed_then_our_compiled_forward_then_hf(tiny_target):
+    """`sample.backend=auto`: vLLM when an interpreter with it was found, else the compiled static
+    forward for the targets it runs (Llama family), else transformers' forward; a named backend stays."""
+    from transformers import AutoConfig
+
+    from specforge_lite.config import SampleBackend
+    from specforge_lite.sample_backends import backend_name
+
+    llama = tiny_target[0].config
+    gpt2 = AutoConfig.for_model("gpt2")
+    assert backend_name(SampleBackend.auto, "/opt/vllm/bin/python", llama) == "vllm"
+    assert backend_name("auto", None, llama) == "compiled"
+    assert backend_name("auto", None, gpt2) == "hf"
+    assert backend_name(SampleBackend.hf, "/opt/vllm/bin/python", llama) == "hf"
+    assert backend_name("static", None, gpt2) == "static"  # a named backend is the user's choice
+
+
+def test_launch_keeps_a_vllm_sampler_in_one_process(monkeypatch):
+    """auto resolves to vLLM where it is installed: one process then drives the engine, as for vllm."""
+    from specforge_lite import launch
+    from specforge_lite.serving import vllm_engine
+
+    cfg = OmegaConf.create({"sample": {"backend": "auto", "vllm": {"python": None, "tensor_parallel_size": 2}},
+                            "train": {"dry_run": False}})
+    monkeypatch.setattr(vllm_engine, "find_python", lambda configured=None: None)
+    assert launch.single_process_reason(cfg, "sample") is None
+    cfg.sample.vllm.python = "/opt/vllm/bin/python"  # a configured interpreter is taken as found
+    monkeypatch.undo()
+    assert "one process drives the vLLM engine" in launch.single_process_reason(cfg, "sample")
+    cfg.sample.backend = "hf"
+    assert launch.single_process_reason(cfg, "sample") is None
