@@ -18,7 +18,7 @@ class Eagle3Options:
     aux_layer_ids: Optional[List[int]] = checked(None, length=3, ge=0, below_target="num_hidden_layers")
     ttt_steps: int = checked(3, ge=1)  # training-time test unroll
     # the per-step loss against the target's draft-vocab distribution (docs/BENCHMARKS.md
-    # "EAGLE-3 losses and schedule"); forward_kl trains through its soft cross-entropy (same gradient)
+    # "EAGLE-3 learning curve"); forward_kl trains through its soft cross-entropy (same gradient)
     loss: Divergence = Divergence.forward_kl
     # the residual stream starts from hidden_norm(fused features), as speculators trains and vLLM
     # assumes by default; measured better on SmolLM2 (docs/BENCHMARKS.md "EAGLE-3 training options").

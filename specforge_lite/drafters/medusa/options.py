@@ -17,7 +17,7 @@ class MedusaOptions:
     num_heads: int = checked(4, ge=1)  # head i predicts the token i + 2 ahead
     num_layers: int = checked(1, ge=1)  # residual blocks per head
     # the per-step loss against the target's draft-vocab distribution (docs/BENCHMARKS.md
-    # "EAGLE-3 losses and schedule"); forward_kl trains through its soft cross-entropy (same gradient)
+    # "EAGLE-3 learning curve"); forward_kl trains through its soft cross-entropy (same gradient)
     loss: Divergence = Divergence.forward_kl
     # start from trained heads: our train folder or a vLLM Medusa folder (its heads, blocks and
     # draft vocab replace the options above)

@@ -29,7 +29,7 @@ class PEagleOptions:
     # to about r^d of the positions, so 1.0 (speculators') still weighs deep depths less
     depth_weight: float = checked(1.0, gt=0.0)
     # the per-step loss against the target's draft-vocab distribution (docs/BENCHMARKS.md
-    # "EAGLE-3 losses and schedule"); forward_kl trains through its soft cross-entropy (same gradient)
+    # "EAGLE-3 learning curve"); forward_kl trains through its soft cross-entropy (same gradient)
     loss: Divergence = Divergence.forward_kl
     train_embeddings: bool = True  # speculators trains P-EAGLE's embed_tokens and exports them
     norm_before_residual: bool = True  # as EAGLE-3 (vLLM defaults it to false for peagle: always written)
