@@ -35,7 +35,7 @@ SAMPLES = Path("runs/smollm2/samples")  # the demo recipe's samples_dir
 # each recipe as bench_eagle3_options options, its row of demo_training.json (its stage's speed), its
 # epochs (the schedule spans them all) and the epochs decoded: today's recipe at the demo's budget, the
 # new one over two and four times it, and the new one at the demo's budget with one thing changed
-# (the loss, the schedule's floor), which the study judges against "new1"
+# (the loss, the schedule's floor, the norms), which the study judges against "new1"
 NEW = {"lr": "3e-3", "bs": "1", "mp": "bf16", "opt": "muon"}
 RECIPES = {
     "before": ({"lr": "1e-3", "bs": "1", "mp": "bf16", "opt": "adamw"}, "before", 1, (1,)),
@@ -47,7 +47,7 @@ RECIPES = {
     "constant_lr": ({**NEW, "cfg": "train.min_lr_ratio=1.0"}, "bf16 target + Muon", 1, (1,)),
     "norms31": ({**NEW, "cfg": "drafter.fc_norm=true,drafter.norm_output=true"}, "bf16 target + Muon", 1, (1,)),
 }
-STUDY = ("new1", "reverse_kl", "jsd", "constant_lr", "norms31")  # one epoch each: the losses and the schedule
+STUDY = ("new1", "reverse_kl", "jsd", "constant_lr", "norms31")  # one epoch each: losses, schedule, norms
 HELD_PROMPTS, NEW_TOKENS = 24, 64
 
 
@@ -106,8 +106,8 @@ def evaluate() -> None:
 
 def onpolicy() -> None:
     """Teacher-forced tau of every decoded drafter on the target's own greedy answers to the held-out
-    prompts (the text decoding verifies), beside the same score on the 40 held-out training-style
-    conversations: tells a drafter that decodes worse than it scores apart from a domain gap."""
+    prompts (the text decoding verifies), to set beside the same score on the 40 held-out training-like
+    conversations: where the two differ, the gap is the text's, not the decoder's."""
     import torch
 
     from benchmarks.bench_eagle3_options import teacher_forced
