@@ -207,11 +207,14 @@ def open_backend(cfg, log_path: Path):
     loaded where it runs in this process. vLLM chosen by `auto` on a CPU gets this process's torch
     threads unless sample.vllm.cpu_threads says otherwise."""
     sample_cfg = cfg.sample
-    config = load_target_config(cfg.target, weights=False)
-    name = backend_name(sample_cfg.backend, find_python(sample_cfg.vllm.python), config)
+    requested = str(getattr(sample_cfg.backend, "value", sample_cfg.backend))
+    if requested == "auto":  # only auto reads the interpreter search and the target's config
+        name = backend_name(requested, find_python(sample_cfg.vllm.python),
+                            load_target_config(cfg.target, weights=False))
+    else:
+        name = requested
     if name == "vllm":
-        if str(getattr(sample_cfg.backend, "value", sample_cfg.backend)) == "auto" and not on_gpu() \
-                and sample_cfg.vllm.cpu_threads is None:
+        if requested == "auto" and not on_gpu() and sample_cfg.vllm.cpu_threads is None:
             sample_cfg = OmegaConf.merge(sample_cfg, {"vllm": {"cpu_threads": torch.get_num_threads()}})
         tokenizer = load_tokenizer(cfg.target)
         return (VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer, log_path),
