@@ -91,7 +91,7 @@ export: setup  ## the export stage of RECIPE
 	$(PY) -m specforge_lite export +recipe=$(RECIPE) $(ARGS)
 
 rehearse: setup  ## a GPU recipe card's commands on 2 CPU ranks with a tiny stand-in target (RECIPE=eagle_llama70b)
-	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m specforge_lite.rehearse $(RECIPE) $(ARGS)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m specforge_lite.scale.rehearse $(RECIPE) $(ARGS)
 
 bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BENCHMARKS.md
 	$(PY) -m benchmarks.bench_sampling

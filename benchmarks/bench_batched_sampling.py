@@ -25,8 +25,8 @@ from omegaconf import OmegaConf
 
 from benchmarks.common import load_smollm2, sharegpt_first_turns, update_doc_section, write_results
 from specforge_lite.runtime.compile import GEMM_ROWS_ENV, gemm_rows, inductor_gemm_rows
-from specforge_lite.sample_backends import HFBackend, StaticBackend, left_padded
-from specforge_lite.targets import eos_token_ids
+from specforge_lite.target.sampling import HFBackend, StaticBackend, left_padded
+from specforge_lite.target.loading import eos_token_ids
 
 MODES = ("hf_generate", "hf", "static", "compiled", "compiled_inductor_rows")
 

@@ -47,9 +47,9 @@ def compose(overrides: list[str]):
 def features(out: Path = OUT, cfg=None, compute: torch.dtype | None = None) -> None:
     """Every training row's target features (computed in `compute` where given, as the train
     stage's target_autocast does), kept in `out`/features.pt with the rows and the held-out split."""
-    from specforge_lite.features import collate, target_hidden
+    from specforge_lite.training.features import collate, target_hidden
     from specforge_lite.stages.train import ensure_samples, training_rows
-    from specforge_lite.targets import load_target
+    from specforge_lite.target.loading import load_target
 
     cfg = cfg if cfg is not None else compose([])
     ensure_samples(cfg)
@@ -99,7 +99,7 @@ def teacher_forced(drafter, target, tokenizer, rows: list[dict], cfg, batch_size
     """`tally` over token rows (`input_ids`, `loss_mask`), their features from the target's forward
     in its weights' dtype (as decoding computes them)."""
     from specforge_lite.drafters import eagle3
-    from specforge_lite.features import collate, target_hidden
+    from specforge_lite.training.features import collate, target_hidden
 
     drafter.eval()
     prepare, batches = eagle3.batch_preparer(drafter, target), []
@@ -116,10 +116,10 @@ def teacher_forced(drafter, target, tokenizer, rows: list[dict], cfg, batch_size
 def run(name: str, opts: dict, out: Path = OUT) -> None:
     from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
-    from specforge_lite.features import collate
-    from specforge_lite.optim import build_optimizer
+    from specforge_lite.training.features import collate
+    from specforge_lite.training.optim import build_optimizer
     from specforge_lite.stages.train import lr_at, plan_batches
-    from specforge_lite.targets import load_target
+    from specforge_lite.target.loading import load_target
 
     lr, bs = float(opts.get("lr", 1e-3)), int(opts.get("bs", 4))
     cfg = compose([f"train.lr={lr}", f"drafter.ttt_steps={int(opts.get('ttt', 3))}",

@@ -41,7 +41,7 @@ def forward_costs(args) -> dict:
     from specforge_lite.runtime.hf_runner import TargetRunner
     from specforge_lite.runtime.compile import AUTOTUNE_ENV, env_setting, gemm_rows, inductor_gemm_rows
     from specforge_lite.runtime.fast_engine import FastEngine
-    from specforge_lite.targets import load_target
+    from specforge_lite.target.loading import load_target
 
     cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",
                             "chat_template": None, "trust_remote_code": False})

@@ -114,7 +114,7 @@ def onpolicy() -> None:
     from specforge_lite.data.chat import prompt_ids
     from specforge_lite.data.eval_prompts import read_eval_prompts, select_prompts
     from specforge_lite.drafters import eagle3
-    from specforge_lite.targets import load_target
+    from specforge_lite.target.loading import load_target
 
     cfg = demo_config()
     target, tokenizer = load_target(cfg.target)

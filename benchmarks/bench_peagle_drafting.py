@@ -45,8 +45,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from specforge_lite.registry import DRAFTERS
-    from specforge_lite.targets import load_target
+    from specforge_lite.config.registry import DRAFTERS
+    from specforge_lite.target.loading import load_target
     from omegaconf import OmegaConf
 
     model, _ = load_target(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32",

@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import load_smollm2, sharegpt_first_turns, update_doc_section, write_results
-from specforge_lite.sample_backends import HFBackend
+from specforge_lite.target.sampling import HFBackend
 
 
 def main() -> None:

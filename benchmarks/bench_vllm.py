@@ -43,9 +43,9 @@ def sampling(args) -> dict:
 
     from specforge_lite.data.chat import prompt_ids
     from specforge_lite.data.readers import heldout_split, read_conversations
-    from specforge_lite.sample_backends import VllmSampleBackend
-    from specforge_lite.sample_backends import HFBackend
-    from specforge_lite.targets import load_target, resolve_target_path
+    from specforge_lite.serving.vllm.sampler import VllmSampleBackend
+    from specforge_lite.target.sampling import HFBackend
+    from specforge_lite.target.loading import load_target, resolve_target_path
 
     torch.set_num_threads(args.threads)
     target_cfg = OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu",

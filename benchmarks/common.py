@@ -56,7 +56,7 @@ def compose_config(overrides: list[str]):
     """The run config the CLI would build from these overrides (conf/ of this checkout)."""
     from hydra import compose, initialize_config_dir
 
-    from specforge_lite.config import register_configs
+    from specforge_lite.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "specforge_lite" / "conf")):
@@ -67,7 +67,7 @@ def load_smollm2():
     """The embedded SmolLM2-135M-Instruct target, fp32 on CPU: (model, tokenizer)."""
     from omegaconf import OmegaConf
 
-    from specforge_lite.targets import load_target
+    from specforge_lite.target.loading import load_target
 
     return load_target(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32",
                                          "device": "cpu", "chat_template": None, "trust_remote_code": False}))

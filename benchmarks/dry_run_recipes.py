@@ -1,6 +1,6 @@
 """The dry-run table of every GPU recipe (conf/recipe/*llama*.yaml): per-device memory of each
 stage and the disk of the offline features for the recipe's data, computed from the target's
-config by specforge_lite/sizing.py (what `dry_run=true` prints). Writes
+config by specforge_lite/scale/sizing.py (what `dry_run=true` prints). Writes
 benchmarks/results/dry_run_recipes.json and the `dry_run_recipes` section of docs/BENCHMARKS.md.
 
     python -m benchmarks.dry_run_recipes
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.common import ROOT, compose_config, update_doc_section, write_results
-from specforge_lite.sizing import GiB, HEADROOM, stage_table
+from specforge_lite.scale.sizing import GiB, HEADROOM, stage_table
 
 COMMAND = "python -m benchmarks.dry_run_recipes"
 DEVICES = {"H100 80 GB": 80e9, "H200 141 GB": 141e9}  # the devices the recipe cards name
@@ -60,7 +60,7 @@ def render(results: dict) -> None:
 
 Command: `{results['command']}` ({results['date']}), the table `dry_run=true` prints for each
 `conf/recipe/*llama*.yaml` (any stage: `python -m specforge_lite train +recipe=NAME dry_run=true`),
-computed from the target's config by `specforge_lite/sizing.py`: nothing downloaded, nothing
+computed from the target's config by `specforge_lite/scale/sizing.py`: nothing downloaded, nothing
 measured. GiB per device on the recipe's `trainer.dry_run_gpus` devices; "(not H100)" / "(not
 H200)" where the stage needs more than {results['headroom']:.0%} of an 80 / 141 GB device (vLLM
 rows: more than its `gpu_memory_utilization`); a stage that does not fit the devices it sees
@@ -69,7 +69,7 @@ and activations are the largest the settings allow. `evaluate` is our engine (th
 target on one device: every evaluate decodes `plain` in it), `evaluate_vllm` the vllm_*
 methods with `eval.vllm.tensor_parallel_size`. Offline disk: bytes per token (the aux layers
 and the last hidden state, or the int4_topk teacher, in the recipe's `train.feature_format`:
-`specforge_lite/feature_formats.py`) times at most the recipe's conversations x `data.max_length`
+`specforge_lite/training/feature_formats.py`) times at most the recipe's conversations x `data.max_length`
 ({'; '.join(sorted({t['offline_features']['tokens_from'] for t in results['recipes'].values()}))}).
 Raw: `benchmarks/results/dry_run_recipes.json`.
 

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import hydra
 
-    from specforge_lite.config import register_configs
+    from specforge_lite.config.schema import register_configs
 
     register_configs()
     if os.environ.get(DEBUG_ENV):

@@ -1,7 +1,7 @@
 """The drafter contract: what every drafter provides, in one low module.
 
 A drafter is a package under `specforge_lite/drafters/NAME/` listed once in
-`specforge_lite.registry.DRAFTERS`. Its `__init__.py` exposes the module-level names
+`specforge_lite.config.registry.DRAFTERS`. Its `__init__.py` exposes the module-level names
 below (`DrafterModule` spells them out); the stages call nothing else, and nothing
 outside the drafter's folder branches on its name.
 

@@ -7,5 +7,5 @@
 - `export.py`: the serving format(s) and their strict reload;
 - `__init__.py`: the contract (`specforge_lite.contract.DrafterModule`) plus its dry-run size.
 
-`specforge_lite.registry.DRAFTERS` lists them; `common.py` and `vocab.py` hold what several share.
+`specforge_lite.config.registry.DRAFTERS` lists them; `common.py` and `vocab.py` hold what several share.
 """

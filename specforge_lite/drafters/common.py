@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specforge_lite.feature_formats import SparseTeacher
-from specforge_lite.features import draft_vocab_targets
+from specforge_lite.training.feature_formats import SparseTeacher
+from specforge_lite.training.features import draft_vocab_targets
 
 
 def draft_vocab_preparer(target, draft_vocab: torch.Tensor, t2d: torch.Tensor):
@@ -67,7 +67,7 @@ def stepwise_loss(outputs, targets, step_weight: float, loss_name="forward_kl"):
     Returns `(loss_sum, positions of step 0, metrics)`; metrics hold per step the
     `correct` / `total` counts and `chain`, the anchors whose steps 0..j are all correct.
     """
-    from specforge_lite.losses import training_loss
+    from specforge_lite.training.losses import training_loss
 
     divergence = training_loss(loss_name)
     loss = targets[0][0].new_zeros(())

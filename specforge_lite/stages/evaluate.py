@@ -43,13 +43,13 @@ from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.eval_methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VLLM_METHODS, engine_needed,
+from specforge_lite.config.methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VLLM_METHODS, engine_needed,
                                          labelled_drafters, run_order)
-from specforge_lite.llamacpp import methods as llamacpp_methods, report as llamacpp_report
-from specforge_lite.registry import DRAFTERS, detect_drafter
-from specforge_lite.serving import vllm_engine, vllm_only, vllm_report
-from specforge_lite.sizing import check_stage
-from specforge_lite.targets import eos_token_ids, load_target
+from specforge_lite.serving.llamacpp import methods as llamacpp_methods, report as llamacpp_report
+from specforge_lite.config.registry import DRAFTERS, detect_drafter
+from specforge_lite.serving.vllm import engine as vllm_engine, only as vllm_only, report as vllm_report
+from specforge_lite.scale.sizing import check_stage
+from specforge_lite.target.loading import eos_token_ids, load_target
 
 log = logging.getLogger(__name__)
 

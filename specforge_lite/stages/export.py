@@ -24,12 +24,12 @@ from specforge_lite.artifact_io import read_json_object, write_failure
 from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, readable_temp_dir,
                                      write_provenance)
 from specforge_lite.data.chat import prompt_ids
-from specforge_lite.llamacpp.checks import gguf_refusal
-from specforge_lite.llamacpp.files import write_gguf_folder
-from specforge_lite.sizing import check_stage
-from specforge_lite.registry import DRAFTERS, detect_drafter, sglang_refusal
-from specforge_lite.target_head import load_target_head
-from specforge_lite.targets import HUB_IDS, resolve_target_path
+from specforge_lite.serving.llamacpp.checks import gguf_refusal
+from specforge_lite.serving.llamacpp.files import write_gguf_folder
+from specforge_lite.scale.sizing import check_stage
+from specforge_lite.config.registry import DRAFTERS, detect_drafter, sglang_refusal
+from specforge_lite.target.head import load_target_head
+from specforge_lite.target.loading import HUB_IDS, resolve_target_path
 
 log = logging.getLogger(__name__)
 

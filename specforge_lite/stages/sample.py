@@ -31,11 +31,50 @@ from specforge_lite.artifacts import atomic_write_json, package_versions, sample
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
-from specforge_lite.features import target_files
-from specforge_lite.sizing import check_stage
-from specforge_lite.sample_backends import open_backend
+from specforge_lite.training.features import target_files
+from specforge_lite.scale.sizing import check_stage
+from specforge_lite.runtime.static_llama import unsupported_reason
+from specforge_lite.serving.vllm.engine import find_python, on_gpu
+from specforge_lite.serving.vllm.sampler import VllmSampleBackend
+from specforge_lite.target.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
+from specforge_lite.target.sampling import HFBackend, StaticBackend
 
 log = logging.getLogger(__name__)
+
+
+def backend_name(requested, vllm_python: str | None, target_config) -> str:
+    """`sample.backend` with `auto` resolved: vllm where an interpreter with vLLM was found (the
+    fastest sampler measured here, docs/BENCHMARKS.md "Sampling backends on the demo's settings"),
+    else compiled where our static forward runs the target, else hf."""
+    name = str(getattr(requested, "value", requested))
+    if name != "auto":
+        return name
+    if vllm_python:
+        return "vllm"
+    return "hf" if unsupported_reason(target_config) else "compiled"
+
+
+def open_backend(cfg, log_path: Path):
+    """`(backend, tokenizer, name)`: the sampler of `cfg.sample.backend` (auto resolved), its target
+    loaded where it runs in this process. vLLM chosen by `auto` on a CPU gets this process's torch
+    threads unless sample.vllm.cpu_threads says otherwise."""
+    sample_cfg = cfg.sample
+    requested = str(getattr(sample_cfg.backend, "value", sample_cfg.backend))
+    if requested == "auto":  # only auto reads the interpreter search and the target's config
+        name = backend_name(requested, find_python(sample_cfg.vllm.python),
+                            load_target_config(cfg.target, weights=False))
+    else:
+        name = requested
+    if name == "vllm":
+        if requested == "auto" and not on_gpu() and sample_cfg.vllm.cpu_threads is None:
+            sample_cfg = OmegaConf.merge(sample_cfg, {"vllm": {"cpu_threads": torch.get_num_threads()}})
+        tokenizer = load_tokenizer(cfg.target)
+        return (VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer, log_path),
+                tokenizer, name)
+    model, tokenizer = load_target(cfg.target)
+    if name in ("static", "compiled"):
+        return StaticBackend(model, tokenizer, sample_cfg, compiled=name == "compiled"), tokenizer, name
+    return HFBackend(model, tokenizer, sample_cfg), tokenizer, name
 
 
 def regenerate(backend, tokenizer, records: list[dict], sample_cfg, max_length: int,

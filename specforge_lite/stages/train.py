@@ -8,7 +8,7 @@ number of loss positions of the whole step (across micro-batches and ranks).
 Checkpoints land atomically in `run_dir/train/checkpoints/step-N`; a restarted run
 continues from the newest one and ends with the weights an uninterrupted run has.
 How the work spreads over ranks (DDP, DeepSpeed ZeRO-2/3, FSDP) is `trainer.strategy`,
-handled in `specforge_lite.strategies`.
+handled in `specforge_lite.training.strategies`.
 The trained drafter is written to `run_dir/train/drafter/`.
 """
 
@@ -34,19 +34,19 @@ from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, re
                                      stage_dir, write_provenance)
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
-from specforge_lite.dry_run import dry_run
-from specforge_lite.feature_formats import stores_last
-from specforge_lite.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
+from specforge_lite.scale.dry_run import dry_run
+from specforge_lite.training.feature_formats import stores_last
+from specforge_lite.training.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
                                      target_files, target_hidden)
-from specforge_lite.checkpoints import resume
-from specforge_lite.optim import build_optimizer
-from specforge_lite.registry import RENAMED, chosen_drafter
-from specforge_lite.sizing import check_stage, report as size_every_stage
-from specforge_lite.strategies import build_strategy
-from specforge_lite.strategies.base import target_compute
-from specforge_lite.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
-from specforge_lite.targets import sizing_config
-from specforge_lite.validate import validate_config
+from specforge_lite.training.checkpoints import resume
+from specforge_lite.training.optim import build_optimizer
+from specforge_lite.config.registry import RENAMED, chosen_drafter
+from specforge_lite.scale.sizing import check_stage, report as size_every_stage
+from specforge_lite.training.strategies import build_strategy
+from specforge_lite.training.strategies.base import target_compute
+from specforge_lite.training.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
+from specforge_lite.target.loading import sizing_config
+from specforge_lite.config.validate import validate_config
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def cuda_target(tiny_target):
 def eagle3_step(target, autocast: bool) -> tuple[float, torch.Tensor]:
     """Loss per position and the flattened gradient of one EAGLE-3 step on fixed random rows."""
     from specforge_lite.drafters import eagle3
-    from specforge_lite.features import collate, target_hidden
+    from specforge_lite.training.features import collate, target_hidden
 
     cfg = OmegaConf.create({"drafter": {"draft_vocab_size": 64, "aux_layer_ids": [1, 3, 4], "ttt_steps": 3,
                                         "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,

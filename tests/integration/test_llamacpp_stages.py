@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.llamacpp.runner import INSTALL_HINT, available
+from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, available
 from tests.integration.test_bad_inputs import assert_user_error, cli, in_process
 
 pytestmark = [pytest.mark.llamacpp]
@@ -129,9 +129,9 @@ def test_llamacpp_draft_methods_need_an_exported_gguf(capsys, tmp_path):
 
 
 def test_one_catalogue_names_the_llamacpp_methods():
-    from specforge_lite.eval_methods import LLAMACPP_METHODS, known
-    from specforge_lite.llamacpp.checks import DRAFT_OF
-    from specforge_lite.llamacpp.runner import METHODS
+    from specforge_lite.config.methods import LLAMACPP_METHODS, known
+    from specforge_lite.serving.llamacpp.checks import DRAFT_OF
+    from specforge_lite.serving.llamacpp.runner import METHODS
 
     assert set(METHODS) == set(LLAMACPP_METHODS) <= set(known())
     assert set(DRAFT_OF) == {m for m in LLAMACPP_METHODS if m in ("llamacpp_eagle3", "llamacpp_distilled")}

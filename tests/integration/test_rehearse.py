@@ -1,5 +1,5 @@
 """The 70B recipes' card commands rehearsed on 2 CPU ranks (gloo) with a tiny stand-in target
-(`make rehearse RECIPE=NAME`, specforge_lite/rehearse.py), and the self-launch path itself:
+(`make rehearse RECIPE=NAME`, specforge_lite/scale/rehearse.py), and the self-launch path itself:
 a stage started as one plain process starts its ranks, and their exit status is its own."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from specforge_lite.rehearse import load_spec
+from specforge_lite.scale.rehearse import load_spec
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
 def test_rehearse(tmp_path, recipe):
     results = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "specforge_lite.rehearse", recipe, "--work", str(tmp_path / "work"),
+    proc = subprocess.run([sys.executable, "-m", "specforge_lite.scale.rehearse", recipe, "--work", str(tmp_path / "work"),
                            "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads((results / f"rehearse_{recipe}.json").read_text())["runs"]["2"]
@@ -62,7 +62,7 @@ def test_rehearse(tmp_path, recipe):
 def test_aux_layers_and_draft_vocab_follow_the_recipe_rules(tmp_path):
     """The rehearsal's EAGLE-3 export: aux layers by the rule [2, L//2, L-3] of the stand-in's 8
     layers, and the recipe's draft vocabulary fraction (32000 of 128256) of the stand-in's 320."""
-    from specforge_lite.rehearse import build_stand_in
+    from specforge_lite.scale.rehearse import build_stand_in
 
     settings = build_stand_in(load_spec("eagle_llama70b"), tmp_path, ranks=2)
     assert settings["drafter.draft_vocab_size"] == str(round(320 * 32000 / 128256))

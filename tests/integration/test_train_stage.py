@@ -13,7 +13,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from specforge_lite.checkpoints import latest_checkpoint
+from specforge_lite.training.checkpoints import latest_checkpoint
 from tests.conftest import REPO, run_cli
 
 

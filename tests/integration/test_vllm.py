@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from specforge_lite.serving.vllm_engine import INSTALL_HINT, find_python
+from specforge_lite.serving.vllm.engine import INSTALL_HINT, find_python
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specforge_lite.dry_run import dry_run
+from specforge_lite.scale.dry_run import dry_run
 from tests.conftest import compose
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.features import FeatureCache, cache_key
+from specforge_lite.training.features import FeatureCache, cache_key
 
 ROWS = [{"id": f"c{i}", "input_ids": list(range(3, 10 + i)), "loss_mask": [1] * (7 + i)} for i in range(4)]
 
@@ -43,7 +43,7 @@ def test_a_changed_key_rebuilds(tmp_path, tiny_target, change):
 
 
 def test_the_target_files_are_in_the_key(tmp_path):
-    from specforge_lite.targets import resolve_target_path
+    from specforge_lite.target.loading import resolve_target_path
 
     key = cache_key(ROWS, "builtin:tiny-llama", "torch.float32", [1])["target"]
     assert key["config_sha256"] and key["weights"]
@@ -70,7 +70,7 @@ def test_a_bf16_forward_of_an_fp32_target_is_keyed_apart_and_returned_in_fp32(ti
     back in the weights' dtype, close to the fp32 forward's, and the cache key names the autocast."""
     import torch
 
-    from specforge_lite.features import collate, computed_dtype, target_hidden
+    from specforge_lite.training.features import collate, computed_dtype, target_hidden
 
     target, _ = tiny_target
     batch = collate(ROWS, 0, "cpu")

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specforge_lite import SpecforgeError
-from specforge_lite.feature_formats import (FILL_LOGIT, FORMATS, GROUP_SIZE, QMAX, SparseTeacher, bytes_per_token,
+from specforge_lite.training.feature_formats import (FILL_LOGIT, FORMATS, GROUP_SIZE, QMAX, SparseTeacher, bytes_per_token,
                                             bytes_per_value, dequantize, quantize, sparse_teacher_logits,
                                             topk_teacher)
-from specforge_lite.features import FeatureCache, cache_key
+from specforge_lite.training.features import FeatureCache, cache_key
 from tests.conftest import compose
 
 ROWS = [{"id": f"c{i}", "input_ids": list(range(3, 10 + i)), "loss_mask": [1] * (7 + i)} for i in range(4)]
@@ -106,7 +106,7 @@ def test_sparse_teacher_is_the_top_k_renormalised():
 
 def test_the_preparer_reads_a_sparse_teacher(tiny_target):
     from specforge_lite.drafters.common import draft_vocab_preparer
-    from specforge_lite.features import draft_vocab_targets
+    from specforge_lite.training.features import draft_vocab_targets
 
     target, _ = tiny_target
     vocab = torch.arange(0, target.config.vocab_size, 2)
@@ -203,27 +203,27 @@ def test_the_draft_vocab_is_in_the_int4_topk_key():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_is_accepted(fmt):
-    from specforge_lite.validate import config_problems
+    from specforge_lite.config.validate import config_problems
 
     assert config_problems(compose(["+recipe=smoke", f"train.feature_format={fmt}"])) == []
 
 
 def test_an_unknown_format_is_refused_naming_the_key():
-    from specforge_lite.validate import config_problems
+    from specforge_lite.config.validate import config_problems
 
     problems = config_problems(compose(["+recipe=smoke", "train.feature_format=int3"]))
     assert len(problems) == 1 and "train.feature_format" in problems[0]
 
 
 def test_int4_topk_is_refused_for_drafters_that_read_the_last_state():
-    from specforge_lite.validate import config_problems
+    from specforge_lite.config.validate import config_problems
 
     problems = config_problems(compose(["+recipe=smoke_medusa", "train.feature_format=int4_topk"]))
     assert len(problems) == 1 and "train.feature_format=int4_topk" in problems[0] and "medusa" in problems[0]
 
 
 def test_int4_topk_is_refused_for_a_draft_vocab_int16_cannot_index():
-    from specforge_lite.validate import config_problems
+    from specforge_lite.config.validate import config_problems
 
     problems = config_problems(compose(["+recipe=smoke", "train.feature_format=int4_topk",
                                         "drafter.draft_vocab_size=40000"]))

@@ -1,5 +1,5 @@
-"""When a stage starts its own ranks (specforge_lite/launch.py), what the accounting counts
-(specforge_lite/accounting.py) and that the recipe cards show the rehearsed commands."""
+"""When a stage starts its own ranks (specforge_lite/scale/launch.py), what the accounting counts
+(specforge_lite/scale/accounting.py) and that the recipe cards show the rehearsed commands."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
-from specforge_lite.launch import LAUNCHER_VARIABLES, launch_plan, launched_by
-from specforge_lite.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
+from specforge_lite.scale.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
+from specforge_lite.scale.launch import LAUNCHER_VARIABLES, launch_plan, launched_by
+from specforge_lite.scale.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
 from tests.conftest import compose
 
 LAUNCH_ENV = (*LAUNCHER_VARIABLES, "SLURM_PROCID", "SLURM_NTASKS", "ACCELERATE_MIXED_PRECISION")
@@ -94,7 +94,7 @@ def test_vllm_workers_are_held_to_tensor_parallel_shares(tmp_path):
     them); a worker holding the whole target is over its share."""
     from transformers import LlamaConfig
 
-    from specforge_lite import accounting
+    from specforge_lite.scale import accounting
 
     config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)
@@ -128,7 +128,7 @@ def meta_llama(config):
 def test_cpu_workers_get_disjoint_cores(monkeypatch):
     """Tensor parallelism on CPU: vLLM's automatic binding wants a NUMA node per worker, so the
     cores are split over the workers ourselves."""
-    from specforge_lite.serving.vllm_engine import cpu_binding
+    from specforge_lite.serving.vllm.engine import cpu_binding
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert cpu_binding(2, None) == "0,1|2,3"
@@ -140,10 +140,10 @@ def test_cpu_workers_get_disjoint_cores(monkeypatch):
 
 @pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
 def test_cards_show_the_rehearsed_commands(recipe):
-    """The card's commands section is the one commands.yaml makes (python -m specforge_lite.rehearse --cards)."""
+    """The card's commands section is the one commands.yaml makes (python -m specforge_lite.scale.rehearse --cards)."""
     spec = load_spec(recipe)
     card = (RECIPES / recipe / "README.md").read_text()
-    assert card_section(spec) in card, f"run: python -m specforge_lite.rehearse --cards"
+    assert card_section(spec) in card, f"run: python -m specforge_lite.scale.rehearse --cards"
     for command in spec["commands"]:
         argv = rehearsed_argv(command["run"], {"target.path": "STAND_IN", "trainer.num_processes": "2"})
         assert argv[-2:] == ["target.path=STAND_IN", "trainer.num_processes=2"]

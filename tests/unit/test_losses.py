@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from specforge_lite.drafters.common import stepwise_loss
-from specforge_lite.losses import (LOSSES, forward_kl, jsd, reverse_kl, soft_cross_entropy, total_variation,
+from specforge_lite.training.losses import (LOSSES, forward_kl, jsd, reverse_kl, soft_cross_entropy, total_variation,
                                    training_loss)
-from specforge_lite.schema import Divergence
+from specforge_lite.config.fields import Divergence
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))

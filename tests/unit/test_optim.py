@@ -1,4 +1,4 @@
-"""train.optimizer=muon (specforge_lite/optim.py): Muon on the layers' matrices, AdamW on the
+"""train.optimizer=muon (specforge_lite/training/optim.py): Muon on the layers' matrices, AdamW on the
 rest, in one torch optimiser; checked against torch's own Muon and AdamW."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from specforge_lite.optim import MuonAdamW, build_optimizer, orthogonalise
+from specforge_lite.training.optim import MuonAdamW, build_optimizer, orthogonalise
 from tests.conftest import compose
 
 
@@ -110,7 +110,7 @@ def test_the_optimizer_state_round_trips_through_a_checkpoint():
 
 
 def test_muon_with_a_sharding_strategy_is_refused_at_the_door():
-    from specforge_lite.validate import config_problems
+    from specforge_lite.config.validate import config_problems
 
     assert config_problems(compose(["+recipe=smoke", "train.optimizer=muon"])) == []
     problems = config_problems(compose(["+recipe=smoke", "train.optimizer=muon", "trainer=fsdp"]))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.registry import DRAFTERS
+from specforge_lite.config.registry import DRAFTERS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specforge_lite"
 CONTRACT = ("NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
@@ -54,8 +54,8 @@ def test_the_import_graph_sees_function_level_imports():
     """The graph counts lazy imports (the validate -> eval_methods edge is module level, the
     stages -> validate one lives inside a function)."""
     graph = module_imports()
-    assert "specforge_lite.validate" in graph["specforge_lite.stages"]
-    assert "specforge_lite.eval_methods" in graph["specforge_lite.validate"]
+    assert "specforge_lite.config.validate" in graph["specforge_lite.stages"]
+    assert "specforge_lite.config.methods" in graph["specforge_lite.config.validate"]
 
 
 def test_no_import_cycle():
@@ -103,7 +103,7 @@ def test_decoding_and_the_contract_import_nothing_from_drafters():
 def test_only_the_registry_imports_a_drafter_package():
     drafter_packages = {f"specforge_lite.drafters.{name}" for name in DRAFTERS}
     for name, deps in module_imports().items():
-        if name == "specforge_lite.registry" or name.startswith("specforge_lite.drafters."):
+        if name == "specforge_lite.config.registry" or name.startswith("specforge_lite.drafters."):
             continue
         assert not deps & drafter_packages, f"{name} imports {deps & drafter_packages}: ask the registry"
 
@@ -140,7 +140,7 @@ def test_the_fingerprint_ignores_options_that_do_not_decide_the_weights(compose_
 
 def test_the_method_catalogue_names_what_the_engine_builds():
     from specforge_lite.decoding.drafters import BUILTIN
-    from specforge_lite.eval_methods import ENGINE_DRAFTERS, VLLM_OF, known
+    from specforge_lite.config.methods import ENGINE_DRAFTERS, VLLM_OF, known
 
     assert set(ENGINE_DRAFTERS) == set(BUILTIN)
     assert len(known()) == len(set(known())) and set(VLLM_OF.values()) <= set(known())

@@ -156,7 +156,7 @@ def test_future_tokens_do_not_leak_into_training_entries(tiny_target):
 # --------------------------------------------------------------------------- training
 
 def test_build_loss_and_metrics(tiny_target):
-    from specforge_lite.features import target_hidden
+    from specforge_lite.training.features import target_hidden
 
     model, _ = tiny_target
     drafter = tiny_drafter(tiny_target, draft_vocab_size=320)  # full vocab: every position counts

@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specforge_lite.data.chat import prompt_ids
-from specforge_lite.sample_backends import HFBackend
+from specforge_lite.target.sampling import HFBackend
 
 QUESTIONS = ["What is 2+2?", "Write a poem about the sea, the sky and the stars.", "Hi",
              "Explain recursion.", "Name three colours.", "Capital of Japan?", "Why?"]
@@ -64,7 +64,7 @@ def test_static_backends_equal_the_hf_backend(tiny_target, forbid_recompiles):
     """`sample.backend=static|compiled` (our static-cache forward, a fixed batch of left-padded
     rows): greedy outputs and finish reasons equal the hf backend's, row for row, with rows
     stopping at an EOS at different steps and a short last batch padded to the batch size."""
-    from specforge_lite.sample_backends import StaticBackend
+    from specforge_lite.target.sampling import StaticBackend
 
     model, tokenizer = tiny_target
     prompts = prompts_for(tokenizer)
@@ -91,8 +91,8 @@ def test_auto_picks_vllm_where_installed_then_our_compiled_forward_then_hf(tiny_
     forward for the targets it runs (Llama family), else transformers' forward; a named backend stays."""
     from transformers import AutoConfig
 
-    from specforge_lite.config import SampleBackend
-    from specforge_lite.sample_backends import backend_name
+    from specforge_lite.config.schema import SampleBackend
+    from specforge_lite.stages.sample import backend_name
 
     llama = tiny_target[0].config
     gpt2 = AutoConfig.for_model("gpt2")
@@ -105,8 +105,8 @@ def test_auto_picks_vllm_where_installed_then_our_compiled_forward_then_hf(tiny_
 
 def test_launch_keeps_a_vllm_sampler_in_one_process(monkeypatch):
     """auto resolves to vLLM where it is installed: one process then drives the engine, as for vllm."""
-    from specforge_lite import launch
-    from specforge_lite.serving import vllm_engine
+    from specforge_lite.scale import launch
+    from specforge_lite.serving.vllm import engine as vllm_engine
 
     cfg = OmegaConf.create({"sample": {"backend": "auto", "vllm": {"python": None, "tensor_parallel_size": 2}},
                             "train": {"dry_run": False}})

@@ -1,4 +1,4 @@
-"""Sizing at the door (specforge_lite/sizing.py): every stage's per-device memory from the
+"""Sizing at the door (specforge_lite/scale/sizing.py): every stage's per-device memory from the
 target's config, the dry run of any stage, and stages refused before they load anything."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from specforge_lite.sizing import GiB, stage_table
-from specforge_lite.targets import sizing_config
+from specforge_lite.scale.sizing import GiB, stage_table
+from specforge_lite.target.loading import sizing_config
 from tests.conftest import compose, run_cli
 
 
@@ -52,7 +52,7 @@ def test_offline_disk_is_bytes_per_token_times_tokens(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int4_topk"])
 def test_offline_disk_uses_the_feature_format(tmp_path, fmt):
-    from specforge_lite.feature_formats import bytes_per_token
+    from specforge_lite.training.feature_formats import bytes_per_token
 
     cfg = compose(["+recipe=eagle_llama8b", f"run_dir={tmp_path}", "data.max_samples=1000", "train.mode=offline",
                    f"train.feature_format={fmt}"])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specforge_lite import SpecforgeError
-from specforge_lite.strategies import STRATEGIES, deepspeed_config
+from specforge_lite.training.strategies import STRATEGIES, deepspeed_config
 from tests.conftest import CONF_DIR, REPO
 
 
@@ -93,7 +93,7 @@ def saved_bytes_and_grads(drafter, ids, aux, checkpointing: bool):
 def test_eagle3_gradient_checkpointing_keeps_gradients_and_saves_memory(tiny_target, compose_cfg):
     import torch
 
-    from specforge_lite.strategies import gradient_checkpointing
+    from specforge_lite.training.strategies import gradient_checkpointing
     from tests.unit.test_eagle3 import tiny_drafter
 
     drafter = tiny_drafter(tiny_target)
@@ -117,7 +117,7 @@ def test_shard_rows_match_fsdp2_chunks(rows, world):
     """Each rank reads exactly the rows `torch.chunk` (FSDP2's split) gives it, possibly none."""
     import torch
 
-    from specforge_lite.sharded_target import shard_rows
+    from specforge_lite.target.sharded import shard_rows
 
     chunks = torch.arange(rows).chunk(world)
     for rank in range(world):
@@ -129,7 +129,7 @@ def test_shard_rows_match_fsdp2_chunks(rows, world):
 
 
 def test_auto_precision_is_bf16_exactly_where_the_cpu_computes_it(compose_cfg):
-    from specforge_lite.strategies.base import mixed_precision, native_cpu_bf16
+    from specforge_lite.training.strategies.base import mixed_precision, native_cpu_bf16
 
     cfg = compose_cfg(["+recipe=smoke", "target.device=cpu"])
     assert mixed_precision(cfg) == ("bf16" if native_cpu_bf16() else "no")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from specforge_lite.tracking import Tracker, job_id
+from specforge_lite.training.tracking import Tracker, job_id
 from tests.conftest import compose
 
 pytest.importorskip("wandb")
@@ -72,7 +72,7 @@ def test_defaults_and_one_run_per_job(tmp_path, monkeypatch):
 ])
 def test_bad_wandb_settings_stop_at_the_door(setting, message):
     from specforge_lite import SpecforgeError
-    from specforge_lite.validate import validate_config
+    from specforge_lite.config.validate import validate_config
 
     with pytest.raises(SpecforgeError, match=message):
         validate_config(compose(["stage=train", "+recipe=smoke", setting]))

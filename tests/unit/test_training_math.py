@@ -10,9 +10,9 @@ import torch
 from omegaconf import OmegaConf
 
 from specforge_lite.drafters.vocab import vocab_maps
-from specforge_lite.features import draft_vocab_targets
+from specforge_lite.training.features import draft_vocab_targets
 from specforge_lite.stages.train import lr_at, plan_batches
-from specforge_lite.tracking import empty_window, summarise_window
+from specforge_lite.training.tracking import empty_window, summarise_window
 
 
 # --------------------------------------------------------------------------- batch plan

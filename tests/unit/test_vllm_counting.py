@@ -2,9 +2,9 @@
 
 from omegaconf import OmegaConf
 
-from specforge_lite.eval_methods import VLLM_METHODS
-from specforge_lite.serving.vllm_engine import prompt_seed, sampling_params
-from specforge_lite.serving.vllm_report import report_section
+from specforge_lite.config.methods import VLLM_METHODS
+from specforge_lite.serving.vllm.engine import prompt_seed, sampling_params
+from specforge_lite.serving.vllm.report import report_section
 
 
 def _output(tokens, drafts=0, accepted_per_position=(), iterations=None):
@@ -16,7 +16,7 @@ def _output(tokens, drafts=0, accepted_per_position=(), iterations=None):
 
 
 def test_counters_to_tau_and_per_position():
-    from specforge_lite.config import VllmConfig
+    from specforge_lite.config.schema import VllmConfig
 
     cfg = OmegaConf.create({"eval": {"num_draft_tokens": 3, "temperature": 0.0,
                                      "vllm": OmegaConf.structured(VllmConfig)}})
@@ -49,8 +49,8 @@ def test_sampling_params_and_seeds():
 def test_process_layout_on_cpu(monkeypatch):
     """On a CPU vLLM runs engine and worker in the runner's process unless tensor parallelism
     needs workers (or the user says single_process=false); the thread count follows cpu_threads."""
-    from specforge_lite.config import VllmConfig
-    from specforge_lite.serving.vllm_engine import engine_kwargs, runner_env
+    from specforge_lite.config.schema import VllmConfig
+    from specforge_lite.serving.vllm.engine import engine_kwargs, runner_env
 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)

@@ -8,9 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.eval_methods import engine_needed, vllm_only_methods, vllm_override
-from specforge_lite.serving import vllm_only
-from specforge_lite.sizing import check_stage
+from specforge_lite.config.methods import engine_needed, vllm_only_methods, vllm_override
+from specforge_lite.serving.vllm import only as vllm_only
+from specforge_lite.scale.sizing import check_stage
 from tests.conftest import compose, run_cli
 
 SMOKE = ["+recipe=smoke", "eval.max_prompts=2", "eval.bootstrap.resamples=100"]
@@ -97,9 +97,9 @@ def test_vllm_only_evaluate_loads_no_target(tmp_path, monkeypatch):
     runner replaced by recorded replies), a report against vllm_plain; targets.load_target is
     never called and the accounting records no layer weights held."""
     import specforge_lite.stages.evaluate as evaluate
-    import specforge_lite.targets as targets
-    from specforge_lite.accounting import begin_stage, stage_summary
-    from specforge_lite.serving import vllm_engine
+    import specforge_lite.target.loading as targets
+    from specforge_lite.scale.accounting import begin_stage, stage_summary
+    from specforge_lite.serving.vllm import engine as vllm_engine
 
     def refuse(*args, **kwargs):
         raise AssertionError("the target was loaded")
@@ -136,7 +136,7 @@ def test_missing_vllm_interpreter_stops_a_vllm_only_evaluate_at_the_door(tmp_pat
 
 
 def test_the_rehearsal_runs_our_engine_twins_of_a_vllm_only_card_command():
-    from specforge_lite.rehearse import engine_twins, load_spec
+    from specforge_lite.scale.rehearse import engine_twins, load_spec
 
     card = {c["label"]: c["run"] for c in load_spec("eagle_llama70b")["commands"]}
     assert "eval.methods=[vllm_plain,vllm_eagle3,vllm_ngram] eval.vllm.tensor_parallel_size=8" in card["evaluate"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from specforge_lite.schema import Divergence, checked
+from specforge_lite.config.fields import Divergence, checked
 
 
 @dataclass

