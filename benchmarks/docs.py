@@ -1,5 +1,6 @@
 """Docs from results: the measured blocks of the recipe cards, README's "Results at a glance"
-and docs/BENCHMARKS.md ordered by topic, all from benchmarks/results/*.json.
+and docs/BENCHMARKS.md ordered by topic, all from benchmarks/results/*.json; and the contents
+lists of README and the docs/ guides, from their headings.
 
     python -m benchmarks.docs            # rewrite them (make docs)
     python -m benchmarks.docs --check    # list what is stale or typed by hand; exit 1 if anything
@@ -13,6 +14,8 @@ A card or README quotes a measured figure only inside a generated block:
 The benchmark scripts keep writing their own sections of docs/BENCHMARKS.md
 (`common.update_doc_section`); this script only orders them, drops superseded ones and writes
 the table of contents.
+
+README and each docs/ guide carry their contents between `<!-- docs:contents -->` markers.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 README = ROOT / "README.md"
+# the reference guides README links, each with a generated contents list (BENCHMARKS.md has its own)
+GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != DOC.name)
 CARDS = sorted([*(ROOT / "recipes").glob("*/README.md"), *(ROOT / "recipes").glob("*/LAUNCH.md")])
 
 BLOCK = re.compile(r"<!-- results:(?P<name>[\w.\-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
@@ -215,34 +220,51 @@ def outside_figures(text: str) -> list[str]:
     return [m.group(0) for m in FIGURE.finditer(text)]
 
 
-README_TOC = re.compile(r"<!-- docs:readme-toc -->\n.*?<!-- /docs:readme-toc -->", re.S)
+CONTENTS = re.compile(r"<!-- docs:contents -->\n.*?<!-- /docs:contents -->", re.S)
+CODE = re.compile(r"```.*?```", re.S)
 
 
-def readme_toc(text: str) -> str:
-    """README's contents: its `##` sections (and `###` under them), GitHub anchors."""
+def headings(text: str) -> list[tuple[int, str]]:
+    """(level, text) of the Markdown headings outside code blocks."""
+    return [(len(level), head.strip()) for level, head in re.findall(r"^(#+) (.+)$", CODE.sub("", text), re.M)]
+
+
+def contents(text: str) -> str:
+    """A guide's contents: its `##` sections (and `###` under them), GitHub anchors."""
     seen: dict[str, int] = {}
     lines = []
-    for level, head in re.findall(r"^(##+) (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+    for level, head in headings(text):
         anchor = slug(head, seen)
-        if len(level) <= 3 and head != "Contents":
-            lines.append(f"{'  ' * (len(level) - 2)}- [{head}](#{anchor})")
-    return "<!-- docs:readme-toc -->\n" + "\n".join(lines) + "\n<!-- /docs:readme-toc -->"
+        if level in (2, 3) and head != "Contents":
+            lines.append(f"{'  ' * (level - 2)}- [{head}](#{anchor})")
+    return "<!-- docs:contents -->\n" + "\n".join(lines) + "\n<!-- /docs:contents -->"
 
 
-def fill_readme(text: str) -> str:
-    return README_TOC.sub(lambda _: readme_toc(text), fill_blocks(text))
+def fill_guide(text: str) -> str:
+    """README or a docs/ guide with its results blocks and its contents list written."""
+    return CONTENTS.sub(lambda _: contents(text), fill_blocks(text))
+
+
+def duplicate_headings(text: str) -> list[str]:
+    """Headings that appear more than once (their anchors would differ only by a -1 suffix)."""
+    found = [head for _, head in headings(text)]
+    return sorted({head for head in found if found.count(head) > 1})
 
 
 def problems() -> list[str]:
     found = []
-    for path in [README, *CARDS]:
+    for path in [README, *GUIDES, *CARDS]:
         text, rel = path.read_text(), path.relative_to(ROOT)
         found += [f"{rel}: block results:{name} does not match "
                   f"{'the results files it lists' if name == 'glance' else f'benchmarks/results/{name}.json'}"
                   " (make docs)" for name in stale_blocks(text)]
-        if path == README and README_TOC.search(text) and fill_readme(text) != text:
-            found.append("README.md: its contents list is not its sections (make docs)")
+        if CONTENTS.search(text) and fill_guide(text) != text:
+            found.append(f"{rel}: its contents list is not its sections (make docs)")
         found += [f"{rel}: figure typed outside a results block: {fig!r}" for fig in outside_figures(text)]
+    for path in [README, *GUIDES, DOC]:
+        if path.exists():
+            found += [f"{path.relative_to(ROOT)}: heading {head!r} appears more than once"
+                      for head in duplicate_headings(path.read_text())]
     if DOC.exists() and DOC.read_text() != order_benchmarks(DOC.read_text()):
         found.append("docs/BENCHMARKS.md is not in topic order (make docs)")
     return found
@@ -256,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         found = problems()
         print("\n".join(found) or "docs match benchmarks/results")
         return 1 if found else 0
-    for path in [README, *CARDS]:
+    for path in [README, *GUIDES, *CARDS]:
         text = path.read_text()  # read right before writing: others edit these files too
-        new = fill_readme(text) if path == README else fill_blocks(text)
+        new = fill_guide(text) if path in (README, *GUIDES) else fill_blocks(text)
         if new != text:
             path.write_text(new)
             print(f"wrote {path.relative_to(ROOT)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from benchmarks import doc_topics, docs
 
 # eagle_smollm2's card before its figures were generated: a replaced run's numbers typed by hand
@@ -62,3 +64,84 @@ def test_a_superseded_section_is_left_out_and_a_new_one_is_filed_by_topic():
     assert "Old forward" not in ordered and "reading" not in ordered
     assert ordered.index("# Serving engines") < ordered.index("## llama.cpp on a laptop")
     assert "- [Engine: the target's forward](#engine-the-targets-forward)" in ordered
+
+
+# --- README as a guide, the reference in docs/ ------------------------------------------------
+
+GUIDE_FILES = [docs.README, *docs.GUIDES]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+PLACEHOLDER_PARTS = {"NAME", "linear"}  # docs/ADDING_A_DRAFTER.md's example drafter, a name to fill in
+
+
+def test_readme_is_a_guide_of_at_most_400_lines():
+    assert len(docs.README.read_text().splitlines()) <= 400
+
+
+def test_readme_links_every_doc_and_every_doc_it_links_exists():
+    text = docs.README.read_text()
+    named = set(re.findall(r"\bdocs/[\w.\-]+\.md", text))
+    assert named, "README links no docs/ file"
+    assert sorted(n for n in named if not (docs.ROOT / n).is_file()) == []
+    on_disk = {f"docs/{p.name}" for p in (docs.ROOT / "docs").glob("*.md")}
+    linked = {target.split("#")[0] for target in LINK.findall(text)}
+    assert sorted(on_disk - linked) == [], "a docs/ file README does not link"
+
+
+def test_links_between_the_guides_reach_a_file_and_a_heading():
+    broken = []
+    for path in [*GUIDE_FILES, docs.ROOT / "recipes" / "README.md"]:
+        for target in LINK.findall(path.read_text()):
+            if "://" in target:
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.is_file():
+                broken.append(f"{path.relative_to(docs.ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                seen: dict[str, int] = {}
+                anchors = {doc_topics.slug(head, seen) for _, head in docs.headings(dest.read_text())}
+                if anchor not in anchors:
+                    broken.append(f"{path.relative_to(docs.ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_module_paths_the_guides_name_exist():
+    """Paths of the package, tests and benchmarks, and `python -m` modules, that README, the
+    docs/ guides and recipes/README.md name (docs/BENCHMARKS.md's commands are records of
+    past runs and keep the paths they ran with)."""
+    missing = []
+    for path in [*GUIDE_FILES, docs.ROOT / "recipes" / "README.md"]:
+        text = path.read_text()
+        files = re.findall(r"\b(?:specforge_lite|tests|benchmarks)/[\w/.\-]+\.py\b", text)
+        modules = [m.replace(".", "/") for m in re.findall(r"python -m ((?:specforge_lite|benchmarks)(?:\.\w+)+)", text)]
+        for name in files + [m + ".py" for m in modules]:
+            if PLACEHOLDER_PARTS & set(name.split("/")):
+                continue
+            if not (docs.ROOT / name).is_file() and not (docs.ROOT / name[:-3] / "__main__.py").is_file():
+                missing.append(f"{path.relative_to(docs.ROOT)}: {name}")
+    assert missing == []
+
+
+def test_readme_and_each_guide_carry_an_up_to_date_contents_list():
+    assert docs.GUIDES, "no docs/ guides"
+    for path in GUIDE_FILES:
+        text = path.read_text()
+        assert docs.CONTENTS.search(text), f"{path.name} has no <!-- docs:contents --> block"
+        assert docs.fill_guide(text) == text, f"{path.name}: contents list is stale (make docs)"
+
+
+def test_a_stale_contents_list_is_caught():
+    guide = "# Guide\n\n<!-- docs:contents -->\n<!-- /docs:contents -->\n\n## One\n\n```\n## not a heading\n```\n\n### Sub\n"
+    filled = docs.fill_guide(guide)
+    block = docs.CONTENTS.search(filled).group(0)
+    assert block == "<!-- docs:contents -->\n- [One](#one)\n  - [Sub](#sub)\n<!-- /docs:contents -->"
+    assert docs.fill_guide(filled.replace("## One", "## Renamed")) != filled.replace("## One", "## Renamed")
+
+
+def test_no_doc_repeats_a_heading():
+    assert docs.duplicate_headings("# A\n## B\n```\n## B\n```\n### C\n") == []  # code is no heading
+    assert docs.duplicate_headings("## C\n### C\n") == ["C"]  # one anchor for both, whatever the level
+    assert docs.duplicate_headings("## Target forward (AVX2)\ntext\n## Target forward (AVX2)\n") == [
+        "Target forward (AVX2)"]
+    for path in [docs.README, *sorted((docs.ROOT / "docs").glob("*.md"))]:
+        assert docs.duplicate_headings(path.read_text()) == [], path.name
