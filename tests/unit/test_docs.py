@@ -145,3 +145,35 @@ def test_no_doc_repeats_a_heading():
         "Target forward (AVX2)"]
     for path in [docs.README, *sorted((docs.ROOT / "docs").glob("*.md"))]:
         assert docs.duplicate_headings(path.read_text()) == [], path.name
+
+
+KEY = re.compile(r"(?<![\w./])((?:train|sample|eval|drafter|trainer|export|data|target)(?:\.[a-z_0-9]+)+)")
+NOT_KEYS = {"eval.draft_model"}  # a removed key SETTINGS.md says is refused with its new name
+
+
+def test_config_keys_the_guides_name_exist(compose_cfg):
+    """Every `group.key` README, the docs/ guides and recipes/README.md name is a key of the
+    composed config under some drafter (file names such as export.json and Python attribute
+    paths such as target.config.* are not keys)."""
+    from omegaconf import OmegaConf
+
+    from specforge_lite.config.registry import DRAFTERS
+
+    configs = [OmegaConf.to_container(compose_cfg([f"drafter={name}"])) for name in DRAFTERS]
+
+    def known(key: str) -> bool:
+        for node in configs:
+            for part in key.split("."):
+                node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+            if node is not KeyError:
+                return True
+        return False
+
+    unknown = []
+    for path in [*GUIDE_FILES, docs.ROOT / "recipes" / "README.md"]:
+        for key in sorted(set(KEY.findall(path.read_text()))):
+            if key.rsplit(".", 1)[-1] in ("json", "py", "gguf", "md") or key.startswith("target.config."):
+                continue
+            if key not in NOT_KEYS and not known(key):
+                unknown.append(f"{path.relative_to(docs.ROOT)}: {key}")
+    assert unknown == []
