@@ -9,14 +9,7 @@ import traceback
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-
-STAGE_HELP = {
-    "sample": "run the target over a prompt set and record its own answers (runs/<recipe>/samples)",
-    "train": "train a drafter on the samples (runs/<recipe>/train)",
-    "evaluate": "measure acceptance length and speedup against plain decoding and other drafters (runs/<recipe>/eval)",
-    "export": "write a checkpoint vLLM loads (runs/<recipe>/export)",
-    "run": "all of the above, in order",
-}
+from specforge_lite.config.stages import COMMANDS
 
 USAGE = """usage: python -m specforge_lite STAGE [+recipe=NAME] [key=value ...] [--cfg job]
 
@@ -46,7 +39,8 @@ _dispatched = False  # set once Hydra has composed the config and handed it to u
 
 
 def _usage() -> str:
-    stages = "\n".join(f"  {name:<9} {text}" for name, text in STAGE_HELP.items())
+    stages = "\n".join(f"  {s.name:<9} {s.help}" + (f" (runs/<recipe>/{s.folder})" if s.folder else "")
+                       for s in COMMANDS.values())
     recipes = ", ".join(sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))) or "(none found)"
     return USAGE.format(stages=stages, recipes=recipes)
 
@@ -108,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
         print(_usage())
         sys.exit(0 if argv else 2)
     stage, rest = argv[0], argv[1:]
-    if stage not in STAGE_HELP:
-        print(f"error: unknown stage {stage!r}; choose one of: {', '.join(STAGE_HELP)}\n", file=sys.stderr)
+    if stage not in COMMANDS:
+        print(f"error: unknown stage {stage!r}; choose one of: {', '.join(COMMANDS)}\n", file=sys.stderr)
         print(_usage(), file=sys.stderr)
         sys.exit(2)
     if not CONF_DIR.is_dir():

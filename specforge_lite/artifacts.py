@@ -12,7 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-STAGE_DIRS = {"sample": "samples", "train": "train", "evaluate": "eval", "export": "export"}
+from specforge_lite.config.stages import SAMPLE, STAGES
+
+STAGE_DIRS = {s.name: s.folder for s in STAGES}  # stage -> its folder under run_dir (config/stages.py)
 
 _VERSIONED = ("specforge_lite", "torch", "transformers", "accelerate", "datasets", "peft",
               "deepspeed", "wandb", "hydra-core", "safetensors", "gguf", "vllm")
@@ -20,14 +22,14 @@ _VERSIONED = ("specforge_lite", "torch", "transformers", "accelerate", "datasets
 
 def stage_dir(cfg: DictConfig, stage: str) -> Path:
     """`run_dir/<stage folder>`, created if missing."""
-    path = samples_dir(cfg) if stage == "sample" else Path(cfg.run_dir) / STAGE_DIRS[stage]
+    path = samples_dir(cfg) if stage == SAMPLE.name else Path(cfg.run_dir) / STAGE_DIRS[stage]
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def samples_dir(cfg: DictConfig) -> Path:
     """Where the sampled conversations live: `samples_dir`, or `run_dir/samples`."""
-    return Path(cfg.samples_dir) if cfg.get("samples_dir") else Path(cfg.run_dir) / STAGE_DIRS["sample"]
+    return Path(cfg.samples_dir) if cfg.get("samples_dir") else Path(cfg.run_dir) / SAMPLE.folder
 
 
 def folder_problem(folder: Path, setting: str) -> str | None:

@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from specforge_lite.config.fields import checked
+from specforge_lite.config.stages import COMMANDS
 
 
 class DType(str, Enum):
@@ -298,7 +299,7 @@ class ExportConfig:
 
 @dataclass
 class Config:
-    stage: str = checked("sample", choices=("sample", "train", "evaluate", "export", "run"))  # set by the CLI
+    stage: str = checked("sample", choices=tuple(COMMANDS))  # set by the CLI (config/stages.py)
     recipe_name: str = "default"
     run_dir: str = "runs/${recipe_name}"
     # where `sample` writes and `train` reads the conversations; null: run_dir/samples.

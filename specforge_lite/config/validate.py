@@ -28,13 +28,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import STAGE_DIRS, folder_problem, samples_dir
+from specforge_lite.config.stages import COMMANDS, SAMPLE, runs
 from specforge_lite.config.methods import VLLM_METHODS, method_problems
 from specforge_lite.serving.llamacpp import checks as llamacpp_checks
 from specforge_lite.config.registry import sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
-
-# the stages that build a drafter for the target, and so check it against the target's config
-TARGET_STAGES = ("train", "run")
 
 
 def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
@@ -76,12 +74,12 @@ def validate_for_target(cfg: DictConfig) -> None:
 
     # export reads only the embeddings, final norm and lm_head (target_head.py checks their files)
     target_config = load_target_config(cfg.target, weights=cfg.stage != "export")
-    if cfg.stage in TARGET_STAGES:
+    if COMMANDS[cfg.stage].builds_drafter:  # checked against the target's config
         validate_config(cfg, target_config)
     # the other models a stage will load: paths resolved now (a missing one fails at once)
-    if cfg.stage in TARGET_STAGES and cfg.drafter.get("student"):
+    if COMMANDS[cfg.stage].builds_drafter and cfg.drafter.get("student"):
         resolve_target_path(cfg.drafter.student, "drafter.student")
-    if cfg.stage in ("evaluate", "run") and cfg.eval.untrained_draft_path and \
+    if runs(cfg.stage, "evaluate") and cfg.eval.untrained_draft_path and \
             {"untrained_draft", "hf_assisted"} & set(cfg.eval.methods):
         resolve_target_path(cfg.eval.untrained_draft_path, "eval.untrained_draft_path")
 
@@ -173,11 +171,6 @@ def check_value(key: str, value: Any, rules: dict, target_config: Any = None) ->
 
 # --------------------------------------------------------------------------- folders and packages
 
-# the folders each stage writes (train samples first when it finds none)
-WRITES = {"sample": ("sample",), "train": ("sample", "train"), "evaluate": ("evaluate",), "export": ("export",),
-          "run": tuple(STAGE_DIRS)}
-
-
 def environment_problems(cfg: DictConfig) -> list[str]:
     """What the folders and installed packages a stage needs say, before it does any work:
     $SPECFORGE_LITE_CACHE, the stage folders under run_dir (a file where one goes), vLLM for
@@ -190,13 +183,13 @@ def environment_problems(cfg: DictConfig) -> list[str]:
             problems.append(folder_problem(cache_root(), CACHE_ENV))
         except SpecforgeError as err:
             problems.append(str(err))
-    for stage in WRITES.get(cfg.stage, ()):
-        own = stage == "sample" and cfg.get("samples_dir")
-        folder = samples_dir(cfg) if stage == "sample" else Path(cfg.run_dir) / STAGE_DIRS[stage]
+    for written in COMMANDS[cfg.stage].writes:  # the stage folders it writes (config/stages.py)
+        own = written == SAMPLE.name and cfg.get("samples_dir")
+        folder = samples_dir(cfg) if written == SAMPLE.name else Path(cfg.run_dir) / STAGE_DIRS[written]
         problems.append(folder_problem(folder, "samples_dir" if own else "run_dir"))
     served = [m for m in cfg.eval.methods if m in VLLM_METHODS]
-    for key, needed, vcfg in (("eval.methods", served and cfg.stage in ("evaluate", "run"), cfg.eval.vllm),
-                              ("sample.backend=vllm", cfg.sample.backend == "vllm" and cfg.stage in ("sample", "run"),
+    for key, needed, vcfg in (("eval.methods", served and runs(cfg.stage, "evaluate"), cfg.eval.vllm),
+                              ("sample.backend=vllm", cfg.sample.backend == "vllm" and runs(cfg.stage, "sample"),
                                cfg.sample.vllm)):
         if needed:
             from specforge_lite.serving.vllm.engine import require_python

@@ -27,13 +27,12 @@ import socket
 import sys
 
 from specforge_lite import SpecforgeError
+from specforge_lite.config.stages import COMMANDS
 
 log = logging.getLogger(__name__)
 
 # the environment a launcher leaves in each rank it starts
 LAUNCHER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-# the stages that may run on several ranks (evaluate and export run in one process)
-MULTI_RANK_STAGES = ("sample", "train")
 
 
 def launched_by() -> str | None:
@@ -72,7 +71,7 @@ def sample_uses_vllm(cfg) -> bool:
 
 def single_process_reason(cfg, stage: str) -> str | None:
     """Why `stage` runs in one process under this config, or None when it may fan out."""
-    if stage not in MULTI_RANK_STAGES:
+    if not COMMANDS[stage].multi_rank:  # config/stages.py: evaluate and export run in one process
         return f"{stage} runs in one process"
     if stage == "sample" and sample_uses_vllm(cfg):
         return (f"sample.backend={getattr(cfg.sample.backend, 'value', cfg.sample.backend)} (vLLM): one process "

@@ -23,6 +23,7 @@ from specforge_lite.scale.dry_run import GiB, estimate, per_gpu_batch
 from specforge_lite.training.feature_formats import bytes_per_token
 from specforge_lite.config.methods import VLLM_METHODS, engine_needed, vllm_override
 from specforge_lite.config.registry import chosen_drafter
+from specforge_lite.config.stages import COMMANDS
 from specforge_lite.target.loading import sizing_config
 
 HEADROOM = 0.9  # a stage fits when it needs at most this share of a device (allocator, CUDA context)
@@ -166,16 +167,17 @@ def fits(row: dict, memory: float) -> bool:
     return row["bytes"] <= memory * row.get("budget_share", HEADROOM)
 
 
-def check_stage(cfg: DictConfig, stage: str, rows: tuple[str, ...]) -> None:
-    """Stop `stage` before it loads anything when one of its `rows` of `stage_table` does not
-    fit the devices this process sees, with one line naming the setting to change."""
+def check_stage(cfg: DictConfig, stage: str, rows: tuple[str, ...] | None = None) -> None:
+    """Stop `stage` before it loads anything when one of its `rows` of `stage_table` (default:
+    the stage's own, config/stages.py) does not fit the devices this process sees, with one
+    line naming the setting to change."""
     memory, where = device_memory(cfg)
     if memory is None:
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sized = stage_table(cfg, world=world, disk=False)
     table = sized["stages"]
-    for name in rows:
+    for name in COMMANDS[stage].sizing_rows if rows is None else rows:
         row = table.get(name)
         if row is None or fits(row, memory):
             continue

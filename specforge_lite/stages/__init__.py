@@ -1,5 +1,6 @@
 """The four stages. Each is one module whose `run(cfg)` builds its parts, does its
-work and writes its artifact under `run_dir`; `run` chains them in order."""
+work and writes its artifact under `run_dir`; `run` chains them in order. Their names,
+modules and folders are listed once, in specforge_lite/config/stages.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from omegaconf import DictConfig
 from specforge_lite.scale.accounting import begin_stage
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
+from specforge_lite.config.stages import COMMANDS, EVALUATE, EXPORT, RUN, SAMPLE, TRAIN, chained
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.scale.sizing import report as size_every_stage
 from specforge_lite.target.loading import sizing_config
@@ -19,14 +21,6 @@ from specforge_lite.scale.launch import launch, launch_plan, stage_overrides
 
 
 log = logging.getLogger(__name__)
-
-ORDER = ("sample", "train", "evaluate", "export")
-MODULES = {
-    "sample": "specforge_lite.stages.sample",
-    "train": "specforge_lite.stages.train",
-    "evaluate": "specforge_lite.stages.evaluate",
-    "export": "specforge_lite.stages.export",
-}
 
 
 def launched(cfg: DictConfig, stage: str) -> bool:
@@ -39,9 +33,9 @@ def launched(cfg: DictConfig, stage: str) -> bool:
     if stage == "train" and cfg.train.use_samples and not (meta.exists() and read_json_object(meta).get("complete")):
         # train's ranks cannot sample on their own: the sample stage runs first, as it would run alone
         log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
-        if not launched(cfg, "sample"):
-            begin_stage(cfg.run_dir, "sample")
-            importlib.import_module(MODULES["sample"]).run(cfg)
+        if not launched(cfg, SAMPLE.name):
+            begin_stage(cfg.run_dir, SAMPLE.name)
+            importlib.import_module(SAMPLE.module).run(cfg)
     code = launch(plan, stage, stage_overrides())
     if code:
         raise SystemExit(code)
@@ -60,27 +54,29 @@ def run_stage(cfg: DictConfig) -> None:
         size_every_stage(cfg, config)
         return
     validate_for_target(cfg)
-    if cfg.stage != "run":
+    if cfg.stage != RUN.name:
         if not launched(cfg, cfg.stage):
             begin_stage(cfg.run_dir, cfg.stage)
-            importlib.import_module(MODULES[cfg.stage]).run(cfg)
+            importlib.import_module(COMMANDS[cfg.stage].module).run(cfg)
         return
-    # the stages `run` keeps in this process are sized now, not after hours of training; sample and
-    # train size themselves on the ranks they launch (specforge_lite/scale/launch.py)
-    check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
-    check_stage(cfg, "export", ("export",))
-    for name in ORDER:
-        log.info("=== stage %s ===", name)
-        if not launched(cfg, name):
-            begin_stage(cfg.run_dir, name)
-            importlib.import_module(MODULES[name]).run(cfg)
+    # the stages `run` keeps in this process are sized now, not after hours of training; the
+    # multi-rank ones size themselves on the ranks they launch (specforge_lite/scale/launch.py)
+    for stage in chained(cfg.stage):
+        if not stage.multi_rank:
+            check_stage(cfg, stage.name)
+    for stage in chained(cfg.stage):
+        log.info("=== stage %s ===", stage.name)
+        if not launched(cfg, stage.name):
+            begin_stage(cfg.run_dir, stage.name)
+            importlib.import_module(stage.module).run(cfg)
     run_dir = Path(cfg.run_dir)
     lines = [f"run finished: {run_dir}"]
-    for what, path in (("samples", samples_dir(cfg) / "meta.json"), ("drafter", run_dir / "train" / "drafter"),
-                       ("report", run_dir / "eval" / "report.md"), ("export", run_dir / "export" / "export.json")):
+    for what, path in (("samples", samples_dir(cfg) / "meta.json"), ("drafter", run_dir / TRAIN.folder / "drafter"),
+                       ("report", run_dir / EVALUATE.folder / "report.md"),
+                       ("export", run_dir / EXPORT.folder / "export.json")):
         if path.exists():
             lines.append(f"  {what:<8} {path}")
-    report = run_dir / "eval" / "report.json"
+    report = run_dir / EVALUATE.folder / "report.json"
     if report.exists():
         methods = read_json_object(report).get("methods", {})
         for method, entry in methods.items():

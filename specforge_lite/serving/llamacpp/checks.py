@@ -14,6 +14,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from specforge_lite.config.stages import runs
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, METHODS
 
 # drafter kind -> (llama.cpp speculative type flag, file name under export/gguf)
@@ -72,7 +73,7 @@ def draft_gguf(run_dir: str | Path, method: str) -> Path:
 
 def method_problems(cfg) -> list[str]:
     """The llama.cpp methods this evaluate cannot run: no xllamacpp, or no draft GGUF to read."""
-    if cfg.stage not in ("evaluate", "run"):
+    if not runs(cfg.stage, "evaluate"):
         return []
     problems = []
     wanted = [m for m in cfg.eval.methods if m in METHODS]
