@@ -93,10 +93,8 @@ export: setup  ## the export stage of RECIPE
 rehearse: setup  ## a GPU recipe card's commands on 2 CPU ranks with a tiny stand-in target (RECIPE=eagle_llama70b)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m specforge_lite.scale.rehearse $(RECIPE) $(ARGS)
 
-bench: setup  ## run the benchmarks; results in benchmarks/results/ and docs/BENCHMARKS.md
-	$(PY) -m benchmarks.bench_sampling
-	test ! -f benchmarks/bench_decoding.py || $(PY) -m benchmarks.bench_decoding
-	OMP_NUM_THREADS=1 $(PY) -m benchmarks.bench_scaling
+bench:  ## list the benchmarks (group, module, what it measures); run one with python -m MODULE
+	@$(if $(wildcard $(PY)),$(PY),python3) -m benchmarks --list
 
 docs:  ## recipe cards' results blocks, README's results at a glance, docs/BENCHMARKS.md by topic
 	$(PY) -m benchmarks.docs

@@ -1,19 +1,42 @@
-"""Shared by the benchmark scripts: results JSON and the sections of docs/BENCHMARKS.md."""
+"""The benchmarks' harness: timing, intervals, results JSON, docs sections and one-line errors.
+
+Every script under benchmarks/GROUP/ times with `timed`/`median_ms`, prints intervals with
+`with_ci`, writes `benchmarks/results/NAME.json` with `write_results` and its section of
+docs/BENCHMARKS.md with `update_doc_section`, and ends with `run(main)`: a `SpecforgeError`
+(an unknown recipe, a missing run, a failed stage) then prints one `error:` line and exits 2.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
+import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Callable, NoReturn, TypeVar
 
 from benchmarks.doc_topics import order_benchmarks
+from benchmarks.docs import num, with_ci  # noqa: F401  (one formatter of a value and its interval, for all)
+from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import package_versions
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "BENCHMARKS.md"
+RECIPES = ROOT / "specforge_lite" / "conf" / "recipe"
+USER_ERROR = 2  # the exit status of the CLI's one-line errors
+
+T = TypeVar("T")
+
+# what writes a run's files, for the line that says a run is missing
+MAKES = {"eval": "python -m specforge_lite evaluate run_dir={run}",
+         "train": "python -m specforge_lite train run_dir={run}",
+         "samples": "python -m specforge_lite sample run_dir={run}",
+         "export": "python -m specforge_lite export run_dir={run}"}
 
 HEADER = """# Benchmarks
 
@@ -32,6 +55,132 @@ def machine() -> str:
             f"threads {torch.get_num_threads()}"
             + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"))
 
+
+# --- errors -----------------------------------------------------------------------------
+
+def run(main: Callable[[], object]) -> None:
+    """A script's entry point: `main()`, a `SpecforgeError` printed as one line with exit 2."""
+    try:
+        main()
+    except SpecforgeError as err:
+        if os.environ.get("SPECFORGE_LITE_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(USER_ERROR)
+
+
+def fail(message: str) -> NoReturn:
+    raise SpecforgeError(message)
+
+
+def choose(name: str | None, known, what: str) -> str:
+    """`name` if it is one of `known`, else an error that lists them (also when no name was given)."""
+    known = sorted(known)
+    if name not in known:
+        fail(f"{f'unknown {what} {name!r}' if name else f'no {what} given'}; known: {', '.join(known) or '(none)'}")
+    return name
+
+
+def known_recipe(name: str) -> str:
+    """A recipe of specforge_lite/conf/recipe/ (as `+recipe=NAME` spells it), else the list of them."""
+    return choose(name, (p.stem for p in RECIPES.glob("*.yaml")), "recipe")
+
+
+def needed(path: Path, command: str) -> Path:
+    """`path`, or an error naming the command that makes it."""
+    if not Path(path).exists():
+        fail(f"{path} not found; `{command}` makes it")
+    return Path(path)
+
+
+def run_file(run_dir: Path, relative: str, command: str | None = None) -> dict:
+    """A JSON file of a run (`eval/report.json`, `train/metrics.json`, ...); a missing one says
+    which stage writes it (`command`, else the stage of its first folder, with the run's overrides)."""
+    stage = MAKES.get(Path(relative).parts[0], "")
+    path = needed(Path(run_dir) / relative, command or stage.format(run=run_dir)
+                  + (" (with the overrides that made the run)" if stage and not command else ""))
+    return json.loads(path.read_text())
+
+
+def load_results(name: str, command: str) -> dict:
+    """benchmarks/results/NAME.json, or an error naming the command that writes it."""
+    return json.loads(needed(RESULTS / f"{name}.json", command).read_text())
+
+
+# --- timing ------------------------------------------------------------------------------
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """fn's result and its wall seconds."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def median_ms(seconds: list[float]) -> float:
+    """The median of timings in seconds, in milliseconds (robust to a noisy shared CPU)."""
+    return 1e3 * statistics.median(seconds)
+
+
+def interleaved(modes: dict[str, Callable[[], int]], rounds: int, baseline: str) -> tuple[dict, dict]:
+    """Every mode once per round, in turn (a shared CPU drifts: a round compares the modes under one
+    load). A mode returns what it made (tokens). Returns ({mode: [count, seconds] over all rounds},
+    {mode: [its rate / the baseline's rate, per round]})."""
+    totals = {name: [0, 0.0] for name in modes}
+    ratios: dict[str, list[float]] = {name: [] for name in modes}
+    for _ in range(rounds):
+        rates = {}
+        for name, fn in modes.items():
+            count, seconds = timed(fn)
+            totals[name][0] += count
+            totals[name][1] += seconds
+            rates[name] = count / seconds
+            print(f"{name}: {count} tokens in {seconds:.1f} s ({rates[name]:.1f} tokens/s)", flush=True)
+        for name in modes:
+            ratios[name].append(rates[name] / rates[baseline])
+    return totals, ratios
+
+
+def run_cli(args: list[str], what: str, launcher: list[str] | None = None, env: dict | None = None,
+            quiet: bool = True) -> float:
+    """`python -m specforge_lite ARGS` (under `launcher`, e.g. torchrun's module) in this checkout;
+    its wall seconds. A failure is an error with the stage's last line of stderr."""
+    command = [sys.executable, *(launcher or []), "-m", "specforge_lite", *args]
+    done, seconds = timed(lambda: subprocess.run(command, cwd=ROOT, env=env, capture_output=quiet, text=True))
+    if done.returncode:
+        last = [line for line in (done.stderr or "").splitlines() if line.strip()][-1:] or ["(its output is above)"]
+        fail(f"{what} failed (exit {done.returncode}): {last[0].strip()}")
+    return seconds
+
+
+# --- intervals ---------------------------------------------------------------------------
+# A value's interval prints as `with_ci(value, ci)` ("1.23 [1.10, 1.35]"); the intervals of one
+# report come from specforge_lite.decoding.stats, which the evaluate report uses too.
+
+def paired_tau_difference(answers: list[dict], reference: list[dict], method: str) -> dict:
+    """tau of `method` in `answers` minus its tau in `reference` (report.json `answers` of two runs)
+    over the prompts both answered, with the 95% paired percentile bootstrap (one draw of prompts
+    for both)."""
+    from specforge_lite.decoding.stats import percentile_interval, prompt_totals, resample_indices, tau
+
+    def ids(rows):
+        return {r["prompt_id"] for r in rows if r["method"] == method}
+
+    order = {prompt: i for i, prompt in enumerate(sorted(ids(answers) & ids(reference), key=str))}
+    if not order:
+        fail(f"no prompt answered by {method} in both runs")
+
+    def totals(rows):  # the shared prompts, in one order for both runs
+        rows = sorted((r for r in rows if r["method"] == method and r["prompt_id"] in order),
+                      key=lambda r: order[r["prompt_id"]])
+        return prompt_totals(rows)[method]
+
+    a, b = totals(answers), totals(reference)
+    draws = resample_indices(len(order))
+    return {"difference": float(tau(a) - tau(b)), "ci": percentile_interval(tau(a, draws) - tau(b, draws)),
+            "num_prompts": len(order)}
+
+
+# --- results -----------------------------------------------------------------------------
 
 def write_results(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -63,14 +212,18 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
+# the embedded SmolLM2-135M-Instruct target, fp32 on CPU, as a `target` config
+SMOLLM2 = {"path": "builtin:smollm2-135m-instruct", "dtype": "float32", "device": "cpu", "chat_template": None,
+           "trust_remote_code": False}
+
+
 def load_smollm2():
     """The embedded SmolLM2-135M-Instruct target, fp32 on CPU: (model, tokenizer)."""
     from omegaconf import OmegaConf
 
     from specforge_lite.target.loading import load_target
 
-    return load_target(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "dtype": "float32",
-                                         "device": "cpu", "chat_template": None, "trust_remote_code": False}))
+    return load_target(OmegaConf.create(SMOLLM2))
 
 
 def sharegpt_first_turns(tokenizer, count: int, max_tokens: int) -> list[list[int]]:

@@ -1,0 +1,1 @@
+"""Records of finished runs: their evaluations written to benchmarks/results/ and docs/BENCHMARKS.md."""

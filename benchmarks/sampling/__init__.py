@@ -1,0 +1,1 @@
+"""Sampling: the sample stage's backends against each other and HF `generate`."""

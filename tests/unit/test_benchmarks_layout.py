@@ -1,0 +1,155 @@
+"""benchmarks/: scripts in group folders, one listing (`make bench`), one harness (benchmarks.common)."""
+
+import ast
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import common
+from benchmarks.__main__ import benchmarks
+from specforge_lite import SpecforgeError
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+GROUPS = {"decoding", "engines", "peers", "records", "sampling", "training"}
+TOP_LEVEL = {"__init__.py", "__main__.py", "common.py", "docs.py", "doc_topics.py"}  # the harness and the docs
+OWN_ENVIRONMENT = {"benchmarks.peers.train_speculators"}  # runs in the peer trainer's venv, not ours
+
+MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts)
+                 for p in BENCH.glob("*/*.py") if p.name != "__init__.py")
+
+
+def source(module: str) -> str:
+    return (ROOT / (module.replace(".", "/") + ".py")).read_text()
+
+
+def test_every_benchmark_sits_in_a_group_folder():
+    assert {p.name for p in BENCH.glob("*.py")} == TOP_LEVEL
+    folders = {p.name for p in BENCH.iterdir() if p.is_dir() and p.name not in ("results", "__pycache__")}
+    assert folders == GROUPS
+    for group in GROUPS:
+        assert ast.get_docstring(ast.parse((BENCH / group / "__init__.py").read_text())), group
+    assert {m.split(".")[1] for m in MODULES} == GROUPS
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_benchmark_imports_and_has_a_one_line_docstring(module):
+    imported = importlib.import_module(module)
+    doc = imported.__doc__ or ""
+    first = doc.split("\n\n")[0]
+    assert first and "\n" not in first, f"{module}: the docstring's first paragraph is one line"
+    assert len(first) <= 120 and first[-1] in ".?:", first
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - OWN_ENVIRONMENT))
+def test_benchmark_runs_through_the_harness(module):
+    """`run(main)` under `__main__` (a SpecforgeError: one line, exit 2), and no path of the flat folder."""
+    text = source(module)
+    guard = [n for n in ast.parse(text).body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert guard and ast.unparse(guard[0].body[-1]) == "run(main)", module
+    assert "from benchmarks.common import" in text
+    assert not re.search(r"benchmarks[./](bench_|record_|peer\b|compare_runs|dry_run|plot_learning)", text), module
+
+
+def test_listing_shows_each_benchmark_once_with_its_group_and_summary():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines() if line.startswith(tuple(GROUPS))]
+    assert sorted(module for _, module, _ in rows) == MODULES  # each once
+    for group, module, summary in rows:
+        assert module.split(".")[1] == group
+        assert summary == importlib.import_module(module).__doc__.split("\n")[0]
+    assert [r[:2] for r in rows] == [[g, m] for g, m, _ in benchmarks()]
+
+
+def test_make_bench_prints_the_listing():
+    made = subprocess.run(["make", "-s", "bench"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert all(module in made for module in MODULES)
+
+
+# --- the harness's one-line errors ---------------------------------------------------------
+
+def test_unknown_recipe_lists_the_known_ones():
+    with pytest.raises(SpecforgeError) as err:
+        common.known_recipe("eagle_smolm2")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("unknown recipe 'eagle_smolm2'; known: ")
+    assert set(message.split("known: ")[1].split(", ")) == {p.stem for p in common.RECIPES.glob("*.yaml")}
+    assert common.known_recipe("eagle_smollm2") == "eagle_smollm2"
+
+
+def test_choose_without_a_name_lists_the_choices():
+    with pytest.raises(SpecforgeError, match=r"^no step given; known: features, record, run$"):
+        common.choose(None, ("run", "features", "record"), "step")
+
+
+def test_missing_run_file_names_the_stage_that_writes_it(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SpecforgeError) as err:
+        common.run_file(run_dir, "eval/report.json")
+    assert str(err.value) == (f"{run_dir}/eval/report.json not found; `python -m specforge_lite evaluate "
+                              f"run_dir={run_dir} (with the overrides that made the run)` makes it")
+    with pytest.raises(SpecforgeError, match=r"`python -m benchmarks.training.bench_scaling` makes it$"):
+        common.load_results("no_such_results_file", "python -m benchmarks.training.bench_scaling")
+    (run_dir / "train").mkdir(parents=True)
+    (run_dir / "train" / "metrics.json").write_text(json.dumps({"history": [{"step": 1}]}))
+    assert common.run_file(run_dir, "train/metrics.json") == {"history": [{"step": 1}]}
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["benchmarks.sampling.bench_sample_backends", "--recipe", "nope"], "error: unknown recipe 'nope'; known: "),
+    (["benchmarks.records.record_eval", "NO_RUN", "--command", "make demo"],
+     "error: NO_RUN/eval/report.json not found; `python -m specforge_lite evaluate run_dir=NO_RUN"),
+    (["benchmarks.training.bench_learning_curve", "train", "nope"], "error: unknown recipe 'nope'; known: before, "),
+])
+def test_script_errors_are_one_line_and_exit_2(argv, line):
+    env = {k: v for k, v in os.environ.items() if k != "SPECFORGE_LITE_DEBUG"}  # that one adds the traceback
+    done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, done.stderr
+
+
+# --- timing and intervals ------------------------------------------------------------------
+
+def test_timed_and_median_ms():
+    result, seconds = common.timed(lambda: sum(range(1000)))
+    assert result == 499500 and seconds >= 0
+    assert common.median_ms([0.003, 0.001, 0.002]) == pytest.approx(2.0)
+
+
+def test_interleaved_counts_every_round_against_the_baseline():
+    totals, ratios = common.interleaved({"base": lambda: 10, "double": lambda: 20}, rounds=3, baseline="base")
+    assert [totals[m][0] for m in ("base", "double")] == [30, 60]
+    assert len(ratios["double"]) == 3 and ratios["base"] == [1.0, 1.0, 1.0]
+
+
+def test_with_ci_formats_a_value_and_its_interval():
+    assert common.with_ci(1.234, [1.1, 1.35]) == "1.23 [1.10, 1.35]"
+    assert common.with_ci(2.0, None, suffix="x") == "2.00x"
+    assert common.with_ci(None, [1, 2]) == "-"
+
+
+def answers(method: str, per_prompt: dict) -> list[dict]:
+    """report.json answer rows: per prompt id, (tokens, decoding forwards) of one answer."""
+    return [{"prompt_id": pid, "method": method, "num_tokens": tokens, "num_forwards": forwards, "total_s": 1.0}
+            for pid, (tokens, forwards) in per_prompt.items()]
+
+
+def test_paired_tau_difference_is_zero_on_equal_runs_and_hand_computed_otherwise():
+    same = answers("eagle3", {"a": (11, 5), "b": (21, 10)})
+    assert common.paired_tau_difference(same, same, "eagle3") == {"difference": 0.0, "ci": [0.0, 0.0],
+                                                                   "num_prompts": 2}
+    # tau = (tokens - 1 per answer) / forwards: 30 / 10 = 3.0 against 30 / 15 = 2.0; prompt "c" only in one run
+    better = answers("eagle3", {"a": (16, 5), "b": (16, 5), "c": (99, 1)})
+    worse = answers("eagle3", {"a": (16, 8), "b": (16, 7)})
+    diff = common.paired_tau_difference(better, worse, "eagle3")
+    assert diff["num_prompts"] == 2 and diff["difference"] == pytest.approx(1.0)
+    assert diff["ci"][0] <= 1.0 <= diff["ci"][1]
+    with pytest.raises(SpecforgeError, match="no prompt answered by medusa in both runs"):
+        common.paired_tau_difference(better, worse, "medusa")
