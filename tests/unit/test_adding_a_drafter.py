@@ -19,11 +19,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
+from transformers import LlamaConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.config import methods, registry
 from specforge_lite.config.schema import register_configs
 from specforge_lite.config.validate import config_problems
+from specforge_lite.contract import DrafterModule
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specforge_lite"
 CONF_DIR = PACKAGE / "conf"
@@ -104,6 +106,12 @@ def test_a_new_drafter_needs_its_folder_its_yaml_and_one_registry_line(new_draft
     # the folder it saves is recognised as its own
     assert module.layout({"drafter": NEW})
     assert registry.drafter_module(NEW) is module
+    # it has every name of the contract, and the dry run sizes it from a target's config alone
+    assert [name for name in DrafterModule.__annotations__ if not hasattr(module, name)] == []
+    target_config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=1000)
+    size = module.dry_size(cfg, target_config, 2, 32)
+    assert size.trainable_params > 0 and size.activation_bytes > 0
 
 
 def drafter_name_uses(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
