@@ -130,11 +130,19 @@ def recommendation(report: dict) -> list[str]:
     return ["", f"The report's recommendation: deploy **{rec['deploy']}**."] if rec.get("deploy") else []
 
 
+def current_command(command: str) -> str:
+    """A recorded command with the benchmark's module path of today (the scripts moved into group folders)."""
+    def moved(m):
+        found = sorted(ROOT.glob(f"benchmarks/*/{m[1]}.py"))
+        return f"benchmarks.{found[0].parent.name}.{m[1]}" if found else m[0]
+    return re.sub(r"benchmarks\.(\w+)(?![\w.])", moved, command)
+
+
 def llamacpp_block(name: str, d: dict) -> list[str]:
     plain = d["methods"].get("llamacpp_plain", {}).get("tokens_per_s")
     lines = [source_line(name, d) + f"; llama.cpp from xllamacpp {d['xllamacpp']}, {d['threads']} threads, "
              f"target `{d['target']}`, {d['num_prompts']} MT-Bench first turns, {d['max_new_tokens']} new tokens, "
-             f"greedy, k = {d['k']}. Command: `{d['command']}`.", "",
+             f"greedy, k = {d['k']}. Command: `{current_command(d['command'])}`.", "",
              "| method | tau | tokens/s | x llama.cpp plain | output = plain |", "|---|---:|---:|---:|:---:|"]
     for method, m in d["methods"].items():
         ratio = m["tokens_per_s"] / plain if plain else None

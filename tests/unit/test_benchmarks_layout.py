@@ -153,3 +153,17 @@ def test_paired_tau_difference_is_zero_on_equal_runs_and_hand_computed_otherwise
     assert diff["ci"][0] <= 1.0 <= diff["ci"][1]
     with pytest.raises(SpecforgeError, match="no prompt answered by medusa in both runs"):
         common.paired_tau_difference(better, worse, "medusa")
+
+
+def test_recorded_commands_render_with_todays_module_paths():
+    """Results files keep the command of their run; the docs print it with the module as it is now."""
+    from benchmarks.docs import current_command
+
+    named = set()
+    for path in sorted((BENCH / "results").glob("*.json")):
+        command = json.loads(path.read_text()).get("command")
+        if isinstance(command, str):
+            named |= set(re.findall(r"benchmarks\.[\w.]+", current_command(command)))
+    assert named and named <= set(MODULES), named - set(MODULES)
+    assert current_command("python -m benchmarks.bench_llamacpp --k 3") == "python -m benchmarks.engines.bench_llamacpp --k 3"
+    assert current_command("python -m benchmarks.docs --check") == "python -m benchmarks.docs --check"
