@@ -19,12 +19,15 @@ class Stage:
     help: str  # one line for `python -m specforge_lite --help`
     builds_drafter: bool = False  # builds a drafter for the target: checked against the target's config
     sizing_rows: tuple[str, ...] = ()  # the rows of `scale.sizing.stage_table` that must fit before it loads
+    resumes: str = ""  # where the same command run again picks up (a failed rank's line, scale/launch.py)
 
 
 SAMPLE = Stage("sample", "specforge_lite.stages.sample", "samples", multi_rank=True, writes=("sample",),
-               help="run the target over a prompt set and record its own answers", sizing_rows=("sample",))
+               help="run the target over a prompt set and record its own answers", sizing_rows=("sample",),
+               resumes="from the shards already written")
 TRAIN = Stage("train", "specforge_lite.stages.train", "train", multi_rank=True, writes=("sample", "train"),
-              help="train a drafter on the samples", builds_drafter=True, sizing_rows=("features", "train"))
+              help="train a drafter on the samples", builds_drafter=True, sizing_rows=("features", "train"),
+              resumes="from its newest checkpoint")
 EVALUATE = Stage("evaluate", "specforge_lite.stages.evaluate", "eval", multi_rank=False, writes=("evaluate",),
                  help="measure acceptance length and speedup against plain decoding and other drafters",
                  sizing_rows=("evaluate", "evaluate_vllm"))
