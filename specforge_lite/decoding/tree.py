@@ -1,0 +1,213 @@
+"""Draft trees: their shape, their flattening into one verify forward, and the acceptance
+rules over them, as pure functions (EAGLE-2, SpecInfer).
+
+A tree hangs below the pending token (the root: chosen by the target, not yet fed). Its N
+nodes are numbered in topological order (a parent before its children); node i holds
+`tokens[i]` and `parents[i]`, the index of its parent node or -1 for a child of the root.
+A chain of k drafts is the tree whose node i has parent i - 1.
+
+The verify forward feeds the root and the nodes as one row of N + 1 tokens: row 0 is the
+root, row 1 + i node i. Row r sits at position context + depth(r) (the root's depth is 0)
+and sees the context, the root and its own ancestors (`verify_layout`). Its logits are the
+target's prediction after the path root..r, so acceptance walks down from the root:
+
+- greedy: move to the child whose token equals the target's argmax at the current row;
+  stop where none does and emit the argmax there (the correction, or the bonus token below
+  an accepted leaf). The output is the target's own greedy output.
+- sampling (SpecInfer's multi-candidate rule, EAGLE-2's tree version): at the current row
+  with target law p, try its children in order; accept child x with probability
+  min(1, p(x) / q(x)); on rejection p <- normalise(max(0, p - q)). q is the law the child
+  was drawn from (siblings drawn independently from it), or a point mass on x for a
+  deterministic drafter (top-b children, n-gram matches). Where every child is rejected,
+  or below a leaf, the next token is drawn from p. The emitted tokens are distributed as
+  the target's own samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """tokens: [N] draft ids; parents: [N] parent node index (-1 for the root's children),
+    parents[i] < i. probs: None (deterministic children: q is a point mass on each) or
+    [N, V], row i the law node i was drawn from (shared by its siblings).
+    scores: optional [N] what the drafter ranked the nodes by (cumulative log-probability)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+    scores: list[float] | None = None
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"a tree needs one parent per token: {len(self.tokens)} tokens, "
+                             f"{len(self.parents)} parents")
+        for i, parent in enumerate(self.parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: parents must come first (-1 = root)")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int], probs: torch.Tensor | None = None) -> "DraftTree":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), probs)
+
+    def children(self, node: int) -> list[int]:
+        """The children of `node` (-1 = root) in index order."""
+        return [i for i, parent in enumerate(self.parents) if parent == node]
+
+    def depths(self) -> list[int]:
+        """depth of each node: 1 for the root's children."""
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 if parent < 0 else out[parent] + 1)
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """The nodes from the root's child down to `node` (inclusive)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def find_child(self, node: int, token: int) -> int | None:
+        for i, (parent, t) in enumerate(zip(self.parents, self.tokens)):
+            if parent == node and t == token:
+                return i
+        return None
+
+    def add_path(self, tokens: Sequence[int], budget: int | None = None) -> int:
+        """Insert a continuation as a root path, sharing the nodes it already has (a trie);
+        stops at `budget` nodes in all. Deterministic trees only. Returns the nodes added."""
+        if self.probs is not None:
+            raise ValueError("add_path builds deterministic trees (probs None)")
+        node, added = -1, 0
+        for token in tokens:
+            child = self.find_child(node, token)
+            if child is None:
+                if budget is not None and len(self.tokens) >= budget:
+                    break
+                self.tokens.append(int(token))
+                self.parents.append(node)
+                if self.scores is not None:
+                    self.scores.append(float("-inf"))
+                child, added = len(self.tokens) - 1, added + 1
+            node = child
+        return added
+
+    def merged(self, other: "DraftTree", budget: int) -> "DraftTree":
+        """This tree, then `other`'s nodes (in order, sharing equal prefixes) while the
+        budget lasts; a node whose parent did not fit is left out. Deterministic trees."""
+        out = DraftTree(list(self.tokens[:budget]), list(self.parents[:budget]))
+        where: dict[int, int] = {-1: -1}  # other's node -> out's node
+        for i, (token, parent) in enumerate(zip(other.tokens, other.parents)):
+            if parent not in where:
+                continue
+            child = out.find_child(where[parent], token)
+            if child is None:
+                if len(out) >= budget:
+                    continue
+                out.tokens.append(int(token))
+                out.parents.append(where[parent])
+                child = len(out) - 1
+            where[i] = child
+        return out
+
+    def node_paths(self) -> list[tuple[int, ...]]:
+        """vLLM's `speculative_token_tree` form: each node as the child ranks along its path."""
+        rank = [len([j for j in range(i) if self.parents[j] == p]) for i, p in enumerate(self.parents)]
+        return [tuple(rank[j] for j in self.path_to(i)) for i in range(len(self))]
+
+
+def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
+    """[N + 1, N + 1] bool over the root (row 0) and the nodes (row 1 + i): True where the
+    column is the row itself or one of its ancestors."""
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    for i, parent in enumerate(parents):
+        row = 1 + i
+        mask[row] = mask[1 + parent] if parent >= 0 else mask[0]
+        mask[row, row] = True
+    mask[0, 0] = True
+    return mask
+
+
+def verify_layout(tree: DraftTree, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verify forward's positions and attention mask, for a cache holding `context`
+    committed positions (the root goes at position `context`).
+
+    Returns positions [N + 1] (context + depth, root depth 0) and mask [N + 1, context + N + 1]
+    bool: True where row r may attend to cache slot c (slots 0..context-1 the context,
+    context + r' the row r' of this forward)."""
+    positions = torch.tensor([0] + tree.depths(), dtype=torch.long) + context
+    rows = ancestor_mask(tree.parents)
+    mask = torch.cat([torch.ones(len(tree) + 1, context, dtype=torch.bool), rows], dim=1)
+    return positions, mask
+
+
+def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy acceptance over a tree.
+
+    target_logits: [N + 1, V], row 0 after the root, row 1 + i after node i.
+    Returns (path, next_token): the accepted nodes from the root down (indices into the
+    tree; [] when the root's choice is no child) and the target's token after them."""
+    choices = target_logits.argmax(dim=-1).tolist()
+    path, node = [], -1
+    while True:
+        choice = choices[node + 1]
+        child = tree.find_child(node, choice)
+        if child is None:
+            return path, choice
+        path.append(child)
+        node = child
+
+
+def _draw(probs: torch.Tensor, generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_accept(tree: DraftTree, target_probs: torch.Tensor,
+                  generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """The multi-candidate rejection rule over a tree (module docstring).
+
+    target_probs: [N + 1, V] the target's warped laws (rows as `greedy_accept`); tree.probs
+    the drafter's warped laws after the same transform, or None for point masses.
+    Returns (path, next_token) as `greedy_accept`."""
+    path, node = [], -1
+    while True:
+        p = target_probs[node + 1].clone()
+        moved = False
+        for child in tree.children(node):
+            x = tree.tokens[child]
+            q = tree.probs[child] if tree.probs is not None else None
+            q_x = float(q[x]) if q is not None else 1.0
+            u = float(torch.rand(1, generator=generator, device=p.device))
+            if u * q_x < float(p[x]):  # u < p(x) / q(x) without the division
+                path.append(child)
+                node, moved = child, True
+                break
+            if q is not None:
+                residual = (p - q).clamp_(min=0.0)
+            else:
+                residual = p
+                residual[x] = 0.0
+            total = residual.sum()
+            if total <= 0:  # p == q up to rounding: p stays the right law
+                continue
+            p = residual / total
+        if not moved:
+            return path, _draw(p, generator)
+
+
+def path_rows(path: Sequence[int]) -> list[int]:
+    """The verify rows the accepted path keeps: the root (row 0) and its nodes (1 + i), the
+    rows whose keys and values the cache keeps, moved down to contiguous slots."""
+    return [0] + [1 + node for node in path]
