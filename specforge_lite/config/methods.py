@@ -90,7 +90,7 @@ def run_order(eval_cfg) -> list[str]:
 def engine_needed(eval_cfg) -> bool:
     """Whether an evaluate decodes in our engine (which holds the whole target): any method of
     `eval.methods` that is not a vllm_* method, or an `eval.extra_drafters` label. Without one,
-    evaluate loads no target weights and measures against vllm_plain (serving/vllm/only.py)."""
+    evaluate loads no target weights and measures against vllm_plain (serving/engines.py)."""
     return any(m not in VLLM_METHODS for m in eval_cfg.methods) or bool(labelled_drafters(eval_cfg))
 
 

@@ -14,8 +14,10 @@ after warm-up, and writes `run_dir/eval/`:
 Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1,
 the same text for every method.
 
-With vllm_* methods only (`eval_methods.engine_needed` false) the target never enters this
-process: serving/vllm_only.py measures them against vllm_plain, first turns only.
+The serving engines (`serving/engines.py`: vLLM, llama.cpp) decode the same requests after
+ours, each in its own report section. With an engine's methods only (`config.methods.engine_needed`
+false) the target's weights never enter this process: the engine measures against its own plain
+decoding, first turns only. target.path is resolved once, here, and handed to every load and engine.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, load_prompts, positions_needed,
                                              select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
+from specforge_lite.decoding import identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.runtime.fast_engine import TargetForward, build_target_engine
 from specforge_lite.decoding.metrics import best_k, costs_as_decoding_paid, measure_forward_costs, summarise
@@ -43,13 +46,13 @@ from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.config.methods import (HF_METHODS, LLAMACPP_METHODS, PLAIN, VLLM_METHODS, engine_needed,
-                                         labelled_drafters, run_order)
-from specforge_lite.serving.llamacpp import methods as llamacpp_methods, report as llamacpp_report
+from specforge_lite.config.methods import HF_METHODS, PLAIN, engine_needed, labelled_drafters, run_order
 from specforge_lite.config.registry import DRAFTERS, detect_drafter
-from specforge_lite.serving.vllm import engine as vllm_engine, only as vllm_only, report as vllm_report
+from specforge_lite.scale.accounting import record_no_target
 from specforge_lite.scale.sizing import check_stage
-from specforge_lite.target.loading import eos_token_ids, load_target
+from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
+from specforge_lite.target.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer, resolve_dtype,
+                                           resolve_target_path)
 
 log = logging.getLogger(__name__)
 
@@ -152,17 +155,59 @@ def run(cfg: DictConfig) -> None:
     # our engine holds the whole target on one device: refused here where it cannot fit
     check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
     ecfg = cfg.eval
-    if not engine_needed(ecfg):  # vllm_* methods only: no target weights here, vllm_plain the baseline
-        vllm_only.run(cfg)
-        return
+    ours = engine_needed(ecfg)  # else every method is a serving engine's, and no target weights load here
     methods = run_order(ecfg)
-    served = [m for m in methods if m in VLLM_METHODS]  # real vLLM, run after ours (serving/vllm_engine.py)
-    llama = [m for m in methods if m in LLAMACPP_METHODS]  # llama.cpp itself, run after ours (llamacpp/methods.py)
-    methods = [m for m in methods if m not in served and m not in llama]
-    sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
+    served = {engine: engine.methods(methods) for engine in ENGINES}  # run after ours (serving/engines.py)
+    if not ours:  # an engine alone measures against its own plain decoding, added when missing
+        served = {engine: list(dict.fromkeys([engine.plain, *names])) for engine, names in served.items() if names}
+    served = {engine: names for engine, names in served.items() if names}
+    methods = [m for m in methods if ours and not any(m in names for names in served.values())]
     prompts = select_prompts(load_prompts(cfg), ecfg.max_prompts)
+    path = resolve_target_path(cfg.target.path)  # the stage's one resolution: every load and engine reads it
+    if ours:
+        out, report, target, requests, plain_tokens = measure_ours(cfg, methods, prompts, path)
+    else:
+        lead = next(iter(served))
+        out, target, requests, prompts, notes = prepare_alone(cfg, lead, prompts, path)
+        plain_tokens = None
+    results = {engine: engine.run(cfg, names, requests, target, out) for engine, names in served.items()}
+    if not ours:  # the lead engine's own table, against its plain decoding
+        rows, entries, conventions, fields = alone_measured(cfg, lead, results[lead], prompts, requests, out)
+        report = build_report(cfg, prompts, rows, entries, conventions, **fields, **notes)
+    report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
+    for engine, result in results.items():
+        report[engine.name] = engine.report_section(result, report, plain_tokens, cfg)
+    atomic_write_json(out / "report.json", report)
+    if ecfg.plots and ours:  # the plots draw our engine's per-position acceptance and forward costs
+        report["plots"] = write_plots(report, out)
+        atomic_write_json(out / "report.json", report)
+    markdown = render_markdown(report) if ours else alone_markdown(report, lead)
+    atomic_write_text(out / "report.md", markdown + "".join(e.markdown(report[e.name], cfg) for e in results))
+    write_provenance(out, cfg)
+    baseline = report.get("baseline", PLAIN)
+    for name, entry in report["methods"].items():
+        log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx vs %s%s", name, entry["tau"] or 0,
+                 entry["tokens_per_s"], entry["speedup"], baseline,
+                 identity.log_suffix(entry))
+    rec = report["recommendation"]
+    log.info("recommendation (baseline %s): deploy %s (%s)%s", rec["baseline"], rec["deploy"],
+             "; ".join(rec["reasons"]), "".join(f"\n  - {line}" for line in rec["alternatives"]))
+    log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
+    for engine in results:
+        for name, entry in report[engine.name]["methods"].items():
+            log.info("%-17s tau %s  %.2f tokens/s (%s)", name, "-" if entry["tau"] is None else f"{entry['tau']:.2f}",
+                     entry["tokens_per_s"] or 0, engine.label)
+    failures = [line for engine in results for line in engine.failures(report[engine.name], out)]
+    if failures:
+        raise SpecforgeError("; ".join(failures))
 
-    model, tokenizer = load_target(cfg.target)
+
+def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path: str) -> tuple:
+    """Our engine's `methods` on every prompt and turn, interleaved: (out, report, the target
+    as the serving engines read it, every request's prompt ids, our plain answers' tokens)."""
+    ecfg = cfg.eval
+    sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
+    model, tokenizer = load_target(cfg.target, path=path)
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
     prompts, too_long = fitting_prompts(tokenizer, prompts, ecfg, model.config)
@@ -180,7 +225,7 @@ def run(cfg: DictConfig) -> None:
 
     # 2. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
-    requests, plain_tokens = [], []  # every prompt and turn, for the vLLM methods
+    requests, plain_tokens = [], []  # every prompt and turn, for the serving engines
     for prompt in tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True):
         replies: list[str] = []
         for turn in range(len(prompt["turns"])):
@@ -191,9 +236,11 @@ def run(cfg: DictConfig) -> None:
             plain_tokens.append(gens[PLAIN].tokens)
             for name, gen in gens.items():
                 identical = gen.tokens == gens[PLAIN].tokens if sampling.greedy else None
-                answers.append({"prompt": prompt, "turn": turn, "method": name, "gen": gen, "identical": identical})
+                answers.append(dict(prompt=prompt, turn=turn, method=name, gen=gen, identical=identical, ids=ids))
             plain = [t for t in gens[PLAIN].tokens if t not in eos_ids]
             replies.append(tokenizer.decode(plain, skip_special_tokens=True).strip())
+
+    identity.judge(model, answers, PLAIN)  # greedy answers unlike plain's: bf16 rounding or a mismatch
 
     # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
@@ -201,42 +248,40 @@ def run(cfg: DictConfig) -> None:
     costs = measure_forward_costs(model, context_len, ecfg.num_draft_tokens + 1, ecfg.cost_repeats,
                                   runner=target.runner())
 
-    report = build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model)
+    entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)
+    report = build_report(cfg, prompts, rows, entries, our_conventions(ecfg.bootstrap), **fields)
     report["settings"]["engine"] = target.info
     report["skipped"] = {"prompt_too_long": len(too_long), "ids": too_long} if too_long else {}
-    report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
-    if served:
-        results = vllm_engine.run_methods(cfg, served, requests, eos_ids, model, tokenizer, out,
-                                          lambda *parts: vllm_only.request_seed(cfg.seed, *parts))
-        report["vllm"] = vllm_report.report_section(results, report, plain_tokens, cfg)
-    if llama:
-        report["llamacpp"] = llamacpp_report.report_section(llamacpp_methods.run_methods(cfg, llama, requests),
-                                                            report, cfg)
-    atomic_write_json(out / "report.json", report)
-    if ecfg.plots:
-        report["plots"] = write_plots(report, out)
-        atomic_write_json(out / "report.json", report)
-    markdown = render_markdown(report)
-    if "vllm" in report:
-        markdown += vllm_report.markdown(report["vllm"], ecfg.num_draft_tokens)
-    if "llamacpp" in report:
-        markdown += llamacpp_report.markdown(report["llamacpp"])
-    atomic_write_text(out / "report.md", markdown)
-    write_provenance(out, cfg)
-    for name, entry in report["methods"].items():
-        log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx%s", name, entry["tau"] or 0, entry["tokens_per_s"],
-                 entry["speedup"], "" if entry["identical_to_plain"] in (None, True) else "  OUTPUT DIFFERS")
-    rec = report["recommendation"]
-    log.info("recommendation: deploy %s (%s)%s", rec["deploy"], "; ".join(rec["reasons"]),
-             "".join(f"\n  - {line}" for line in rec["alternatives"]))
-    for name, entry in report.get("vllm", {}).get("methods", {}).items():
-        log.info("%-17s tau %.2f (ours %s)  vLLM mean acceptance length %s  %.2f tokens/s%s", name, entry["tau"] or 0,
-                 "-" if "ours" not in entry else f"{entry['ours']['tau']:.2f}",
-                 "-" if entry["vllm_mean_acceptance_length"] is None else f"{entry['vllm_mean_acceptance_length']:.2f}",
-                 entry["tokens_per_s"], "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS")
-    log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
-    vllm_report.raise_failures(report.get("vllm"), out / "vllm.log")
-    llamacpp_report.raise_failures(report.get("llamacpp"))
+    served = ServedTarget(path, model.config, str(model.dtype).removeprefix("torch."), eos_ids, model, tokenizer)
+    return out, report, served, requests, plain_tokens
+
+
+def prepare_alone(cfg: DictConfig, engine: Engine, prompts: list[dict], path: str) -> tuple:
+    """Without our engine: the target's config, tokenizer and prompts only, none of its weights
+    (recorded for the rehearsal's accounting), the first turns' requests (a later turn follows
+    our plain answer to the one before). Returns (out, target, requests, prompts, report notes)."""
+    ecfg = cfg.eval
+    config = load_target_config(cfg.target, weights=False, path=path)
+    record_no_target(config, f"evaluate without our engine (config, tokenizer and prompts; the target in "
+                             f"{engine.label})")
+    tokenizer = load_tokenizer(cfg.target, path)
+    require_chat_template(tokenizer)
+    later_turns = sum(len(p["turns"]) - 1 for p in prompts)
+    prompts = [{**p, "turns": p["turns"][:1]} for p in prompts]
+    prompts, too_long = fitting_prompts(tokenizer, prompts, ecfg, config)
+    requests = [prompt_ids(tokenizer, conversation(p, [], 0)) for p in prompts]
+    out = stage_dir(cfg, "evaluate")
+    log.info("evaluating in %s alone (%s) on %d prompts of %s, first turns only", engine.label, engine.alone(cfg),
+             len(prompts), ecfg.dataset)
+    # the dtype our engine would have loaded (auto: fp32 on a CPU, bf16 on a GPU), never an engine's
+    # own "auto", which reads the checkpoint's and may differ from the target's recorded runs
+    dtype = resolve_dtype(cfg.target.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    target = ServedTarget(path, config, str(dtype).removeprefix("torch."), stop_ids(path, tokenizer), None, tokenizer)
+    notes = {"turns": (f"first turns only: {later_turns} later turn(s) left out (a later turn follows the "
+                       "target's plain answer, and no plain decodes in our engine here)" if later_turns
+                       else "every prompt has one turn"),
+             "skipped": {"prompt_too_long": len(too_long), "ids": too_long} if too_long else {}}
+    return out, target, requests, prompts, notes
 
 
 def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
@@ -247,7 +292,43 @@ def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
     return min(-(-need // 64) * 64, getattr(config, "max_position_embeddings", None) or need)
 
 
-def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, model) -> dict:
+def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries: dict, conventions: dict,
+                 **fields) -> dict:
+    """The evaluate report, whichever engine measured its `methods` (`entries`, from the answer
+    `rows` the report keeps): ours beside the serving engines, or one engine alone; `fields`:
+    what that measurement adds (our forward costs and best k, or the engine's baseline)."""
+    ecfg = cfg.eval
+    categories = list(dict.fromkeys(p["category"] for p in prompts))
+    return {
+        "target": cfg.target.path, "dataset": ecfg.dataset, "settings": OmegaConf.to_container(ecfg, resolve=True),
+        "conventions": conventions, "num_prompts": len(prompts),
+        "num_answers": sum(len(p["turns"]) for p in prompts),
+        "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
+        "methods": entries,
+        "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in entries}
+                             for cat in categories},
+        "best_k": None, "best_k_method": None,  # best k needs our engine's forward costs
+        **fields, "answers": rows,
+    }
+
+
+def our_conventions(boot) -> dict:
+    return {
+        "tau": "tokens emitted by decoding forwards / decoding target forwards, bonus token included; "
+               "the prefill forward and its first token are excluded, so plain decoding = 1.00",
+        "per_position_acceptance": "P(draft position i accepted | positions < i accepted) over steps that "
+                                   "allowed >= i drafts; a position the drafter left empty counts as rejected",
+        "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
+        "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
+        "intervals": f"{boot.level:.0%} percentile bootstrap over prompts ({boot.resamples} resamples, seed "
+                     f"{boot.seed}): prompts drawn with replacement, all turns of a prompt together, the same "
+                     "prompts for every method (paired); tau and speedup recomputed on each resample as above",
+    }
+
+
+def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> tuple[dict, list[dict], dict]:
+    """Our engine's `methods` table from its answers, the answer rows and the report fields
+    our engine adds (its dtype and device, forward costs, best k)."""
     ecfg = cfg.eval
     k = ecfg.num_draft_tokens
     greedy = ecfg.temperature == 0
@@ -281,9 +362,7 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
         entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
         entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts
-        same = [a["identical"] for a in rows]
-        entry["identical_to_plain"] = all(same) if greedy else None
-        entry["identical_answers"] = f"{sum(same)}/{len(same)}" if greedy else None
+        entry.update(identity.entry_fields(rows, greedy))  # identical_to_plain, identity (bf16 verdicts), lossless
         entry["per_category"] = {}
         for cat, gens in by_method_cat[name].items():
             s = summarise(gens)
@@ -296,32 +375,12 @@ def build_report(cfg, methods, prompts, answers, drafters, costs, context_len, m
     ours = [m for m in methods if m in drafters]
     best_method = ecfg.best_k_method or (ours[0] if ours else None)
     best = entries[best_method]["best_k"]["best_k"] if best_method in drafters else None
-    categories = list(dict.fromkeys(p["category"] for p in prompts))
-    return {
-        "target": cfg.target.path, "dataset": ecfg.dataset, "dtype": str(model.dtype).removeprefix("torch."),
-        "device": str(model.device), "torch_threads": torch.get_num_threads(),
-        "settings": OmegaConf.to_container(ecfg, resolve=True),
-        "conventions": {
-            "tau": "tokens emitted by decoding forwards / decoding target forwards, bonus token included; "
-                   "the prefill forward and its first token are excluded, so plain decoding = 1.00",
-            "per_position_acceptance": "P(draft position i accepted | positions < i accepted) over steps that "
-                                       "allowed >= i drafts; a position the drafter left empty counts as rejected",
-            "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
-            "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
-            "intervals": f"{boot.level:.0%} percentile bootstrap over prompts ({boot.resamples} resamples, seed "
-                         f"{boot.seed}): prompts drawn with replacement, all turns of a prompt together, the same "
-                         "prompts for every method (paired); tau and speedup recomputed on each resample as above",
-        },
-        "num_prompts": len(prompts), "num_answers": len(by_method[PLAIN]),
-        "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
-        "methods": entries,
-        "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in methods}
-                             for cat in categories},
-        "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},
-                          "decoding_scale": scale, "ms_as_decoding_paid": {t: 1e3 * s for t, s in paid.items()}},
-        "best_k": best, "best_k_method": best_method,
-        "answers": answer_rows,
-    }
+    fields = {"dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
+              "torch_threads": torch.get_num_threads(),
+              "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},
+                                "decoding_scale": scale, "ms_as_decoding_paid": {t: 1e3 * s for t, s in paid.items()}},
+              "best_k": best, "best_k_method": best_method}
+    return entries, answer_rows, fields
 
 
 def _best_k_for(entry: dict, drafter, costs: dict[int, float], answer_shape: tuple[float, float],

@@ -265,12 +265,13 @@ def check_target_dir(path: Path, weights: bool = True) -> None:
         safetensors_header(file)
 
 
-def load_target_config(target_cfg, weights: bool = True):
+def load_target_config(target_cfg, weights: bool = True, path: str | None = None):
     """The target's HF config, after checking a local folder's files (config.json, and with
-    `weights` the weight files' headers and sizes: cheap, no tensor is read); what validation reads."""
+    `weights` the weight files' headers and sizes: cheap, no tensor is read); what validation reads.
+    `path`: target.path already resolved (`resolve_target_path`), else resolved here."""
     from transformers import AutoConfig
 
-    path = resolve_target_path(target_cfg.path)
+    path = path or resolve_target_path(target_cfg.path)
     if Path(path).is_dir():
         check_target_dir(Path(path), weights)
     try:
@@ -318,10 +319,10 @@ def load_causal_lm(path: str, dtype, what: str, trust_remote_code: bool = False,
     return model
 
 
-def load_tokenizer(target_cfg):
+def load_tokenizer(target_cfg, path: str | None = None):
     from transformers import AutoTokenizer
 
-    path = resolve_target_path(target_cfg.path)
+    path = path or resolve_target_path(target_cfg.path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -334,12 +335,13 @@ def load_tokenizer(target_cfg):
     return tokenizer
 
 
-def load_target(target_cfg, *, for_training: bool = False):
-    """Return `(model, tokenizer)` on the configured device and dtype, in eval mode."""
-    path = resolve_target_path(target_cfg.path)
+def load_target(target_cfg, *, for_training: bool = False, path: str | None = None):
+    """Return `(model, tokenizer)` on the configured device and dtype, in eval mode (`path`:
+    target.path already resolved, else resolved here)."""
+    path = path or resolve_target_path(target_cfg.path)
     device = resolve_device(target_cfg.device)
     dtype = resolve_dtype(target_cfg.dtype, device)
-    tokenizer = load_tokenizer(target_cfg)
+    tokenizer = load_tokenizer(target_cfg, path)
     model = load_causal_lm(path, dtype, f"target.path={target_cfg.path!r}", target_cfg.trust_remote_code)
     model.to(device)
     model.eval()

@@ -1,4 +1,4 @@
-"""An evaluate of vllm_* methods only (serving/vllm_only.py), without vLLM: the path choice,
+"""An evaluate of vllm_* methods only (vLLM alone, serving/engines.py), without vLLM: the path choice,
 the door, the report built from the runner's output dicts (serving/vllm_side/vllm_runner.py's schema,
 written by hand as tests/unit/test_vllm_counting.py does), and that no target is loaded."""
 
@@ -8,8 +8,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
+from specforge_lite.decoding.report import recommend
 from specforge_lite.config.methods import engine_needed, vllm_only_methods, vllm_override
-from specforge_lite.serving.vllm import only as vllm_only
+from specforge_lite.serving.engines import alone_markdown, alone_measured
+from specforge_lite.serving.vllm.report import Vllm
+from specforge_lite.stages.evaluate import build_report
 from specforge_lite.scale.sizing import check_stage
 from tests.conftest import compose, run_cli
 
@@ -53,7 +56,11 @@ def test_the_path_choice_and_the_override():
 def test_report_against_vllm_plain():
     cfg = compose(SMOKE + ["stage=evaluate", "eval.temperature=0"])
     prompts = [{"id": "a", "category": "x", "turns": ["hi"]}, {"id": "b", "category": "y", "turns": ["yo"]}]
-    report = vllm_only.build_report(cfg, prompts, [[1, 2, 3, 4, 5]] * 2, _results())
+    vllm, results = Vllm(), _results()
+    rows, entries, conventions, fields = alone_measured(cfg, vllm, results, prompts, [[1, 2, 3, 4, 5]] * 2, "out")
+    report = build_report(cfg, prompts, rows, entries, conventions, **fields)
+    report["recommendation"] = recommend(report)
+    report["vllm"] = vllm.report_section(results, report, None, cfg)
     assert report["baseline"] == "vllm_plain" and report["recommendation"]["baseline"] == "vllm_plain"
     plain, ngram = report["methods"]["vllm_plain"], report["methods"]["vllm_ngram"]
     assert plain["tau"] == 1.0 and plain["speedup"] == 1.0 and plain["identical_to_plain"]
@@ -70,7 +77,7 @@ def test_report_against_vllm_plain():
     # a method whose output differs is not recommended: the baseline is deployed
     assert report["recommendation"]["deploy"] == "vllm_plain"
     report["turns"], report["skipped"] = "every prompt has one turn", {}
-    text = vllm_only.markdown(report)
+    text = alone_markdown(report, vllm) + vllm.markdown(report["vllm"], cfg)
     assert "Baseline: **vllm_plain**" in text and "speedup vs vllm_plain" in text and "NO (1/2)" in text
     assert "identical to vllm_plain" in text and "our plain" not in text
 
@@ -99,7 +106,7 @@ def test_vllm_only_evaluate_loads_no_target(tmp_path, monkeypatch):
     import specforge_lite.stages.evaluate as evaluate
     import specforge_lite.target.loading as targets
     from specforge_lite.scale.accounting import begin_stage, stage_summary
-    from specforge_lite.serving.vllm import engine as vllm_engine
+    from specforge_lite.serving.vllm import report as vllm_report
 
     def refuse(*args, **kwargs):
         raise AssertionError("the target was loaded")
@@ -108,13 +115,13 @@ def test_vllm_only_evaluate_loads_no_target(tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate, "load_target", refuse)
     calls = []
 
-    def replies(cfg, methods, requests, eos_ids, model, tokenizer, out, seed_of, dtype=None):
-        calls.append((methods, model, dtype))
+    def replies(cfg, methods, requests, target, out, seed_of):
+        calls.append((methods, target.model, target.dtype))
         recorded = _results()
         return {name: {**recorded[name], "outputs": [recorded[name]["outputs"][i % 2] for i in range(len(requests))]}
                 for name in methods}
 
-    monkeypatch.setattr(vllm_engine, "run_methods", replies)
+    monkeypatch.setattr(vllm_report, "run_methods", replies)
     cfg = compose(SMOKE + ["stage=evaluate", "eval.methods=[vllm_ngram]", f"run_dir={tmp_path}"])
     begin_stage(tmp_path, "evaluate")
     evaluate.run(cfg)

@@ -34,11 +34,11 @@ METHOD_OF = {kind: method for method, kind in DRAFT_OF.items()}
 CHECK_TOKENS = 16  # new tokens of the export's load check
 
 
-def target_gguf(target_path: str) -> tuple[Path, str]:
+def target_gguf(target_path: str, resolved: str | None = None) -> tuple[Path, str]:
     """(the target's GGUF, its precision), converted on first use (see the module docstring)."""
     if str(target_path) == SMOLLM2_TARGET:
         return smollm2_gguf(), "Q4_1"
-    hf_dir = Path(resolve_target_path(str(target_path)))
+    hf_dir = Path(resolved or resolve_target_path(str(target_path)))  # resolved: by the stage, once
     config = read_json_object(hf_dir / "config.json")
     precision = "f32" if config.get("torch_dtype", config.get("dtype")) == "float32" else "f16"
     return cached_target_gguf(hf_dir, cache_name(hf_dir), precision), precision

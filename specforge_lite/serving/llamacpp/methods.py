@@ -29,11 +29,12 @@ log = logging.getLogger(__name__)
 PLAIN = "llamacpp_plain"
 
 
-def run_methods(cfg, methods: list[str], requests: list[list[int]]) -> dict:
+def run_methods(cfg, methods: list[str], requests: list[list[int]], target_path: str | None = None) -> dict:
     """{"xllamacpp", "threads", "target_gguf", "target_precision", "results": {method:
-    {"spec_type", "draft_gguf", "completions"} or {"error"}}} over every request."""
+    {"spec_type", "draft_gguf", "completions"} or {"error"}}} over every request
+    (`target_path`: target.path already resolved, else resolved here)."""
     ecfg = cfg.eval
-    target, precision = target_gguf(cfg.target.path)
+    target, precision = target_gguf(cfg.target.path, target_path)
     threads = torch.get_num_threads()
     results = {}
     for method in [PLAIN] + [m for m in methods if m != PLAIN]:

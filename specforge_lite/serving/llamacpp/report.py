@@ -1,6 +1,7 @@
-"""The `llamacpp` section of an evaluate report: llama.cpp's methods on the report's own
-requests, tau from llama.cpp's draft counters, intervals by the report's paired bootstrap over
-prompts (`decoding.stats`), outputs compared with `llamacpp_plain` on the same target file."""
+"""llama.cpp as an evaluate engine (`serving.engines.Engine`), and the `llamacpp` section of
+an evaluate report: llama.cpp's methods (`methods.run_methods`) on the report's own requests,
+tau from llama.cpp's draft counters, intervals by the report's paired bootstrap over prompts
+(`decoding.stats`), outputs compared with `llamacpp_plain` on the same target file."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from specforge_lite.decoding.stats import (
     resample_indices,
     tokens_per_s,
 )
-from specforge_lite.serving.llamacpp.methods import PLAIN
+from specforge_lite.config.methods import LLAMACPP_METHODS
+from specforge_lite.serving.llamacpp.methods import PLAIN, run_methods
 
 CONVENTIONS = {
     "tau": "tokens emitted by decoding forwards / decoding target forwards, from llama.cpp's counters: each answer's "
@@ -75,13 +77,6 @@ def report_section(run: dict, report: dict, cfg) -> dict:
             "failed": failed}
 
 
-def raise_failures(section: dict | None) -> None:
-    """After the report is written: a llama.cpp method that failed fails the stage."""
-    if section and section["failed"]:
-        raise SpecforgeError("llama.cpp methods failed: " + "; ".join(f"{n}: {r['error']}"
-                                                                      for n, r in section["failed"].items()))
-
-
 def markdown(section: dict) -> str:
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     ci = lambda v, spec=".2f": "" if not v else f" ({format(v[0], spec)}-{format(v[1], spec)})"  # noqa: E731
@@ -102,3 +97,37 @@ def markdown(section: dict) -> str:
     for name, failure in section["failed"].items():
         lines.append(f"\n{name} failed: {failure['error']}")
     return "\n".join(lines) + "\n"
+
+
+class LlamaCpp:
+    """llama.cpp in process (xllamacpp) on the target's GGUF: the `llamacpp_*` methods, section
+    `llamacpp`. It measures beside our engine only: its section reads our plain answers."""
+
+    name = "llamacpp"
+    label = "llama.cpp"
+    plain = PLAIN
+    conventions = CONVENTIONS
+
+    def methods(self, method_list: list[str]) -> list[str]:
+        return [m for m in method_list if m in LLAMACPP_METHODS]
+
+    def run(self, cfg, methods: list[str], requests: list[list[int]], target, out) -> dict:
+        return run_methods(cfg, methods, requests, target.path)
+
+    def rows(self, results: dict, prompts: list[dict], requests: list[list[int]], greedy: bool) -> list[dict]:
+        raise SpecforgeError("llama.cpp methods run beside our engine only: add plain to eval.methods")
+
+    def alone(self, cfg) -> str:
+        raise SpecforgeError("llama.cpp methods run beside our engine only: add plain to eval.methods")
+
+    def report_section(self, results: dict, report: dict, plain_tokens, cfg) -> dict:
+        return report_section(results, report, cfg)
+
+    def markdown(self, section: dict, cfg) -> str:
+        return markdown(section)
+
+    def failures(self, section: dict, out) -> list[str]:
+        """A llama.cpp method that failed fails the stage once the report is written."""
+        if not section["failed"]:
+            return []
+        return ["llama.cpp methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in section["failed"].items())]

@@ -274,28 +274,24 @@ def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | N
     raise SpecforgeError(f"unknown vLLM method {name}; known: {', '.join(VLLM_METHODS)}")
 
 
-def run_methods(cfg, methods: list[str], requests: list[list[int]], eos_ids: list[int], model, tokenizer,
-                out: Path, seed_of, dtype: str | None = None) -> dict:
-    """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1, in
-    our target's dtype, or `dtype` when `model` is None (no target in this process).
+def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
+    """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1, on
+    `target` (`serving.engines.ServedTarget`: the path resolved once by the stage, its config,
+    the dtype our engine loads it in, its stop ids, our engine's model and tokenizer or None).
 
     Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"},
-    or {"error": message} for a method vLLM could not load or run (the others still run;
-    `raise_failures` fails the stage once the report is written).
+    or {"error": message} for a method vLLM could not load or run (the others still run; the
+    engine's `failures` fail the stage once the report is written).
     """
     ecfg = cfg.eval
-    dtype = str(model.dtype).removeprefix("torch.") if model is not None else dtype
-    from specforge_lite.target.loading import load_target_config, resolve_target_path
-
-    target = resolve_target_path(cfg.target.path)
-    config = model.config if model is not None else load_target_config(cfg.target, weights=False)
+    dtype, eos_ids = target.dtype, target.eos_ids
     results = {}
     for name in methods:
-        spec = speculative_config(name, cfg, model, tokenizer, out)
-        kwargs = engine_kwargs(target, dtype, ecfg.vllm, cfg.seed, spec)
+        spec = speculative_config(name, cfg, target.model, target.tokenizer, out)
+        kwargs = engine_kwargs(target.path, dtype, ecfg.vllm, cfg.seed, spec)
         try:
             with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
-                account_workers(engine, config, dtype, f"vLLM workers ({name}, tensor_parallel_size="
+                account_workers(engine, target.config, dtype, f"vLLM workers ({name}, tensor_parallel_size="
                                 f"{ecfg.vllm.tensor_parallel_size})")
                 warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
                                        eos_ids, [seed_of("warmup")])

@@ -1,13 +1,15 @@
-"""The `vllm` section of an evaluate report: vLLM's own counters next to our definitions,
-its outputs compared with our plain decoding, and its Markdown."""
+"""vLLM as an evaluate engine (`serving.engines.Engine`): its methods run on the stage's
+requests (`engine.run_methods`), the `vllm` section of the report (vLLM's own counters next to
+our definitions, its outputs compared with our plain decoding, or with vllm_plain's where our
+engine does not run), its answer rows and its Markdown."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
-from specforge_lite import SpecforgeError
-from specforge_lite.config.methods import VLLM_OF
-from specforge_lite.serving.vllm.engine import on_gpu, single_process
+from specforge_lite.config.methods import VLLM_METHODS, VLLM_OF
+from specforge_lite.serving.vllm.engine import on_gpu, run_methods, single_process
 
 CONVENTIONS = {
     "vllm_mean_acceptance_length": "vLLM's own figure (what its metrics logger prints): 1 + accepted draft tokens / "
@@ -89,14 +91,6 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | 
             "conventions": CONVENTIONS, "methods": entries, "failed": failed}
 
 
-def raise_failures(section: dict | None, log_path: Path) -> None:
-    """After the report is written: a vLLM method that failed fails the stage."""
-    if section and section["failed"]:
-        raise SpecforgeError("vLLM methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in
-                                                                 section["failed"].items())
-                             + f" (the rest is in the report; vLLM's log: {log_path})")
-
-
 def _threads(vcfg) -> str:
     if on_gpu():
         return "GPU"
@@ -128,3 +122,62 @@ def markdown(section: dict, k: int) -> str:
     for name, failure in section["failed"].items():
         lines.append(f"\n{name} failed: {failure['error']}")
     return "\n".join(lines) + "\n"
+
+
+def request_seed(base: int, *parts) -> int:
+    """The seed of one vLLM request (the same rule whether our engine runs beside vLLM or not)."""
+    digest = hashlib.sha256(":".join(map(str, (base, "vllm", *parts))).encode()).digest()
+    return int.from_bytes(digest[:6], "big") & 0x7FFFFFFF
+
+
+def answer_rows(prompts: list[dict], requests: list[list[int]], results: dict, greedy: bool) -> list[dict]:
+    """One row per prompt and vLLM method that ran, in the schema of our evaluate's `answers`
+    (what decoding/stats.py reads): decoding forwards = engine iterations - the prefill one;
+    outputs compared with vllm_plain's (first turns: one request per prompt)."""
+    base = results[Vllm.plain]["outputs"]
+    rows = []
+    for name, result in results.items():
+        for prompt, ids, output, plain in zip(prompts, requests, result.get("outputs", []), base):
+            tokens, forwards = output["token_ids"], output["counters"]["iterations"] - 1
+            rows.append({"prompt_id": prompt["id"], "category": prompt["category"], "turn": 1, "method": name,
+                         "num_prompt_tokens": len(ids), "num_tokens": len(tokens), "num_forwards": forwards,
+                         "total_s": output["seconds"], "finish": output["finish_reason"],
+                         "tau": (len(tokens) - 1) / forwards if forwards > 0 else None,
+                         "tokens_per_s": len(tokens) / output["seconds"] if output["seconds"] else None,
+                         "identical_to_plain": tokens == plain["token_ids"] if greedy else None})
+    return rows
+
+
+class Vllm:
+    """Real vLLM in a child process (`engine.py`): the `vllm_*` methods, section `vllm`."""
+
+    name = "vllm"
+    label = "vLLM"
+    plain = "vllm_plain"
+    conventions = CONVENTIONS
+
+    def methods(self, method_list: list[str]) -> list[str]:
+        return [m for m in method_list if m in VLLM_METHODS]
+
+    def run(self, cfg, methods: list[str], requests: list[list[int]], target, out: Path) -> dict:
+        return run_methods(cfg, methods, requests, target, out, lambda *parts: request_seed(cfg.seed, *parts))
+
+    def rows(self, results: dict, prompts: list[dict], requests: list[list[int]], greedy: bool) -> list[dict]:
+        return answer_rows(prompts, requests, results, greedy)
+
+    def alone(self, cfg) -> str:
+        return (f"vLLM alone, tensor_parallel_size={cfg.eval.vllm.tensor_parallel_size}; no target weights in "
+                "the evaluating process")
+
+    def report_section(self, results: dict, report: dict, plain_tokens: list[list[int]] | None, cfg) -> dict:
+        return report_section(results, report, plain_tokens, cfg)
+
+    def markdown(self, section: dict, cfg) -> str:
+        return markdown(section, cfg.eval.num_draft_tokens)
+
+    def failures(self, section: dict, out: Path) -> list[str]:
+        """A vLLM method that failed fails the stage once the report is written."""
+        if not section["failed"]:
+            return []
+        return ["vLLM methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in section["failed"].items())
+                + f" (the rest is in the report; vLLM's log: {out / 'vllm.log'})"]

@@ -1,0 +1,91 @@
+"""The evaluate stage drives every serving engine through one interface (serving/engines.py)
+and resolves target.path once: on the tiny target, with vLLM's child process replaced by a
+stand-in that answers as vllm_runner.py does (no vLLM here); everything else is real."""
+
+import json
+import sys
+
+import pytest
+
+import specforge_lite.stages.evaluate as evaluate  # imported before any test replaces what it imports
+import specforge_lite.target.loading as targets
+from specforge_lite.serving.engines import ENGINES, Engine
+from specforge_lite.serving.vllm import engine as vllm_engine
+from tests.conftest import compose
+
+SMOKE = ["+recipe=smoke", "eval.max_prompts=2", "eval.bootstrap.resamples=50", "eval.max_new_tokens=8",
+         "eval.warmup=1", "eval.plots=false", "eval.best_k_method=null"]
+
+
+class FakeVllm:
+    """vLLM's child process as `VllmEngine` talks to it: each request answered with 8 tokens in
+    8 iterations (plain decoding), the engine arguments recorded."""
+
+    started: list[dict] = []
+
+    def __init__(self, kwargs, vcfg, log_path=None):
+        self.started.append(kwargs)
+        self.load_s, self.version = 0.1, "stand-in"
+
+    def generate(self, prompts, params, one_at_a_time=False):
+        outputs = [{"token_ids": list(range(3, 3 + params["max_tokens"])), "finish_reason": "length",
+                    "seconds": 0.01, "counters": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                                  "accepted_per_position": [], "iterations": params["max_tokens"]}}
+                   for _ in prompts]
+        return {"outputs": outputs, "seconds": 0.01 * len(prompts)}
+
+    def held_weights(self):
+        return []
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """Count calls of `resolve_target_path`, wherever a module imported it by name."""
+    original, calls = targets.resolve_target_path, []
+
+    def counting(path, *args, **kwargs):
+        calls.append(path)
+        return original(path, *args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        if module is not None and getattr(module, "__name__", "").startswith("specforge_lite") \
+                and getattr(module, "resolve_target_path", None) is original:
+            monkeypatch.setattr(module, "resolve_target_path", counting)
+    FakeVllm.started = []
+    monkeypatch.setattr(vllm_engine, "VllmEngine", FakeVllm)
+    return calls
+
+
+def test_every_engine_implements_the_interface():
+    names = [engine.name for engine in ENGINES]
+    assert len(set(names)) == len(names) == 2
+    for engine in ENGINES:
+        assert isinstance(engine, Engine)  # every name of the protocol
+        assert engine.plain in engine.methods(["plain", "vllm_plain", "llamacpp_plain", "eagle3"])
+        assert engine.methods(["plain", "eagle3", "hf_generate"]) == []
+
+
+@pytest.mark.parametrize("methods", ["[plain,vllm_plain,vllm_ngram]", "[vllm_ngram]"])
+def test_a_vllm_evaluate_resolves_the_target_once(tmp_path, resolutions, methods):
+    """Beside our engine and alone, the stage resolves target.path once and every load and
+    engine reads that one path (vLLM gets it as its `model`)."""
+    cfg = compose(SMOKE + ["stage=evaluate", f"eval.methods={methods}", f"run_dir={tmp_path}"])
+    evaluate.run(cfg)
+    assert resolutions == [cfg.target.path]
+    resolved = targets.resolve_target_path(cfg.target.path)
+    assert [kwargs["model"] for kwargs in FakeVllm.started] == [resolved, resolved]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert set(report["vllm"]["methods"]) == {"vllm_plain", "vllm_ngram"}
+    alone = methods == "[vllm_ngram]"
+    assert report.get("baseline", "plain") == ("vllm_plain" if alone else "plain")
+    assert report["vllm"]["baseline"] == ("vllm_plain" if alone else "our plain")
+    assert "## vLLM stand-in" in (tmp_path / "eval" / "report.md").read_text()
