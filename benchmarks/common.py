@@ -81,6 +81,14 @@ def choose(name: str | None, known, what: str) -> str:
     return name
 
 
+def asks_help(argv: list[str], doc: str) -> bool:
+    """For a script of steps (no argparse): print its docstring when argv is -h or --help."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(doc)
+        return True
+    return False
+
+
 def known_recipe(name: str) -> str:
     """A recipe of specforge_lite/conf/recipe/ (as `+recipe=NAME` spells it), else the list of them."""
     return choose(name, (p.stem for p in RECIPES.glob("*.yaml")), "recipe")

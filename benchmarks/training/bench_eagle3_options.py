@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.common import choose, compose_config, fail, needed, run, timed, update_doc_section, write_results
+from benchmarks.common import (asks_help, choose, compose_config, fail, needed, run, timed, update_doc_section,
+                               write_results)
 
 OUT = Path("runs/bench_eagle3_options")
 HELD_SAMPLED, HELD_SOURCE = 16, 24
@@ -236,6 +237,8 @@ PROVENANCE = {"eagle3_options": "The first variants ran in a prototype of this s
 
 
 def main() -> None:
+    if asks_help(sys.argv[1:], __doc__):
+        return
     step = choose(sys.argv[1] if len(sys.argv) > 1 else None, ("features", "run", "record"), "step")
     if step == "run" and len(sys.argv) < 3:
         fail(f"usage: python -m {__spec__.name} run NAME [key=value ...]")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (ROOT, choose, compose_config, fail, needed, paired_tau_difference, run, run_cli,
-                               run_file, timed, update_doc_section, with_ci, write_results)
+from benchmarks.common import (ROOT, asks_help, choose, compose_config, fail, needed, paired_tau_difference, run,
+                               run_cli, run_file, timed, update_doc_section, with_ci, write_results)
 from specforge_lite.training.feature_formats import (FORMATS, GROUP_SIZE, TOP_K, bytes_per_token, dequantize,
                                             quantize, sparse_teacher_logits)
 
@@ -287,6 +287,8 @@ first turns of the ShareGPT held-out split, max 64 new tokens, k = 3, fp32. Over
 
 
 def main() -> None:
+    if asks_help(sys.argv[1:], __doc__):
+        return
     step = choose(sys.argv[1] if len(sys.argv) > 1 else None, ("train", "measure", "record"), "step")
     if step == "train":
         train([choose(fmt, FORMATS, "feature format") for fmt in sys.argv[2:]] or ["bf16", "int4_topk"])

@@ -27,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.common import (DOC, choose, compose_config, fail, load_results, run, run_cli, run_file,
+from benchmarks.common import (DOC, asks_help, choose, compose_config, fail, load_results, run, run_cli, run_file,
                                update_doc_section, with_ci, write_results)
 
 OUT = Path("runs/bench_learning_curve")  # relative: run from the repository's root, like every benchmark
@@ -324,6 +324,8 @@ def plot(curves: dict, goal: dict) -> str:
 
 
 def main() -> None:
+    if asks_help(sys.argv[1:], __doc__):
+        return
     verbs = {"features": features, "evaluate": evaluate, "onpolicy": onpolicy}
     step = choose(sys.argv[1] if len(sys.argv) > 1 else None, [*verbs, "train", "record"], "step")
     if step == "train" and len(sys.argv) == 3:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from benchmarks.common import fail, needed, run, run_file
+from benchmarks.common import asks_help, fail, needed, run, run_file
 
 
 def drafter_weights(run_dir: Path) -> dict:
@@ -37,6 +37,8 @@ def compare(a: Path, b: Path) -> dict:
 
 
 def main() -> None:
+    if asks_help(sys.argv[1:], __doc__):
+        return
     args = [Path(p) for p in sys.argv[1:]]
     if not args or len(args) % 2:
         fail(f"give runs in pairs: python -m {__spec__.name} RUN_A RUN_B [RUN_A2 RUN_B2 ...]")

@@ -9,6 +9,7 @@ benchmarks/results/dry_run_recipes.json and the `dry_run_recipes` section of doc
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from benchmarks.common import RECIPES, compose_config, run, update_doc_section, write_results
@@ -23,6 +24,7 @@ def fits(row: dict, memory: float) -> bool:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     recipes = sorted(p.stem for p in RECIPES.glob("*llama*.yaml"))
     tables = {}
     for name in recipes:

@@ -57,6 +57,34 @@ def test_benchmark_runs_through_the_harness(module):
     assert not re.search(r"benchmarks[./](bench_|record_|peer\b|compare_runs|dry_run|plot_learning)", text), module
 
 
+HELP_ALL = """
+import contextlib, io, json, runpy, sys
+codes = {}
+for module in sys.argv[1:]:
+    sys.argv = [module, "--help"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        codes[module] = 0
+    except SystemExit as stop:
+        codes[module] = stop.code or 0
+    codes[module] = [codes[module], bool(out.getvalue().strip())]
+print(json.dumps(codes))
+"""
+
+
+def test_every_benchmark_answers_help_and_runs_nothing():
+    """`--help` prints usage and exits 0, for every script (one child process: torch imported once)."""
+    results = {p: p.stat().st_mtime_ns for p in (BENCH / "results").glob("*.json")}
+    modules = sorted(set(MODULES) - OWN_ENVIRONMENT)
+    done = subprocess.run([sys.executable, "-c", HELP_ALL, *modules], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {m: [0, True] for m in modules}
+    assert {p: p.stat().st_mtime_ns for p in (BENCH / "results").glob("*.json")} == results
+
+
 def test_listing_shows_each_benchmark_once_with_its_group_and_summary():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
