@@ -47,8 +47,6 @@ one run (the machines are shared and noisy); absolute tokens/s vary between runs
 
 
 def machine() -> str:
-    import os
-
     import torch
 
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
@@ -191,6 +189,7 @@ def paired_tau_difference(answers: list[dict], reference: list[dict], method: st
 # --- results -----------------------------------------------------------------------------
 
 def write_results(name: str, payload: dict) -> Path:
+    """benchmarks/results/NAME.json: the payload under the date, machine and package versions."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                "versions": package_versions(), **payload}
