@@ -97,7 +97,12 @@ class Drafter(Protocol):
       stage calls it when the target runs compiled (`eval.engine`), so drafter and target
       go through the same mechanism (`runtime/graph_cache.compile_kept`: on a CPU packages
       kept between runs; its `graph_source`, "compiled" or "loaded", goes in the report);
-      a drafter without it drafts eagerly.
+      a drafter without it drafts eagerly;
+    - optional `propose_tree(ctx, depth, branch, nodes) -> decoding.tree.DraftTree`: a draft
+      tree instead of a chain (paths of at most `depth` drafts, at most `branch` children a
+      node, `nodes` nodes in all), called once per step as `propose` is (also with depth 0);
+      `accept` then gets the accepted path's length. A drafter without it cannot branch
+      (`eval.tree` refuses it).
     """
 
     name: str
@@ -150,7 +155,14 @@ class DrafterModule(Protocol):
         drafter, or None.
       VLLM_SERVING: (vLLM speculative method, export subfolder[, extra speculative_config
         keys]) when vLLM serves its export (evaluate's `vllm_NAME` method), or None.
+      LLAMACPP_SERVING: (llama.cpp speculative type, draft GGUF file under export/gguf) when
+        llama.cpp runs its GGUF export (`export.gguf=true`, evaluate's `llamacpp_NAME` method),
+        else the one line that says why it cannot.
+      These two are the only record of which engine serves which drafter; `config.methods`
+        and `serving/` derive their method names and tables from them.
     Training (the train stage, in this order)
+      READS_LAST_HIDDEN: whether its training reads the target's last hidden state from the
+        features (`train.feature_format=int4_topk` stores the teacher's top logits instead).
       build(cfg, target, token_counts) -> nn.Module
       target_layers(drafter) -> list[int]: hidden states read besides the last
       batch_preparer(drafter, target) -> prepare(batch, aux, last, own)
@@ -173,6 +185,8 @@ class DrafterModule(Protocol):
     UNTRACKED_OPTIONS: tuple[str, ...]
     SERVING_NOTE: str | None
     VLLM_SERVING: tuple | None
+    LLAMACPP_SERVING: tuple | str
+    READS_LAST_HIDDEN: bool
     build: Callable
     target_layers: Callable
     batch_preparer: Callable

@@ -6,7 +6,7 @@ Families: `plain` (our decoding loop without drafts, the baseline of every ratio
 engine's own drafters (`ENGINE_DRAFTERS`, built by `decoding.drafters.BUILTIN`); the trained
 drafters of the registry; Hugging Face's decoders (`HF_METHODS`); the same decoders served by
 real vLLM (`VLLM_METHODS`, `vllm_<ours>`); llama.cpp itself on the target's GGUF
-(`LLAMACPP_METHODS`: plain, its own n-gram drafter, our EAGLE-3 and distilled drafters' GGUFs;
+(`LLAMACPP_METHODS`: plain, its own n-gram drafter, the GGUFs of our drafters it runs;
 `make llamacpp`, checked at the door by `llamacpp.checks`); and `eval.extra_drafters` labels.
 """
 
@@ -26,12 +26,20 @@ def served_drafters() -> dict[str, tuple]:
     return {name: module.VLLM_SERVING for name, module in DRAFTERS.items() if module.VLLM_SERVING}
 
 
+def gguf_drafters() -> dict[str, tuple[str, str]]:
+    """Trained drafter name -> (llama.cpp speculative type, its draft GGUF's file name), for
+    every registered drafter whose `LLAMACPP_SERVING` says llama.cpp runs it."""
+    return {name: module.LLAMACPP_SERVING for name, module in DRAFTERS.items()
+            if isinstance(module.LLAMACPP_SERVING, tuple)}
+
+
 # vllm_<our method>: the same decoder served by real vLLM
 VLLM_OF = {"vllm_plain": PLAIN, "vllm_ngram": "ngram", "vllm_untrained_draft": "untrained_draft",
            **{f"vllm_{name}": name for name in served_drafters()}}
 VLLM_METHODS = tuple(VLLM_OF)
-# llama.cpp (xllamacpp, in-process): plain, its ngram-simple drafter, draft-eagle3, draft-simple
-LLAMACPP_METHODS = ("llamacpp_plain", "llamacpp_ngram", "llamacpp_eagle3", "llamacpp_distilled")
+# llamacpp_<method>: llama.cpp (xllamacpp, in-process) plain, its own ngram-simple drafter (not
+# our ngram), and each drafter it runs from its GGUF export
+LLAMACPP_METHODS = ("llamacpp_plain", "llamacpp_ngram", *(f"llamacpp_{name}" for name in gguf_drafters()))
 
 
 def known() -> list[str]:

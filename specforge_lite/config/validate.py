@@ -31,7 +31,7 @@ from specforge_lite.artifacts import STAGE_DIRS, folder_problem, samples_dir
 from specforge_lite.config.stages import COMMANDS, SAMPLE, runs
 from specforge_lite.config.methods import VLLM_METHODS, method_problems
 from specforge_lite.serving.llamacpp import checks as llamacpp_checks
-from specforge_lite.config.registry import sglang_refusal
+from specforge_lite.config.registry import DRAFTERS, sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
 
 
@@ -225,7 +225,7 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
 
         if not Path(init_from).is_dir():
             problems.append(f"drafter.init_from={init_from!r}: no such folder")
-    if tcfg.feature_format == "int4_topk" and cfg.drafter.name not in ("eagle3", "peagle"):
+    if tcfg.feature_format == "int4_topk" and DRAFTERS[str(cfg.drafter.name)].READS_LAST_HIDDEN:
         problems.append(f"train.feature_format=int4_topk stores the teacher instead of the last hidden state, which "
                         f"drafter {cfg.drafter.name} reads: use bf16, int8 or int4")
     elif tcfg.feature_format == "int4_topk" and (cfg.drafter.get("draft_vocab_size") or 0) > 2 ** 15:

@@ -89,3 +89,27 @@ def test_a_vllm_evaluate_resolves_the_target_once(tmp_path, resolutions, methods
     assert report.get("baseline", "plain") == ("vllm_plain" if alone else "plain")
     assert report["vllm"]["baseline"] == ("vllm_plain" if alone else "our plain")
     assert "## vLLM stand-in" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_which_engine_serves_which_drafter_comes_from_the_contract():
+    """The method catalogue, llama.cpp's tables and the door's refusals are views of each
+    drafter's VLLM_SERVING / LLAMACPP_SERVING: adding a drafter touches its own folder only."""
+    from specforge_lite.config.methods import LLAMACPP_METHODS, VLLM_METHODS
+    from specforge_lite.config.registry import DRAFTERS
+    from specforge_lite.serving.llamacpp.checks import DRAFT_OF, GGUF_DRAFTERS, gguf_refusal
+    from specforge_lite.serving.llamacpp.runner import METHODS, NEEDS_DRAFT, SPEC_TYPE_FLAGS
+
+    assert set(METHODS) == set(LLAMACPP_METHODS)
+    for name, module in DRAFTERS.items():
+        served = module.LLAMACPP_SERVING
+        assert isinstance(served, (tuple, str)) and served, name
+        runs = isinstance(served, tuple)
+        assert (f"llamacpp_{name}" in LLAMACPP_METHODS) == runs == (f"llamacpp_{name}" in NEEDS_DRAFT)
+        assert (f"vllm_{name}" in VLLM_METHODS) == bool(module.VLLM_SERVING)
+        if runs:
+            spec_type, file = served
+            assert METHODS[f"llamacpp_{name}"] == spec_type and spec_type in SPEC_TYPE_FLAGS
+            assert GGUF_DRAFTERS[name] == (SPEC_TYPE_FLAGS[spec_type], file) and DRAFT_OF[f"llamacpp_{name}"] == name
+            assert gguf_refusal(name, {}) is None
+        else:
+            assert gguf_refusal(name, {}) == served

@@ -11,7 +11,8 @@ import pytest
 from specforge_lite.config.registry import DRAFTERS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specforge_lite"
-CONTRACT = ("NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
+CONTRACT = ("NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "LLAMACPP_SERVING",
+            "READS_LAST_HIDDEN", "build", "target_layers", "batch_preparer",
             "loss_and_metrics", "trained_weights", "describe", "save", "load", "decoder", "export", "dry_size")
 FILES = {"__init__.py", "options.py", "model.py", "train.py", "decode.py", "export.py"}
 

@@ -22,6 +22,8 @@ from specforge_lite.drafters.distilled.train import (NAME, batch_preparer, build
 UNTRACKED_OPTIONS: tuple[str, ...] = ("simulated_k",)  # only what the training log reports
 SERVING_NOTE = None
 VLLM_SERVING = ("draft_model", "draft_model")  # vLLM speculative method, export subfolder
+LLAMACPP_SERVING = ("DRAFT_SIMPLE", "draft_model.gguf")  # llama.cpp speculative type, draft GGUF
+READS_LAST_HIDDEN = True  # its soft labels come from the target's last hidden state
 
 
 def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
@@ -62,5 +64,6 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         frozen_bytes=total * 2 if dcfg.lora else 0)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "LLAMACPP_SERVING",
+           "READS_LAST_HIDDEN", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

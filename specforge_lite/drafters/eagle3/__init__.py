@@ -22,6 +22,8 @@ NAME = "eagle3"
 UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = None
 VLLM_SERVING = ("eagle3", "speculators")  # vLLM speculative method, export subfolder
+LLAMACPP_SERVING = ("DRAFT_EAGLE3", "eagle3.gguf")  # llama.cpp speculative type, draft GGUF under export/gguf
+READS_LAST_HIDDEN = False  # trains on aux layers and the teacher's logits (int4_topk features work)
 
 
 def decoder(drafter: Eagle3Drafter) -> Eagle3DecodeDrafter:
@@ -49,5 +51,6 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         activation_bytes=activations, target_logits_bytes=batch * seq * vd * 4, aux_layers=3)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "LLAMACPP_SERVING",
+           "READS_LAST_HIDDEN", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

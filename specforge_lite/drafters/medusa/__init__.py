@@ -22,6 +22,8 @@ UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = ("vLLM serves Medusa only up to 0.32 (0.33 removed it), and 0.32 only with the full vocabulary "
                 "(drafter.draft_vocab_size at least the target's)")
 VLLM_SERVING = ("medusa", "medusa")  # vLLM speculative method, export subfolder
+LLAMACPP_SERVING = "llama.cpp has no Medusa drafter (its speculative types: draft-simple, draft-eagle3, n-gram ones)"
+READS_LAST_HIDDEN = True  # its heads read the target's last hidden state
 
 
 def decoder(heads: MedusaHeads) -> MedusaDecodeDrafter:
@@ -45,5 +47,6 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         target_logits_bytes=batch * seq * vd * 4)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "LLAMACPP_SERVING",
+           "READS_LAST_HIDDEN", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

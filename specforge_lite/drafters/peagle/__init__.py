@@ -29,6 +29,9 @@ SERVING_NOTE = ("vLLM serves P-EAGLE on its EAGLE-3 proposer: pass "
 # vLLM serves the export on its EAGLE-3 proposer with parallel drafting (evaluate's vllm_peagle;
 # tests/integration/test_vllm.py serves one)
 VLLM_SERVING = ("eagle3", "speculators", {"parallel_drafting": True})
+LLAMACPP_SERVING = ("llama.cpp has no P-EAGLE drafter (parallel drafting with a mask token); its EAGLE-3 graph "
+                    "drafts one token per forward")
+READS_LAST_HIDDEN = False  # trains on aux layers and the teacher's logits (int4_topk features work)
 
 
 def decoder(drafter: PEagleDrafter) -> PEagleDecodeDrafter:
@@ -65,5 +68,6 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         activation_bytes=activations, target_logits_bytes=batch * seq * vd * 4, aux_layers=3)
 
 
-__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "build", "target_layers", "batch_preparer",
+__all__ = ["NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "LLAMACPP_SERVING",
+           "READS_LAST_HIDDEN", "build", "target_layers", "batch_preparer",
            "loss_and_metrics", "trained_weights", "describe", "save", "load", "layout", "decoder", "export", "dry_size"]

@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from specforge_lite.config.stages import runs
-from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, METHODS
+from specforge_lite.config.methods import gguf_drafters
+from specforge_lite.config.registry import DRAFTERS
+from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, METHODS, SPEC_TYPE_FLAGS
 
+# views of the drafters' contract (`LLAMACPP_SERVING`), the one place that says what llama.cpp runs:
 # drafter kind -> (llama.cpp speculative type flag, file name under export/gguf)
-GGUF_DRAFTERS = {"eagle3": ("draft-eagle3", "eagle3.gguf"), "distilled": ("draft-simple", "draft_model.gguf")}
+GGUF_DRAFTERS = {name: (SPEC_TYPE_FLAGS[spec_type], file) for name, (spec_type, file) in gguf_drafters().items()}
 # evaluate method -> the trained drafter whose GGUF it serves
-DRAFT_OF = {"llamacpp_eagle3": "eagle3", "llamacpp_distilled": "distilled"}
+DRAFT_OF = {f"llamacpp_{name}": name for name in GGUF_DRAFTERS}
+# drafter kind -> why llama.cpp cannot run it
+NO_GGUF = {name: module.LLAMACPP_SERVING for name, module in DRAFTERS.items()
+           if isinstance(module.LLAMACPP_SERVING, str)}
+EAGLE3_GRAPH = "draft-eagle3"  # llama.cpp's EAGLE-3 graph: fixed tap layers, no EAGLE-3.1 norms
 EAGLE31_NORMS = ("norm_before_fc", "fc_norm", "norm_output")
-NO_GGUF = {
-    "medusa": "llama.cpp has no Medusa drafter (its speculative types: draft-simple, draft-eagle3, n-gram ones)",
-    "peagle": "llama.cpp has no P-EAGLE drafter (parallel drafting with a mask token); its EAGLE-3 graph drafts one "
-              "token per forward",
-}
 
 
 def extract_layers(num_target_layers: int) -> list[int]:
@@ -41,7 +43,7 @@ def gguf_refusal(kind: str, options: Any, num_target_layers: int | None = None) 
         return NO_GGUF[kind]
     if kind not in GGUF_DRAFTERS:
         return f"no GGUF layout for a {kind} drafter; llama.cpp runs {', '.join(GGUF_DRAFTERS)}"
-    if kind == "eagle3":
+    if GGUF_DRAFTERS[kind][0] == EAGLE3_GRAPH:
         norms = [name for name in EAGLE31_NORMS if options.get(name)]
         if norms:
             return (f"drafter.{norms[0]}=true: the EAGLE-3.1 norms ({', '.join(norms)}) are not in llama.cpp's "

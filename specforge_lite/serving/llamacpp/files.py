@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text
-from specforge_lite.serving.llamacpp.checks import DRAFT_OF, GGUF_DRAFTERS, gguf_refusal
+from specforge_lite.serving.llamacpp.checks import DRAFT_OF, EAGLE3_GRAPH, GGUF_DRAFTERS, gguf_refusal
 from specforge_lite.serving.llamacpp.gguf_export import (
     GGUFExportError,
     cached_target_gguf,
@@ -70,7 +70,8 @@ def write_gguf_folder(target_path: str, kind: str, served_dir: Path, out: Path, 
     out.mkdir(parents=True, exist_ok=True)
     draft = out / GGUF_DRAFTERS[kind][1]
     draft_precision = "f32" if precision == "f32" else "f16"
-    if kind == "eagle3":
+    eagle3_graph = GGUF_DRAFTERS[kind][0] == EAGLE3_GRAPH  # the drafter's contract names its graph
+    if eagle3_graph:
         eagle3_to_gguf(served_dir, target, draft, precision=draft_precision)
     else:
         llama_to_gguf(served_dir, draft, vocab_gguf=target, precision=draft_precision)
@@ -84,7 +85,7 @@ def write_gguf_folder(target_path: str, kind: str, served_dir: Path, out: Path, 
     info = {"target": paired.name, "target_source": target.name, "target_precision": precision,
             "draft": draft.name, "draft_precision": draft_precision, "spec_type": GGUF_DRAFTERS[kind][0],
             "speculative_tokens": k, "command": serve_command(kind, k), "load_check": check,
-            "extract_layers": llamacpp_extract_layers(layers) if kind == "eagle3" else None}
+            "extract_layers": llamacpp_extract_layers(layers) if eagle3_graph else None}
     atomic_write_json(out / "gguf.json", info)
     atomic_write_text(out / "README.md", readme(kind, info))
     return info

@@ -11,8 +11,9 @@ later forward emits its accepted drafts + 1, so the decoding forwards are
 `predicted_n - 1 - draft_n_accepted` and tau = (predicted_n - 1) / that.
 
 Methods: `llamacpp_plain`; `llamacpp_ngram` (llama.cpp's `ngram-simple` drafter: the last
-n-gram's previous continuation in the context); `llamacpp_eagle3` (`draft-eagle3`, our
-EAGLE-3 GGUF); `llamacpp_distilled` (`draft-simple`, our distilled draft model's GGUF).
+n-gram's previous continuation in the context); `llamacpp_NAME` for each trained drafter whose
+contract says llama.cpp runs its GGUF (`LLAMACPP_SERVING`: EAGLE-3 with `draft-eagle3`, the
+distilled draft model with `draft-simple`).
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
+from specforge_lite.config.methods import gguf_drafters
 
 INSTALL_HINT = "make llamacpp (or pip install '.[llamacpp]')"
 
-# method -> llama.cpp speculative type (None: plain decoding)
+# method -> llama.cpp speculative type (None: plain decoding); a trained drafter's method and type
+# come from its contract (`LLAMACPP_SERVING`, through `config.methods.gguf_drafters`)
 METHODS = {
     "llamacpp_plain": None,
     "llamacpp_ngram": "NGRAM_SIMPLE",
-    "llamacpp_eagle3": "DRAFT_EAGLE3",
-    "llamacpp_distilled": "DRAFT_SIMPLE",
+    **{f"llamacpp_{name}": spec_type for name, (spec_type, _) in gguf_drafters().items()},
 }
-NEEDS_DRAFT = {"llamacpp_eagle3", "llamacpp_distilled"}
+NEEDS_DRAFT = {method for method in METHODS if method not in ("llamacpp_plain", "llamacpp_ngram")}
 # the command-line spelling of each type, for the recipe card and the results file
 SPEC_TYPE_FLAGS = {"NGRAM_SIMPLE": "ngram-simple", "DRAFT_EAGLE3": "draft-eagle3", "DRAFT_SIMPLE": "draft-simple"}
 
