@@ -211,7 +211,14 @@ class TrainConfig:
     mode: TrainMode = TrainMode.online
     epochs: float = checked(1.0, gt=0.0)
     max_steps: Optional[int] = checked(None, ge=1)  # optimizer steps; overrides epochs
-    batch_size: int = checked(4, ge=1)  # sequences per micro-batch
+    batch_size: int = checked(4, ge=1)  # sequences per micro-batch over ALL ranks (raised to the world size)
+    # global tokens per optimizer step instead of batch_size: a count, or auto (each rank's micro-batch
+    # the most its device holds, from the sizing at the door; a small one on a CPU); rows packed by
+    # length into each rank's budget (specforge_lite/training/batching.py); null: batch_size
+    tokens_per_step: Optional[str] = checked(None, pattern=r"auto|[0-9][0-9_]*", allowed="a token count or auto")
+    # the device's bf16 dense peak for the MFU estimate: TFLOP/s, or a GPU of training/throughput.py's
+    # table (h100_sxm, h200, a100_80gb, ...); null: looked up from the device's name (none when unknown)
+    peak_tflops: Optional[str] = None
     grad_accum: int = checked(1, ge=1)
     lr: float = checked(3e-4, gt=0.0)
     min_lr_ratio: float = checked(0.1, ge=0.0, le=1.0)

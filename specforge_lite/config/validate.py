@@ -33,6 +33,9 @@ from specforge_lite.config.methods import VLLM_METHODS, method_problems
 from specforge_lite.serving.llamacpp import checks as llamacpp_checks
 from specforge_lite.config.registry import DRAFTERS, sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
+from specforge_lite.scale.launch import num_processes
+from specforge_lite.scale.sizing import batch_choice
+from specforge_lite.training.throughput import peak_tflops
 
 
 def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
@@ -70,6 +73,7 @@ def validate_for_target(cfg: DictConfig) -> None:
     _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
     if cfg.stage == "train" and cfg.train.dry_run:
         return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
+    _refuse(training_problems(cfg))  # before the target's config is read (a hub id a sharded target cannot take)
     from specforge_lite.target.loading import load_target_config, resolve_target_path
 
     # export reads only the embeddings, final norm and lm_head (target_head.py checks their files)
@@ -203,6 +207,27 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     return [p for p in problems if p]
 
 
+# --------------------------------------------------------------------------- the training's layout
+
+def training_problems(cfg: DictConfig) -> list[str]:
+    """For the stages that train: a sharded target's path must be a local directory (its
+    safetensors files are read by name), and `train.tokens_per_step` must fit the ranks and the
+    devices this process sees (scale/sizing.py `batch_choice`)."""
+    if not COMMANDS[cfg.stage].builds_drafter:
+        return []
+    path = str(cfg.target.path)
+    if cfg.trainer.shard_target and not path.startswith("builtin:") and not Path(path).expanduser().is_dir():
+        return [f"trainer.shard_target=true reads the target's safetensors files from a local directory, and "
+                f"target.path={path!r} is none: download it first (huggingface-cli download {path} --local-dir "
+                f"DIR) and give target.path=DIR"]
+    world = int(os.environ.get("WORLD_SIZE") or num_processes(cfg) * cfg.trainer.num_nodes)
+    try:
+        batch_choice(cfg, world)
+    except SpecforgeError as err:
+        return [str(err)]
+    return []
+
+
 # --------------------------------------------------------------------------- rules between fields
 
 def cross_field_problems(cfg: DictConfig) -> list[str]:
@@ -231,6 +256,13 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
     elif tcfg.feature_format == "int4_topk" and (cfg.drafter.get("draft_vocab_size") or 0) > 2 ** 15:
         problems.append(f"train.feature_format=int4_topk stores draft ids as int16: drafter.draft_vocab_size="
                         f"{cfg.drafter.draft_vocab_size} is above {2 ** 15}; use int4 or a smaller draft vocab")
+    try:  # the MFU estimate's device peak: a number or a GPU of the table
+        peak_tflops(tcfg.peak_tflops)
+    except SpecforgeError as err:
+        problems.append(str(err))
+    if tcfg.tokens_per_step not in (None, "auto") and int(tcfg.tokens_per_step.replace("_", "")) < cfg.data.max_length:
+        problems.append(f"train.tokens_per_step={tcfg.tokens_per_step} is below one sequence of data.max_length="
+                        f"{cfg.data.max_length}: give at least {cfg.data.max_length} (or auto)")
     if not tcfg.use_samples and tcfg.source_conversations == 0:
         problems.append("train.use_samples=false with train.source_conversations=0 leaves nothing to train on: "
                         "set train.source_conversations > 0")

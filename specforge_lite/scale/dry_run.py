@@ -87,7 +87,9 @@ def estimate(cfg: DictConfig, config, size, target_params: int, layer_params: in
             "target_logits_gib": target_logits / GiB, "total_gib": total / GiB}
 
 
-def dry_run(cfg: DictConfig, config=None) -> dict:
+def dry_run(cfg: DictConfig, config=None, batch=None) -> dict:
+    """Print and record the sizes; `batch`: the `training.batching.BatchChoice` that `cfg`'s
+    train.batch_size already holds per rank (scale/sizing.py `dry_run_choice`)."""
     from transformers import AutoModelForCausalLM
 
     if config is None:  # the caller checked cfg against it (`validate.validate_config`)
@@ -107,9 +109,10 @@ def dry_run(cfg: DictConfig, config=None) -> dict:
               "strategy": strategy, "num_gpus": gpus, "shard_target": bool(cfg.trainer.shard_target),
               "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
               "mode": mode, "offline_feature_bytes_per_token": bytes_per_token(fmt, config.hidden_size, aux),
-              "offline_feature_format": fmt}
+              "offline_feature_format": fmt, "batch": None if batch is None else batch.record()}
     lines = [f"dry run: {cfg.recipe_name} (nothing downloaded, nothing trained)",
              f"  target {cfg.target.path}: {target_params / 1e9:.2f}B parameters", size.line,
+             *([f"  {batch.line()}"] if batch is not None else []),
              f"  per-GPU memory (GiB) with trainer={strategy} on {gpus} GPUs"
              f"{' (target layers sharded)' if cfg.trainer.shard_target else ''}, seq {cfg.data.max_length}, "
              f"batch {per_gpu_batch(cfg)} per GPU:"]

@@ -19,6 +19,11 @@ and the rehearsal runs the same commands, each as typed, with only these setting
   our engine's twins of its methods (vllm_eagle3 -> eagle3), which hold the whole target:
   such a stage is reported under `rehearsal.pending` instead.
 
+A card command marked `rehearse: false` (installing, downloading the weights, serving) is
+printed in the card and skipped here; a `train.dry_run=true` command loads no target.
+After every training command the rehearsal reads the per-rank real-token counts the stage
+wrote (run_dir/train/metrics.json) and fails when any rank trained on no real token in a step.
+
 Each stage records what every rank holds of the target (`specforge_lite/scale/accounting.py`); the
 rehearsal compares each rank's peak of decoder-layer weights with 1/R of them, per command,
 and writes `benchmarks/results/rehearse_NAME.json`. A stage listed under `rehearsal.pending`
@@ -42,6 +47,7 @@ import yaml
 
 from specforge_lite.scale.accounting import clear, stage_summary
 from specforge_lite.config.methods import VLLM_OF
+from specforge_lite.config.stages import COMMANDS, runs
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -67,8 +73,8 @@ def load_spec(recipe: str) -> dict:
 
 def card_section(spec: dict) -> str:
     lines = [BEGIN, "", "```bash"]
-    for command in spec["commands"]:
-        lines.append(f"# {command['says']}")
+    for number, command in enumerate(spec["commands"], 1):
+        lines.append(f"# {number}. {command['says']}")
         lines.append(command["run"])
     lines += ["```", "", f"Rehearsed on CPU ranks with a tiny stand-in target: `make rehearse RECIPE={spec['recipe']}` "
               f"(the same commands with {spec['rehearsal']['ranks']} ranks for the node's "
@@ -90,14 +96,17 @@ def last_verdicts(spec: dict) -> list[str]:
     how = ("Sampling and evaluate ran in vLLM as the card says, with tensor parallelism over the CPU ranks, each "
            "worker reporting what it holds." if run.get("vllm") else
            f"Substituted without vLLM: {run['substituted']}." if run.get("substituted") else None)
+    trained = [f"{c['label']} ({', '.join(f'r{r} {n}' for r, n in enumerate(c['real_tokens_per_rank']))} real tokens "
+               f"over {c['steps']} steps)" for c in run["commands"] if c.get("real_tokens_per_rank")]
     for command in run["commands"]:
-        for stage, acc in command["stages"].items():
+        for stage, acc in command.get("stages", {}).items():
             name = command["label"] if command["label"] == stage else f"{command['label']} ({stage})"
             (within if acc["within_share"] else not_yet).append(
                 name if acc["within_share"] else f"{name}: {acc['verdict'].split(': ', 1)[-1]}")
     return ["", *([how] if how else []),
             "Every rank within its share of the target's layer weights: " + (", ".join(within) or "none") + ".",
-            *([f"Not yet: {'; '.join(not_yet)}."] if not_yet else [])]
+            *([f"Not yet: {'; '.join(not_yet)}."] if not_yet else []),
+            *([f"Every rank trained on real tokens at every step: {'; '.join(trained)}."] if trained else [])]
 
 
 def write_card(recipe: str) -> bool:
@@ -193,7 +202,10 @@ def engine_twins(run: str) -> str | None:
     return None
 
 
-def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dict:
+def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False, labels: tuple[str, ...] | None = None,
+             extra: dict | None = None) -> dict:
+    """The card's commands (those of `labels`, default all) on `ranks` CPU ranks; `extra`:
+    settings added after the rehearsal's own (a test's variation of the card)."""
     spec = load_spec(recipe)
     rehearsal = spec["rehearsal"]
     shutil.rmtree(work / "run", ignore_errors=True)  # a rehearsal starts from nothing: no stage resumes
@@ -208,6 +220,7 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
     for item in rehearsal.get("overrides", []):
         key, value = item.split("=", 1)
         settings[key] = value
+    settings.update(extra or {})
     env = dict(os.environ, WANDB_MODE=os.environ.get("WANDB_MODE", "offline"), HF_HUB_OFFLINE="1")
     pending = rehearsal.get("pending", {})
     def portable(text: str) -> str:  # results name the work folder, not this machine's path
@@ -217,7 +230,16 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
            "stand_in": {k: portable(v) for k, v in settings.items() if k.startswith(("target.", "drafter."))},
            "commands": []}
     for command in spec["commands"]:
+        if labels is not None and command["label"] not in labels:
+            continue
+        if command.get("rehearse") is False:  # installing, downloading, serving: the card's, not the CPU's
+            out["commands"].append({"label": command["label"], "card": command["run"], "skipped": True,
+                                    "returncode": 0, "stages": {}})
+            continue
         clear(settings["run_dir"])
+        trains = trains_drafter(command["run"])
+        if trains:  # the counts this command's ranks write, not an earlier command's
+            (Path(settings["run_dir"]) / "train" / "metrics.json").unlink(missing_ok=True)
         twins = None if use_vllm else engine_twins(command["run"])
         argv = rehearsed_argv(command["run"], {**settings, **({"eval.methods": twins} if twins else {})})
         print(f"rehearse [{command['label']}]: {shlex.join(argv[1:])}", flush=True)
@@ -232,15 +254,19 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
             acc["verdict"] = ("within share" if acc["within_share"] else
                               f"NOT YET within share: {pending[key]}" if key in pending and not use_vllm
                               else "OVER SHARE")
-        if not entry["stages"]:
+        if not entry["stages"] and "train.dry_run=true" not in command["run"]:
             entry["note"] = "no target weights loaded through an accounted loader (accounting.record_target)"
+        if trains and not proc.returncode:
+            entry.update(rank_counts(Path(settings["run_dir"]) / "train" / "metrics.json"))
         out["commands"].append(entry)
         if proc.returncode:
             break
     out["failures"] = [f"{c['label']}: exit status {c['returncode']}" for c in out["commands"] if c["returncode"]]
     # every stage says what its ranks (or vLLM's workers) hold: one that recorded nothing is unproven
     out["failures"] += [f"{c['label']}: no rank recorded what it holds of the target" for c in out["commands"]
-                        if not c["returncode"] and not c["stages"]]
+                        if not c["returncode"] and not c["stages"] and not c.get("skipped")
+                        and "train.dry_run=true" not in c["card"]]
+    out["failures"] += [f"{c['label']}: {c['idle_problem']}" for c in out["commands"] if c.get("idle_problem")]
     out["failures"] += [f"{c['label']}/{s}: rank peak {a['layer_bytes_peak']} B of layer weights > share "
                         f"{a['layer_bytes_share']} B" for c in out["commands"] for s, a in c["stages"].items()
                         if a["verdict"] == "OVER SHARE"]
@@ -248,12 +274,42 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False) -> dic
     return out
 
 
+def trains_drafter(run: str) -> bool:
+    """A card command that runs the train stage (alone or in `run`), not a dry run."""
+    words = shlex.split(run)
+    return words[:3] == ["python", "-m", "specforge_lite"] and len(words) > 3 and words[3] in COMMANDS \
+        and runs(words[3], "train") and "train.dry_run=true" not in words
+
+
+def rank_counts(metrics_path: Path) -> dict:
+    """Every rank's real tokens and the steps it trained on none (the train stage's metrics.json),
+    with `idle_problem` when a rank idled in some step or no counts were written."""
+    if not metrics_path.exists():
+        return {"idle_problem": f"{metrics_path.name} not written: no per-rank counts to check"}
+    metrics = json.loads(metrics_path.read_text())
+    tokens, idle = metrics.get("tokens_per_rank"), metrics.get("idle_steps_per_rank")
+    if tokens is None or idle is None:
+        return {"idle_problem": f"{metrics_path.name} holds no per-rank counts"}
+    counts = {"real_tokens_per_rank": tokens, "idle_steps_per_rank": idle, "steps": metrics.get("steps"),
+              "batching": metrics.get("batching")}
+    idle_ranks = [f"rank {r} in {n} step(s)" for r, n in enumerate(idle) if n or not tokens[r]]
+    if idle_ranks:
+        counts["idle_problem"] = "trained on no real token: " + ", ".join(idle_ranks)
+    return counts
+
+
 def report(result: dict) -> str:
     lines = [f"rehearsal of {result['recipe']} on {result['ranks']} CPU ranks"
              + (f" ({result['substituted']})" if result["substituted"] else "")]
     for command in result["commands"]:
+        if command.get("skipped"):
+            lines.append(f"  {command['label']}: on the GPU node only (not rehearsed)")
+            continue
         lines.append(f"  {command['label']}: exit {command['returncode']}, {command['seconds']} s"
                      + (f" ({command['note']})" if command.get("note") else ""))
+        if command.get("real_tokens_per_rank"):
+            lines.append(f"    real tokens per rank {command['real_tokens_per_rank']} over {command['steps']} steps, "
+                         f"steps with none {command['idle_steps_per_rank']}")
         for stage, acc in command["stages"].items():
             per_rank = ", ".join(f"{r if r.startswith('vllm') else f'r{r}'} {b / 1e6:.2f}" for r, b in acc["ranks"].items())
             lines.append(f"    {stage:<9} layer weights held (MB) {per_rank} of {acc['layer_bytes_total'] / 1e6:.2f}; "

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json
 from specforge_lite.scale.dry_run import GiB, estimate, per_gpu_batch
+from specforge_lite.training.batching import BatchChoice, choose, parse_tokens
 from specforge_lite.training.feature_formats import bytes_per_token
 from specforge_lite.config.methods import VLLM_METHODS, engine_needed, vllm_override
 from specforge_lite.config.registry import chosen_drafter
@@ -227,3 +228,64 @@ def report(cfg: DictConfig, config=None) -> dict:
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(cfg.run_dir) / "dry_run.json", table)
     return table
+
+
+# --------------------------------------------------------------------------- the batch a device holds
+
+TRAIN_ROWS = ("features", "train")  # what a training rank holds (features: offline, before training)
+MOST_SEQUENCES = 4096  # the search's ceiling, sequences of data.max_length per rank
+
+
+def at_micro_batch(cfg: DictConfig, per_rank: int, world: int) -> DictConfig:
+    """`cfg` with `per_rank` sequences per rank on `world` ranks, as the sizing reads a batch."""
+    return OmegaConf.merge(cfg, {"train": {"batch_size": per_rank * world, "tokens_per_step": None},
+                                 "trainer": {"dry_run_gpus": world}})
+
+
+def largest_micro_batch(cfg: DictConfig, world: int, memory: float, config=None) -> int:
+    """The most sequences of data.max_length per rank whose training rows (`TRAIN_ROWS` of
+    `stage_table`) fit `memory`; 0 when not even one does."""
+    config = config or sizing_config(cfg.target.path)
+
+    def fit(n: int) -> bool:
+        rows = stage_table(at_micro_batch(cfg, n, world), config, world=world, disk=False)["stages"]
+        return all(fits(rows[name], memory) for name in TRAIN_ROWS if name in rows)
+
+    if not fit(1):
+        return 0
+    low, high = 1, 2
+    while high <= MOST_SEQUENCES and fit(high):
+        low, high = high, high * 2
+    while high - low > 1:  # fit(low), not fit(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fit(middle) else (low, middle)
+    return min(low, MOST_SEQUENCES)
+
+
+def batch_choice(cfg: DictConfig, world: int, config=None, memory: float | None = None,
+                 where: str | None = None) -> BatchChoice:
+    """`train.tokens_per_step` / `train.batch_size` made a batch per rank on `world` ranks
+    (training/batching.py); `auto` and a token count are sized against `memory` (default: the
+    devices this process sees, `device_memory`; a CPU: none)."""
+    tokens = parse_tokens(cfg.train.tokens_per_step)
+    if memory is None:
+        memory, where = device_memory(cfg)
+    fits_per_rank = None
+    if tokens is not None and memory is not None:
+        fits_per_rank = largest_micro_batch(cfg, world, memory, config)
+    return choose(tokens, cfg.train.batch_size, cfg.train.grad_accum, cfg.data.max_length, world, fits_per_rank,
+                  f"{shown(memory)} ({where})" if memory is not None else "")
+
+
+DRY_RUN_GIB = 80  # a dry run on a machine without the GPU sizes `auto` for an 80 GiB device
+
+
+def dry_run_choice(cfg: DictConfig, config=None) -> tuple[BatchChoice, DictConfig]:
+    """The batch a `train.dry_run=true` sizes on `trainer.dry_run_gpus` ranks (`auto` and token
+    counts against device_memory_gib, the GPUs here, or DRY_RUN_GIB), and `cfg` at that batch."""
+    world = cfg.trainer.dry_run_gpus
+    memory, where = device_memory(cfg)
+    if memory is None:
+        memory, where = DRY_RUN_GIB * GiB, f"the dry run's default; device_memory_gib sets another"
+    choice = batch_choice(cfg, world, config, memory, where)
+    return choice, at_micro_batch(cfg, choice.per_rank, world)

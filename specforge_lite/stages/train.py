@@ -38,10 +38,11 @@ from specforge_lite.scale.dry_run import dry_run
 from specforge_lite.training.feature_formats import stores_last
 from specforge_lite.training.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
                                      target_files, target_hidden)
+from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
 from specforge_lite.training.checkpoints import resume
 from specforge_lite.training.optim import build_optimizer
 from specforge_lite.config.registry import RENAMED, chosen_drafter
-from specforge_lite.scale.sizing import check_stage, report as size_every_stage
+from specforge_lite.scale.sizing import at_micro_batch, batch_choice, check_stage, dry_run_choice, report as size_every_stage
 from specforge_lite.training.strategies import build_strategy
 from specforge_lite.training.strategies.base import target_compute
 from specforge_lite.training.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
@@ -52,29 +53,6 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- data order
-
-def plan_batches(lengths: list[int], batch_size: int, seed: int, epochs: float) -> list[list[int]]:
-    """Deterministic micro-batches of sequence indices for the whole run.
-
-    Each epoch: a seeded permutation, cut into windows of 16 batches; within a window
-    sequences are sorted by length (less padding), then the batches are shuffled.
-    """
-    rng = random.Random(seed)
-    per_epoch = math.ceil(len(lengths) / batch_size)
-    total = max(1, math.ceil(per_epoch * epochs))
-    batches: list[list[int]] = []
-    while len(batches) < total:
-        order = list(range(len(lengths)))
-        rng.shuffle(order)
-        window = batch_size * 16
-        epoch_batches = []
-        for w in range(0, len(order), window):
-            chunk = sorted(order[w:w + window], key=lambda i: lengths[i])
-            epoch_batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-        rng.shuffle(epoch_batches)
-        batches += epoch_batches
-    return batches[:total]
-
 
 def lr_at(step: int, total: int, cfg) -> float:
     """Linear warm-up to `lr`, then cosine down to `lr * min_lr_ratio`."""
@@ -189,11 +167,14 @@ def run(cfg: DictConfig) -> None:
     if cfg.train.dry_run:
         config = sizing_config(cfg.target.path)
         validate_config(cfg, config)  # the fields bounded by the target (aux layer ids against its depth)
-        dry_run(cfg, config)
-        size_every_stage(cfg, config)
+        batch, sized = dry_run_choice(cfg, config)  # train.tokens_per_step / batch_size per rank
+        dry_run(sized, config, batch)
+        size_every_stage(sized, config)
         return
-    # the devices this rank sees hold the feature building and the training: checked before loading
-    check_stage(cfg, "train", ("features", "train"))
+    # the batch per rank (train.tokens_per_step: auto sized to the devices this rank sees; train.batch_size
+    # raised to the world size), then those devices checked to hold the feature building and the training
+    choice = batch_choice(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    check_stage(at_micro_batch(cfg, choice.per_rank, choice.world), "train", ("features", "train"))
     ensure_samples(cfg)
     stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint
     if already_trained(cfg, stamp):
@@ -216,11 +197,11 @@ def run(cfg: DictConfig) -> None:
              sum(p.numel() for p in params) / 1e6, module.describe(drafter))
 
     lengths = [len(r["input_ids"]) for r in samples]
-    batches = plan_batches(lengths, tcfg.batch_size, tcfg.seed, tcfg.epochs)
+    batches = plan(lengths, choice, tcfg.seed, tcfg.epochs)  # per micro-batch, the rows of each rank
     total_steps = tcfg.max_steps or max(1, len(batches) // tcfg.grad_accum)
     needed = total_steps * tcfg.grad_accum
     while len(batches) < needed:  # max_steps past the planned epochs: keep cycling the plan
-        batches += plan_batches(lengths, tcfg.batch_size, tcfg.seed + len(batches), 1.0)
+        batches += plan(lengths, choice, tcfg.seed + len(batches), 1.0)
 
     # the frozen target's forward in the training's precision too (bf16 autocast of an fp32 target
     # on a CPU with native bf16): it is most of an online step (docs/BENCHMARKS.md "Demo training step")
@@ -257,6 +238,9 @@ def run(cfg: DictConfig) -> None:
     tracker = Tracker(cfg, out, accelerator.is_main_process)
     rank, world = accelerator.process_index, accelerator.num_processes
     log.info("trainer %s on %d rank(s)", strategy.name, world)
+    padding = padding_share(lengths, batches[start * tcfg.grad_accum:total_steps * tcfg.grad_accum])
+    if accelerator.is_main_process:
+        log.info("%s; padding %.1f%% of the padded tokens", choice.line(), 100 * padding)
     bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
     window = empty_window()
@@ -266,11 +250,11 @@ def run(cfg: DictConfig) -> None:
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total_steps, tcfg)
         micro = [batches[step * tcfg.grad_accum + m] for m in range(tcfg.grad_accum)]
-        # this rank's share of every micro-batch: sequences rank, rank+world, ...; a rank left
-        # without one runs the first sequence with no loss positions, so DDP still syncs
-        shares = [[i for k, i in enumerate(b) if k % world == rank] for b in micro]
+        # this rank's rows of every micro-batch (training/batching.py gives every rank real ones; a
+        # rank left without one would run rank 0's with no loss positions, so DDP still syncs)
+        shares = [b[rank] for b in micro]
         prepared, target_time = [], 0.0
-        for indices, own in ((share or b[:1], bool(share)) for share, b in zip(shares, micro)):
+        for indices, own in ((share or b[0], bool(share)) for share, b in zip(shares, micro)):
             t_target = time.perf_counter()
             batch = collate([samples[i] for i in indices], tokenizer.pad_token_id, accelerator.device)
             if cache is None:
@@ -334,7 +318,8 @@ def run(cfg: DictConfig) -> None:
         save_atomically(final, write)
         write_provenance(out, cfg)  # and beside it, as in every stage folder
         if history:
-            atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps})
+            atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps,
+                                                     "batching": {**choice.record(), "padding_share": padding}})
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
