@@ -17,6 +17,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa: F401  (the interface, re-exported)
+from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.runtime.fast_engine import FastEngine
 from specforge_lite.runtime.hf_runner import cache_kwargs, crop_cache
@@ -51,37 +52,88 @@ class NgramDrafter:
         self.prefer_first = prefer == "first"
         self.reset()
 
+    # occurrences kept per n-gram for trees: the first and the latest ones
+    MATCHES = 8
+
     def reset(self) -> None:
-        # (n-gram tuple) -> end position j of an occurrence that has a continuation at j + 1
-        self.index: dict[tuple[int, ...], int] = {}
+        # (n-gram tuple) -> end positions j of occurrences that have a continuation at j + 1,
+        # the first one then the latest MATCHES - 1 in order
+        self.index: dict[tuple[int, ...], list[int]] = {}
         self.indexed_until = 0  # n-grams ending before this position are indexed
 
     def _index(self, ids: list[int]) -> None:
-        first = self.prefer_first
         for end in range(self.indexed_until, len(ids) - 1):  # the last token has no continuation yet
             for n in self.sizes:
                 if end + 1 < n:
                     continue
-                key = tuple(ids[end + 1 - n:end + 1])
-                if first:
-                    self.index.setdefault(key, end)
-                else:
-                    self.index[key] = end
+                ends = self.index.setdefault(tuple(ids[end + 1 - n:end + 1]), [])
+                ends.append(end)
+                if len(ends) > self.MATCHES:
+                    del ends[1]
         self.indexed_until = max(self.indexed_until, len(ids) - 1)
+
+    def _matches(self, ids: list[int]):
+        """End positions of the context's n-grams, longest n first, preferred occurrence first."""
+        self._index(ids)
+        for n in self.sizes:
+            if n <= len(ids):
+                ends = self.index.get(tuple(ids[-n:]), [])
+                yield from (ends if self.prefer_first else reversed(ends))
 
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         ids = ctx.token_ids
-        self._index(ids)
-        for n in self.sizes:
-            if n > len(ids):
-                continue
-            end = self.index.get(tuple(ids[-n:]))
-            if end is not None:
-                return DraftProposal(ids[end + 1:end + 1 + k])
+        for end in self._matches(ids):
+            return DraftProposal(ids[end + 1:end + 1 + k])
         return DraftProposal([])
+
+    def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
+        """Up to `branch` distinct continuations of `depth` tokens, from the matches in
+        `propose`'s order, as one trie of at most `nodes` nodes (the first is `propose`'s chain)."""
+        ids, tree, seen = ctx.token_ids, DraftTree(), set()
+        for end in self._matches(ids) if depth else ():
+            continuation = tuple(ids[end + 1:end + 1 + depth])
+            if continuation in seen:
+                continue
+            seen.add(continuation)
+            tree.add_path(continuation, budget=nodes)
+            if len(seen) == branch or len(tree) == nodes:
+                break
+        return tree
 
     def accept(self, num_accepted: int) -> None:
         pass  # stateless beyond the committed tokens
+
+
+# --------------------------------------------------------------------------- mixed trees
+
+class MixedTreeDrafter:
+    """A tree drafter's tree with n-gram lookup's continuation beside it: the match's chain
+    first (when the context has one), then the drafter's nodes in its own order while the
+    node budget lasts (`DraftTree.merged`). Copy-heavy answers favour the match, free
+    text the drafter; the target keeps whichever path it agrees with."""
+
+    def __init__(self, drafter, ngram: NgramDrafter):
+        self.drafter, self.ngram = drafter, ngram
+        self.name = f"{drafter.name}+ngram"
+        self.hidden_state_layers = drafter.hidden_state_layers
+        self.sequential = drafter.sequential
+
+    def reset(self) -> None:
+        self.drafter.reset()
+        self.ngram.reset()
+
+    def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
+        tree = self.drafter.propose_tree(ctx, depth, branch, nodes)  # always: it sees every position
+        match = self.ngram.propose(ctx, depth).tokens
+        return DraftTree.chain(match).merged(tree, nodes) if match else tree
+
+    def accept(self, num_accepted: int) -> None:
+        self.drafter.accept(num_accepted)
+
+
+def can_branch(drafter) -> bool:
+    """Whether a drafter proposes trees (`contract.Drafter`'s optional `propose_tree`)."""
+    return callable(getattr(drafter, "propose_tree", None))
 
 
 # --------------------------------------------------------------------------- draft model

@@ -27,6 +27,7 @@ import torch
 
 from specforge_lite.contract import DraftContext, Drafter
 from specforge_lite.runtime.hf_runner import TargetRunner  # noqa: F401  (the decoders' runner)
+from specforge_lite.decoding.tree import TreeShape, greedy_accept, path_rows, sample_accept, verify_layout
 from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, pick_tokens,
                                             rejection_verify, warp_probs)
 
@@ -160,6 +161,76 @@ def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new
         gen.draft_limits.append(k)
         gen.draft_lengths.append(len(draft))
         gen.accepted_lengths.append(accepted)
+        gen.draft_s += (t1 - t0) + (t4 - t3)
+        gen.target_s += t2 - t1
+    gen.tokens = gen.tokens[:max_new_tokens]
+    gen.finish = "eos" if gen.tokens[-1] in eos else "length"
+    gen.total_s = clock() - start
+    return gen
+
+
+@torch.inference_mode()
+def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, shape: TreeShape,
+                  sampling: SamplingParams = GREEDY, eos_ids: Iterable[int] = (),
+                  generator: torch.Generator | None = None, runner: TargetRunner | None = None) -> Generation:
+    """Tree speculative decoding (`decoding/tree.py`): the drafter's `propose_tree` gives up to
+    `shape.nodes` nodes, one target forward verifies them all under the tree mask, the
+    longest accepted root path and the target's next token are emitted, and the cache keeps
+    only that path (`runner.keep_rows`). Greedy output equals `generate_plain`'s; sampled
+    output has the target's law. Per step, draft_lengths counts the nodes verified and
+    draft_limits the depth allowed."""
+    eos = frozenset(eos_ids)
+    runner = runner or TargetRunner(model, drafter.hidden_state_layers)
+    clock = time.perf_counter
+    start = clock()
+    runner.reset()
+    drafter.reset()
+    logits, hidden = runner.forward(prompt_ids, last_only=True)
+    token = _pick(logits[-1], sampling, generator)
+    runner._sync()
+    gen = Generation(tokens=[token], finish="length", num_prompt_tokens=len(prompt_ids))
+    ctx = DraftContext(token_ids=list(prompt_ids) + [token], num_prompt_tokens=len(prompt_ids),
+                       hidden_states=hidden, sampling=sampling, generator=generator)
+    gen.prefill_s = clock() - start
+    done = token in eos
+    while not done and len(gen.tokens) < max_new_tokens:
+        # 1. draft a tree no deeper than what can still be emitted (depth 0: an empty tree)
+        depth = min(shape.depth, max_new_tokens - len(gen.tokens) - 1)
+        t0 = clock()
+        tree = drafter.propose_tree(ctx, depth, shape.branch, shape.nodes)
+        if len(tree) > shape.nodes or (len(tree) and max(tree.depths()) > depth):
+            raise RuntimeError(f"{drafter.name} proposed {len(tree)} nodes of depth up to {max(tree.depths())}; "
+                               f"the step allowed {shape.nodes} nodes of depth {depth}")
+        runner._sync()
+        t1 = clock()
+        # 2. one target forward over the root (the pending token) and every node
+        committed = runner.length
+        positions, mask = verify_layout(tree, committed)
+        logits, hidden = runner.forward_tree([token] + tree.tokens, positions, mask)
+        runner._sync()
+        t2 = clock()
+        # 3. the longest accepted root path and the next token
+        if sampling.greedy:
+            path, token = greedy_accept(tree, logits)
+        else:
+            path, token = sample_accept(tree, warp_probs(logits, sampling), generator)
+        # 4. the cache keeps the root and the path, moved down to contiguous slots
+        rows = path_rows(path)
+        runner.keep_rows(committed, rows)
+        t3 = clock()
+        drafter.accept(len(path))
+        t4 = clock()
+        # 5. emit
+        new, done = _truncate_at_eos([tree.tokens[i] for i in path] + [token], eos)
+        gen.tokens += new
+        ctx.token_ids += new
+        if hidden:
+            index = torch.tensor(rows, device=next(iter(hidden.values())).device)
+            ctx.hidden_states = {layer: h.index_select(1, index) for layer, h in hidden.items()}
+        gen.num_forwards += 1
+        gen.draft_limits.append(depth)
+        gen.draft_lengths.append(len(tree))
+        gen.accepted_lengths.append(len(path))
         gen.draft_s += (t1 - t0) + (t4 - t3)
         gen.target_s += t2 - t1
     gen.tokens = gen.tokens[:max_new_tokens]

@@ -31,6 +31,22 @@ from typing import Sequence
 import torch
 
 
+@dataclass(frozen=True)
+class TreeShape:
+    """What a tree drafter may propose per step: paths of at most `depth` drafts, at most
+    `branch` children per node, `nodes` nodes in all (EAGLE-2's depth, top-k, budget)."""
+
+    depth: int
+    branch: int
+    nodes: int
+
+    def __post_init__(self):
+        if self.depth < 1 or self.branch < 1:
+            raise ValueError(f"a tree needs depth >= 1 and branch >= 1, got depth {self.depth}, branch {self.branch}")
+        if self.nodes < self.depth:
+            raise ValueError(f"a tree of depth {self.depth} needs at least {self.depth} nodes, got {self.nodes}")
+
+
 @dataclass
 class DraftTree:
     """tokens: [N] draft ids; parents: [N] parent node index (-1 for the root's children),

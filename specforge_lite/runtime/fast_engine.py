@@ -170,6 +170,37 @@ class FastEngine:
         return logits, hidden
 
 
+    @torch.inference_mode()
+    def forward_tree(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A draft tree's verify forward (`hf_runner.TargetRunner.forward_tree`), eager: its
+        rows go to slots length .. length + t - 1, rotary at `positions`, attending where
+        `mask` [t, length + t] says."""
+        width, start = len(token_ids), self.length
+        if start + width > self.capacity:
+            raise RuntimeError(f"the static KV cache holds {self.capacity} positions; this forward needs "
+                               f"{start + width} (raise the engine's capacity)")
+        window = self.module.window(start + width)
+        visible = torch.zeros(width, window.shape[0], dtype=torch.bool, device=self.device)
+        visible[:, :start + width] = mask.to(self.device)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        slots = torch.arange(start, start + width, device=self.device)
+        logits, hidden = self.module(ids, positions.to(self.device), None, False, window, None, slots, visible)
+        self.length = start + width
+        return logits, hidden
+
+    def keep_rows(self, base: int, rows: list[int]) -> None:
+        """Keep rows `rows` (increasing, rows[0] = 0) of the tree forward that began at slot
+        `base`, moved down to slots base .., as the committed positions."""
+        source = [base + r for r in rows]
+        if source != list(range(base, base + len(rows))):
+            index = torch.tensor(source, device=self.device)
+            for layer in self.module.layers:
+                for cache in (layer.k_cache, layer.v_cache):
+                    cache[:, :, base:base + len(rows)] = cache.index_select(2, index)
+        self.length = base + len(rows)
+
+
 class FastRunner:
     """`engine.TargetRunner`'s interface over a `FastEngine`: extends the shared cache."""
 
@@ -204,6 +235,16 @@ class FastRunner:
 
     def crop(self, keep: int) -> None:
         self.engine.length = min(self.engine.length, keep)
+
+    def forward_tree(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        if self.engine.owner is not self:
+            raise RuntimeError("another runner used the shared cache since this one's reset()")
+        logits, hidden = self.engine.forward_tree(token_ids, positions, mask)
+        return logits, {layer: hidden[i][None] for layer, i in zip(self.layers, self._index)}
+
+    def keep_rows(self, base: int, rows: list[int]) -> None:
+        self.engine.keep_rows(base, rows)
 
 
 # --------------------------------------------------------------------------- choosing

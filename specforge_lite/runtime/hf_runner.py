@@ -68,3 +68,34 @@ class TargetRunner:
 
     def crop(self, keep: int) -> None:
         crop_cache(self.cache, keep)
+
+    def forward_tree(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """A draft tree's verify forward: t tokens at rotary `positions` [t], row r seeing
+        the cache slots where `mask` [t, length + t] (bool) is True. Their keys join the
+        cache at slots length .. length + t - 1 (`keep_rows` then keeps a path of them).
+        Returns logits [t, V] and the declared hidden states {layer: [1, t, H]}."""
+        dtype = self.model.get_output_embeddings().weight.dtype
+        blocked = torch.zeros(mask.shape, dtype=dtype, device=self.device)
+        blocked.masked_fill_(~mask.to(self.device), torch.finfo(dtype).min)  # additive: eager and sdpa read it
+        kwargs = {"output_hidden_states": list(self.layers)} if self.layers else {}
+        out = self.model(input_ids=torch.tensor([token_ids], device=self.device),
+                         position_ids=positions.to(self.device)[None], attention_mask=blocked[None, None],
+                         use_cache=True, **cache_kwargs(self.model, self.cache), **kwargs)
+        return out.logits[0], {layer: out.hidden_states[layer] for layer in self.layers}
+
+    def keep_rows(self, base: int, rows: list[int]) -> None:
+        """After a tree forward that started at slot `base`: keep the rows `rows` (increasing,
+        rows[0] = 0) of it, moved down to slots base .., and drop every later slot."""
+        keep_tree_rows(self.cache, base, rows)
+
+
+def keep_tree_rows(cache, base: int, rows: list[int]) -> None:
+    """A Hugging Face cache's `keep_rows` (`TargetRunner.keep_rows`): copy, then crop."""
+    source = [base + r for r in rows]
+    if source != list(range(base, base + len(rows))):
+        for layer in cache.layers:
+            index = torch.tensor(source, device=layer.keys.device)
+            layer.keys[..., base:base + len(rows), :] = layer.keys.index_select(-2, index)
+            layer.values[..., base:base + len(rows), :] = layer.values.index_select(-2, index)
+    crop_cache(cache, base + len(rows))

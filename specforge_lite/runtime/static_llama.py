@@ -129,7 +129,11 @@ class StaticLlama(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: torch.Tensor | None = None,
                 last_only: bool = False, window: torch.Tensor | None = None,
-                caches: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None):
+                caches: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+                write_at: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None):
+        """`write_at` [t] / `tree_mask` [t, span]: a draft tree's verify (batch 1): the keys go
+        to slots `write_at` instead of `positions` (rotary only) and row r attends to the
+        slots where tree_mask[r] is True (`decoding/tree.verify_layout`)."""
         single = ids.dim() == 1
         if single:
             ids = ids[None]
@@ -137,7 +141,8 @@ class StaticLlama(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         slots = self.slots if window is None else window
         span = slots.shape[0]
-        visible = slots[None, :] <= positions[:, None]  # [t, span]
+        visible = slots[None, :] <= positions[:, None] if tree_mask is None else tree_mask  # [t, span]
+        write_at = positions if write_at is None else write_at
         if start is None:
             cos, sin = self.cos[positions], self.sin[positions]
         else:
@@ -155,8 +160,8 @@ class StaticLlama(nn.Module):
             v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             k_cache, v_cache = (layer.k_cache, layer.v_cache) if caches is None else caches[2 * i:2 * i + 2]
-            k_cache.index_copy_(2, positions, k)
-            v_cache.index_copy_(2, positions, v)
+            k_cache.index_copy_(2, write_at, k)
+            v_cache.index_copy_(2, write_at, v)
             keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
                                                   enable_gqa=self.num_kv_heads != self.num_heads)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from specforge_lite.contract import DraftProposal
+from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.drafters.eagle3.model import Eagle3Drafter
 
@@ -97,6 +98,65 @@ def _greedy_chain(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tens
     # fusing a chain whose only output is the tokens, drafted a different third token than
     # eager mode (tests/unit/test_eagle3.py checks the compiled chain against eager).
     return torch.cat(tokens), torch.cat(hiddens, dim=1)
+
+
+def _dynamic_tree(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, depth: int, branch: int,
+                  nodes: int) -> DraftTree:
+    """EAGLE-2's dynamic tree from the newest anchor's output `hidden` [1, 1, H] at position
+    `anchor` [1]: the root's top-`branch` tokens are depth 1; at each further depth the
+    `branch` candidates of highest cumulative log-probability go through the layer as one
+    batch (each attending to the anchors, its ancestors and itself), and each gives its top
+    `branch` children. The `nodes` best candidates overall make the tree, in order of score
+    (a child never outscores its parent, so the order is topological).
+    Returns a deterministic `DraftTree` of target ids."""
+    layer = d.layers[0]
+    attn = layer.self_attn
+    vocab = d.draft_vocab
+    logits, chained = d.readout(hidden)
+    top, index = torch.log_softmax(logits[0, -1].float(), dim=-1).topk(min(branch, logits.shape[-1]))
+    scores, tokens = top.tolist(), index.tolist()
+    parents, frontier = [-1] * len(tokens), list(range(len(tokens)))
+    inputs = chained.expand(1, len(frontier), -1)  # the hidden state each frontier node reads
+    anchors_visible = kv.slots <= anchor  # [capacity]
+    seen = torch.zeros(0, 0, dtype=torch.bool, device=hidden.device)  # expanded nodes: ancestor-or-self
+    row_of: dict[int, int] = {}  # candidate -> its row among the expanded nodes
+    keys, values = kv.k, kv.v
+    for level in range(2, depth + 1):
+        f, m = len(frontier), seen.shape[0]
+        rows = seen.new_zeros(f, m + f)
+        for r, c in enumerate(frontier):
+            if parents[c] >= 0:
+                rows[r, :m] = seen[row_of[parents[c]]]
+            rows[r, m + r] = True
+            row_of[c] = m + r
+        seen = torch.cat([torch.nn.functional.pad(seen, (0, f)), rows])
+        ids = vocab[torch.tensor([tokens[c] for c in frontier], device=hidden.device)]
+        x, residual = layer.attention_input(d.embed_tokens(ids[None]), inputs)
+        q, k, v = attn.project_at(x, (anchor + level - 1).expand(f)[None])
+        keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+        visible = torch.cat([anchors_visible.expand(f, -1), rows], dim=1)
+        out = layer.finish(residual, attn.output(F.scaled_dot_product_attention(q, keys, values,
+                                                                                attn_mask=visible[None])))
+        logits, chained = d.readout(out)  # [1, f, V_d], [1, f, H]
+        top, index = torch.log_softmax(logits[0].float(), dim=-1).topk(min(branch, logits.shape[-1]))
+        total = torch.tensor([scores[c] for c in frontier], device=top.device)[:, None] + top  # [f, b]
+        first = len(tokens)
+        scores += total.flatten().tolist()
+        tokens += index.flatten().tolist()
+        parents += [c for c in frontier for _ in range(top.shape[1])]
+        best = total.flatten().topk(min(branch, total.numel())).indices
+        frontier = [first + i for i in best.tolist()]
+        inputs = chained[:, best // top.shape[1]]
+    order = sorted(range(len(tokens)), key=lambda c: (-scores[c], c))[:nodes]
+    tree, new = DraftTree(scores=[]), {-1: -1}
+    for c in order:
+        if parents[c] in new:  # always, unless rounding let a child outscore its parent
+            new[c] = len(tree.tokens)
+            tree.tokens.append(tokens[c])
+            tree.parents.append(new[parents[c]])
+            tree.scores.append(scores[c])
+    tree.tokens = vocab[torch.tensor(tree.tokens, dtype=torch.long, device=vocab.device)].tolist()
+    return tree
 
 
 class _CacheModule(torch.nn.Module):
@@ -197,7 +257,18 @@ class Eagle3DecodeDrafter:
         return chain_s + anchors_s
 
     @torch.inference_mode()
-    def propose(self, ctx, k: int):
+    def propose_tree(self, ctx, depth: int, branch: int, nodes: int) -> DraftTree:
+        """EAGLE-2's dynamic tree (`_dynamic_tree`), drafted eagerly; greedy and sampled
+        decoding verify the same deterministic tree (the target's rule takes q as point masses)."""
+        self._write_anchors(ctx, depth)
+        if depth == 0 or self.last_hidden is None:
+            return DraftTree()
+        anchor = torch.tensor([len(ctx.token_ids) - 2], device=self.last_hidden.device)
+        return _dynamic_tree(self.drafter, self.kv, self.last_hidden, anchor, depth, branch, nodes)
+
+    def _write_anchors(self, ctx, k: int) -> None:
+        """The committed positions the target's last forward handed over become anchors
+        (their keys join the cache); `last_hidden` is the newest one's output."""
         d = self.drafter
         ids = ctx.token_ids
         if len(ids) + k > self.kv.capacity:  # graphs hold the old cache: eager from here on
@@ -219,6 +290,12 @@ class Eagle3DecodeDrafter:
                 rows = self._anchor_graph
                 aux = aux.clone(memory_format=torch.contiguous_format)  # built for standalone inputs
             self.last_hidden = rows(aux, next_tokens, positions)
+
+    @torch.inference_mode()
+    def propose(self, ctx, k: int):
+        d = self.drafter
+        ids = ctx.token_ids
+        self._write_anchors(ctx, k)
         if k == 0 or self.last_hidden is None:
             return DraftProposal([])
         hidden = self.last_hidden
