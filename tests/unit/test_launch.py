@@ -138,7 +138,8 @@ def test_cpu_workers_get_disjoint_cores(monkeypatch):
     assert cpu_binding(2, None) == "0|0"  # fewer cores than workers: they share
 
 
-@pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
+@pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b", "eagle_llama8b", "medusa_llama8b",
+                                    "peagle_llama8b"])
 def test_cards_show_the_rehearsed_commands(recipe):
     """The card's commands section is the one commands.yaml makes (python -m specforge_lite.scale.rehearse --cards)."""
     spec = load_spec(recipe)
