@@ -19,7 +19,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs clean
+.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -98,6 +98,11 @@ bench:  ## list the benchmarks (group, module, what it measures); run one with p
 
 docs:  ## recipe cards' results blocks, README's results at a glance, docs/BENCHMARKS.md by topic
 	$(PY) -m benchmarks.docs
+
+# no `setup` prerequisite: a GPU machine runs it with its own torch (make gpu-check PY=python3);
+# docs/GPU_CHECK.md says what it runs and what it writes
+gpu-check:  ## on a CUDA machine, <= 8 min: GPU tests, demo training, bf16/fp32 eval, projections (elsewhere: one line)
+	$(PY) -m benchmarks.gpu.gpu_check $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv, .venv-vllm and the model cache)
 	rm -rf runs outputs

@@ -17,7 +17,7 @@ from specforge_lite import SpecforgeError
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-GROUPS = {"decoding", "engines", "peers", "records", "sampling", "training"}
+GROUPS = {"decoding", "engines", "gpu", "peers", "records", "sampling", "training"}
 TOP_LEVEL = {"__init__.py", "__main__.py", "common.py", "docs.py", "doc_topics.py"}  # the harness and the docs
 OWN_ENVIRONMENT = {"benchmarks.peers.train_speculators"}  # runs in the peer trainer's venv, not ours
 

@@ -1,0 +1,1 @@
+"""`make gpu-check`: every GPU measurement in one command (benchmarks/results/gpu_check_<gpu>.json)."""

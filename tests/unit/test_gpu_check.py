@@ -1,0 +1,121 @@
+"""`make gpu-check` on a CPU machine: its no-GPU path, the results file it writes step by step
+(driven with real step functions that succeed, fail and run out of memory), the overrides its
+steps pass compose with the real config, and the projection benchmark at a tiny shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.decoding import bench_projection
+from benchmarks.gpu import gpu_check
+from specforge_lite.decoding.metrics import expected_tokens_per_step
+from tests.conftest import REPO, compose
+
+
+def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
+    results = {p: p.stat().st_mtime_ns for p in (REPO / "benchmarks" / "results").glob("*")}
+    done = subprocess.run(["make", "-s", "gpu-check", f"PY={sys.executable}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "no CUDA device" in lines[0], lines
+    assert {p: p.stat().st_mtime_ns for p in (REPO / "benchmarks" / "results").glob("*")} == results
+
+
+def test_an_unknown_step_is_one_line_exit_2():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--steps", "tests,typo"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: unknown gpu-check step(s) typo")
+
+
+def test_results_file_keeps_what_was_measured_when_a_step_fails(tmp_path):
+    path = tmp_path / "gpu_check_test.json"
+    seen = []
+
+    def measures(record, doc):
+        record["tokens_per_s"] = 123.0
+        seen.append(json.loads(path.read_text())["steps"]["measures"]["status"])  # written before it runs
+
+    def runs_out_of_memory(record, doc):
+        record["batch1_tokens_per_s"] = 50.0  # measured before the larger batch failed
+        torch.empty(1).new_empty(2 ** 62)  # a real allocation failure on the CPU ("not enough memory")
+
+    def oom_error(record, doc):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def reads_earlier(record, doc):
+        record["earlier"] = doc["steps"]["measures"]["tokens_per_s"]
+
+    steps = [gpu_check.Step("measures", measures), gpu_check.Step("allocates", runs_out_of_memory),
+             gpu_check.Step("oom", oom_error), gpu_check.Step("reads_earlier", reads_earlier)]
+    doc = gpu_check.run_steps(steps, path, {"gpu": "test"})
+    on_disk = json.loads(path.read_text())
+    assert on_disk == json.loads(json.dumps(doc, default=str))
+    assert seen == ["running"]
+    assert on_disk["steps_planned"] == ["measures", "allocates", "oom", "reads_earlier"]
+    assert on_disk["failed_steps"] == ["allocates", "oom"] and on_disk["complete"] is False
+    steps_on_disk = on_disk["steps"]
+    assert steps_on_disk["measures"]["status"] == "ok" and steps_on_disk["measures"]["tokens_per_s"] == 123.0
+    failed = steps_on_disk["allocates"]
+    assert failed["status"] == "failed" and failed["batch1_tokens_per_s"] == 50.0 and failed["error"]
+    assert steps_on_disk["oom"]["out_of_memory"] is True and "CUDA out of memory" in steps_on_disk["oom"]["error"]
+    assert steps_on_disk["reads_earlier"] == {"status": "ok", "earlier": 123.0,
+                                              "seconds": steps_on_disk["reads_earlier"]["seconds"]}
+    for record in steps_on_disk.values():
+        assert isinstance(record["seconds"], float)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_failing_child_names_its_last_line(tmp_path):
+    record = {}
+    with pytest.raises(gpu_check.StepFailed, match="CUDA out of memory"):
+        gpu_check._child([sys.executable, "-c", "import sys; print('step 1 ok'); "
+                          "sys.exit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB')"],
+                         60, record)
+    assert record["log_tail"][0] == "step 1 ok"
+    with pytest.raises(gpu_check.StepFailed, match="time limit of 1 s"):
+        gpu_check._child([sys.executable, "-c", "import time; time.sleep(30)"], 1, {})
+
+
+def test_step_overrides_compose_with_the_real_config(tmp_path):
+    cfg = compose(["stage=train", *gpu_check.train_overrides(tmp_path / "t", ["train.tokens_per_step=auto"], "cpu")])
+    assert cfg.train.max_steps == gpu_check.TRAIN_STEPS and cfg.train.use_samples is False
+    cfg = compose(["stage=evaluate", *gpu_check.eval_overrides(tmp_path / "e", "bfloat16", "24", "auto",
+                                                               str(tmp_path / "d"), "cpu")])
+    assert list(cfg.eval.methods) == ["plain", "eagle3", "ngram"] and cfg.target.dtype == "bfloat16"
+    assert cfg.eval.drafter_dirs.eagle3 == str(tmp_path / "d")
+    assert sum(gpu_check.STEP_LIMITS_S.values()) <= 8 * 60
+    assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+
+
+def test_summarise_report_keeps_the_verdicts():
+    report = {"dtype": "bfloat16", "settings": {"engine": {"used": "compiled"}},
+              "forward_costs": {"ms_by_num_tokens": {"1": 1.2, "4": 1.5}},
+              "methods": {"eagle3": {"tau": 1.4, "speedup": 0.9, "speedup_ci": [0.8, 1.0], "lossless": True,
+                                     "identity": {"identical": 15, "rounding": 9, "mismatch": 0, "answers": 24,
+                                                  "text": "24/24: 15 identical, 9 rounding, 0 mismatch"}}}}
+    out = gpu_check.summarise_report(report)
+    assert out["methods"]["eagle3"]["identity"]["text"] == "24/24: 15 identical, 9 rounding, 0 mismatch"
+    assert out["forward_ms_by_width"] == {"1": 1.2, "4": 1.5} and out["engine"] == {"used": "compiled"}
+
+
+def test_projection_at_a_tiny_shape():
+    stated = bench_projection.stated_profile()
+    assert expected_tokens_per_step(stated, 3) == pytest.approx(3.0, abs=1e-6)
+    payload = bench_projection.project(bench_projection.SMALL, "cpu", "float32", context=32, repeats=1,
+                                       profiles={"stated": stated, "demo_measured": bench_projection.demo_profile()})
+    assert "projection" in payload["label"] and payload["device"].startswith("cpu")
+    tiny = payload["shapes"]["tiny"]
+    assert sorted(tiny["forward_ms_by_width"]) == list(range(1, 9))
+    assert sorted(tiny["drafter_ms_by_k"]) == list(range(1, 8))
+    assert all(ms > 0 for ms in [*tiny["forward_ms_by_width"].values(), *tiny["drafter_ms_by_k"].values()])
+    stated_table = tiny["projections"]["stated"]["table"]
+    assert [row["k"] for row in stated_table] == list(range(1, 8))
+    assert stated_table[2]["expected_tokens_per_step"] == pytest.approx(3.0, abs=1e-6)
+    assert len(tiny["projections"]["demo_measured"]["table"]) == 3  # the demo decoded at k = 3
+    assert "(projection)" in bench_projection.markdown(payload, "cmd")
