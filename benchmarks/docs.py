@@ -184,6 +184,26 @@ def glance_row(recipe: str, engine: str, name: str, method: str, section: str) -
             f"{machine(d)} | {d.get('date', '?')[:10]} | `{section}` |")
 
 
+def gpu_rows(methods=("eagle3", "ngram")) -> list[str]:
+    """README rows of each `make gpu-check` results file (benchmarks/results/gpu_check_<gpu>.json): its
+    bf16 evaluation's speculative methods, with the identity verdicts; none where no such file exists."""
+    rows = []
+    for path in sorted(RESULTS.glob("gpu_check_*.json")):
+        d = json.loads(path.read_text())
+        step = d.get("steps", {}).get("eval_bfloat16", {})
+        engine = (step.get("engine") or {}).get("used", "?")
+        for method in methods:
+            m = step.get("methods", {}).get(method)
+            if step.get("status") != "ok" or not m:
+                continue
+            verdicts = (m.get("identity") or {}).get("text") or "-"
+            rows.append(f"| eagle_smollm2 (`make gpu-check`, bf16; identical to plain {verdicts}) | ours, {engine} | "
+                        f"{method} | 3 | {with_ci(m.get('tau'), m.get('tau_ci'))} | "
+                        f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {num(m.get('tokens_per_s'), 1)} | "
+                        f"{d.get('gpu', '?')} | {d.get('date', '?')[:10]} | `{path.stem}` (results file) |")
+    return rows
+
+
 def glance_block() -> list[str]:
     lines = ["Headline figures on SmolLM2-135M-Instruct (fp32, MT-Bench first turns, greedy, batch 1), each from "
              "its results file; tau = tokens per target forward (plain = 1.00); speedup = tokens/s over plain "
@@ -192,7 +212,7 @@ def glance_block() -> list[str]:
              "command.", "",
              "| recipe | engine | method | k | tau | speedup vs plain | tokens/s | machine | date | section |",
              "|---|---|---|---:|---:|---:|---:|---|---|---|"]
-    return lines + [glance_row(*row) for row in GLANCE]
+    return lines + [glance_row(*row) for row in GLANCE] + gpu_rows()
 
 
 def render_block(name: str) -> str:

@@ -119,3 +119,18 @@ def test_projection_at_a_tiny_shape():
     assert stated_table[2]["expected_tokens_per_step"] == pytest.approx(3.0, abs=1e-6)
     assert len(tiny["projections"]["demo_measured"]["table"]) == 3  # the demo decoded at k = 3
     assert "(projection)" in bench_projection.markdown(payload, "cmd")
+
+
+def test_docs_show_a_gpu_row_when_a_results_file_exists(tmp_path, monkeypatch):
+    from benchmarks import docs
+
+    monkeypatch.setattr(docs, "RESULTS", tmp_path)
+    assert docs.gpu_rows() == []
+    methods = {"eagle3": {"tau": 1.44, "tau_ci": [1.4, 1.5], "speedup": 1.3, "speedup_ci": [1.2, 1.4],
+                          "tokens_per_s": 500.0, "identity": {"text": "24/24: 15 identical, 9 rounding, 0 mismatch"}}}
+    gpu_check.write(tmp_path / "gpu_check_nvidia_h100.json", {
+        "gpu": "NVIDIA H100", "date": "2026-11-26 10:00", "failed_steps": ["projection"],
+        "steps": {"eval_bfloat16": {"status": "ok", "engine": {"used": "compiled"}, "methods": methods}}})
+    rows = docs.gpu_rows()
+    assert len(rows) == 1 and "NVIDIA H100" in rows[0] and "15 identical, 9 rounding, 0 mismatch" in rows[0]
+    assert "1.30x [1.20, 1.40]" in rows[0] and "`gpu_check_nvidia_h100`" in rows[0]
