@@ -160,6 +160,8 @@ class DrafterModule(Protocol):
         else the one line that says why it cannot.
       These two are the only record of which engine serves which drafter; `config.methods`
         and `serving/` derive their method names and tables from them.
+      DRAFTS_TREES (optional, False when absent): its decoder has `propose_tree`, so
+        `config.methods` offers NAME_tree and NAME_mixed_tree (`eval.tree`).
     Training (the train stage, in this order)
       READS_LAST_HIDDEN: whether its training reads the target's last hidden state from the
         features (`train.feature_format=int4_topk` stores the teacher's top logits instead).

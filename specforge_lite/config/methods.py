@@ -42,9 +42,61 @@ VLLM_METHODS = tuple(VLLM_OF)
 LLAMACPP_METHODS = ("llamacpp_plain", "llamacpp_ngram", *(f"llamacpp_{name}" for name in gguf_drafters()))
 
 
+# tree methods (`eval.tree`'s shape): <method>_tree for each method that can branch, and
+# <drafter>_mixed_tree, the drafter's tree with n-gram lookup's match beside it
+TREE, MIXED_TREE = "_tree", "_mixed_tree"
+
+
+def branching() -> tuple[str, ...]:
+    """The chain methods that can draft trees: n-gram lookup and each drafter whose module
+    sets DRAFTS_TREES (its decoder has `propose_tree`)."""
+    return ("ngram", *(name for name, module in DRAFTERS.items() if getattr(module, "DRAFTS_TREES", False)))
+
+
+def tree_methods() -> list[str]:
+    return [f"{m}{TREE}" for m in branching()] + [f"{m}{MIXED_TREE}" for m in branching() if m != "ngram"]
+
+
+def tree_base(method: str) -> tuple[str, bool] | None:
+    """(the chain method a tree method grows from, whether n-gram's match joins its tree), or None."""
+    for suffix, mixed in ((MIXED_TREE, True), (TREE, False)):
+        if method.endswith(suffix):
+            return method[:-len(suffix)], mixed
+    return None
+
+
+def chain_methods(methods) -> list[str]:
+    """`methods` with each tree method replaced by the chain method it grows from (whose drafter it drafts with)."""
+    return list(dict.fromkeys((tree_base(m) or (m,))[0] for m in methods))
+
+
+def tree_problems(eval_cfg, target_config=None) -> list[str]:
+    """`eval.tree` against the methods that use it (and, once known, the target's context)."""
+    problems, tree = [], eval_cfg.get("tree")
+    chains = [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *HF_METHODS]
+    trees = [m for m in eval_cfg.methods if tree_base(m)]
+    for method in trees:
+        base = tree_base(method)[0]
+        if method not in tree_methods() and base in chains:
+            why = "n-gram lookup's trees are ngram_tree" if base in branching() else \
+                f"{base} drafts chains only (cannot branch)"
+            problems.append(f"eval.methods: {method}: {why}; the tree methods are {', '.join(tree_methods())}")
+    if trees and tree is None:
+        problems.append(f"eval.methods={list(eval_cfg.methods)} has tree methods but eval.tree is null: "
+                        "set eval.tree.depth, eval.tree.branch and eval.tree.nodes")
+    if tree is not None and tree.nodes < tree.depth:
+        problems.append(f"eval.tree.nodes={tree.nodes} is below eval.tree.depth={tree.depth}: a tree of depth "
+                        f"{tree.depth} needs at least {tree.depth} nodes")
+    context = getattr(target_config, "max_position_embeddings", None)
+    if tree is not None and context and tree.nodes + 1 >= context:
+        problems.append(f"eval.tree.nodes={tree.nodes}: the target has max_position_embeddings={context}, "
+                        f"so a verify of nodes + 1 tokens must stay below {context}")
+    return problems
+
+
 def known() -> list[str]:
     """Every method name, in the order `--help` and error messages list them."""
-    return [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *HF_METHODS, *VLLM_METHODS, *LLAMACPP_METHODS]
+    return [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *tree_methods(), *HF_METHODS, *VLLM_METHODS, *LLAMACPP_METHODS]
 
 
 def labelled_drafters(eval_cfg) -> dict[str, str]:
@@ -64,7 +116,9 @@ def method_problems(eval_cfg) -> list[str]:
         if method in RENAMED:
             problems.append(f"eval.methods: {method} was renamed: untrained_draft (a draft model used as it is) or "
                             f"{RENAMED[method]} (one trained here)")
-    unknown = [m for m in methods if m not in names and m not in RENAMED]
+    problems += tree_problems(eval_cfg)
+    unknown = [m for m in methods if m not in names and m not in RENAMED
+               and not (tree_base(m) and tree_base(m)[0] in names)]  # a chain method's tree: tree_problems
     if unknown:
         problems.append(f"eval.methods={methods}: unknown {unknown}; known: {', '.join(names)}")
     labels = []

@@ -123,6 +123,15 @@ DrafterDirs = _drafter_dirs_schema()
 
 
 @dataclass
+class TreeConfig:
+    """`eval.tree.*`: the draft trees of the `*_tree` methods (`decoding/tree.py`). Defaults:
+    SGLang's EAGLE-2/EAGLE-3 ones (5 steps, top-4 branches, 8 verified tokens)."""
+    depth: int = checked(5, ge=1)  # drafts along one root path at most
+    branch: int = checked(4, ge=1)  # children expanded per node (EAGLE-2's top-k)
+    nodes: int = checked(8, ge=1)  # nodes verified per step, at least depth, below the target's context
+
+
+@dataclass
 class BootstrapConfig:
     # 95% intervals of tau and speedup in the evaluate report: prompts resampled with
     # replacement (all turns of a prompt together), the same prompts for every method
@@ -146,6 +155,9 @@ class EvalConfig:
     methods: List[str] = field(default_factory=lambda: [
         "plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
     num_draft_tokens: int = checked(4, ge=1)  # k, the chain length (HF peers get the same k)
+    # the trees of the tree methods (ngram_tree, <drafter>_tree, <drafter>_mixed_tree, listed in
+    # eval.methods beside their chains); null: chains only (tree methods are refused)
+    tree: Optional[TreeConfig] = field(default_factory=TreeConfig)
     temperature: float = checked(0.0, ge=0.0)  # 0 means greedy (outputs are then checked against plain)
     top_p: float = checked(1.0, gt=0.0, le=1.0)
     ngram_max: int = checked(3, ge=1)  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)

@@ -162,10 +162,12 @@ def eval_prompt(raw: Any, fallback_id: str) -> dict[str, Any]:
 
 def positions_needed(tokenizer, prompt: dict, ecfg) -> int:
     """Positions one prompt's conversation can take: its user turns, each answer's
-    max_new_tokens plus room for re-tokenising it in the next turn, one verification's k + 1."""
+    max_new_tokens plus room for re-tokenising it in the next turn, one verification's k + 1
+    (or a tree's nodes + 1, `eval.tree`)."""
     turns = len(prompt["turns"])
     ids = prompt_ids(tokenizer, conversation(prompt, [""] * (turns - 1), turns - 1))
-    return len(ids) + turns * (ecfg.max_new_tokens + 16) + ecfg.num_draft_tokens + 1
+    widest = max(ecfg.num_draft_tokens, ecfg.tree.nodes if ecfg.get("tree") else 0)
+    return len(ids) + turns * (ecfg.max_new_tokens + 16) + widest + 1
 
 
 def fitting_prompts(tokenizer, prompts: list[dict], ecfg, config) -> tuple[list[dict], list[str]]:

@@ -26,6 +26,7 @@ from typing import Iterable
 import torch
 
 from specforge_lite.contract import DraftContext, Drafter
+from specforge_lite.decoding.drafters import MixedTreeDrafter, build_ngram, can_branch
 from specforge_lite.runtime.hf_runner import TargetRunner  # noqa: F401  (the decoders' runner)
 from specforge_lite.decoding.tree import TreeShape, greedy_accept, path_rows, sample_accept, verify_layout
 from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, pick_tokens,
@@ -237,3 +238,21 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
     gen.finish = "eos" if gen.tokens[-1] in eos else "length"
     gen.total_s = clock() - start
     return gen
+
+
+def tree_decoding(model, drafters: dict, base: str, mixed: bool, cfg, sampling: SamplingParams, eos_ids, gen_for,
+                  target):
+    """The evaluate stage's decode(ids, max_new_tokens, seed) of a tree method: `eval.tree`'s
+    trees from the chain method `base`'s drafter (mixed: with n-gram lookup's match beside
+    them), verified on `target`'s forward (a `runtime.fast_engine.TargetForward`)."""
+    drafter = drafters[base]
+    if not can_branch(drafter):
+        raise RuntimeError(f"{base} cannot branch: its drafter has no propose_tree")
+    if mixed:
+        drafter = MixedTreeDrafter(drafter, build_ngram(cfg, model))
+    shape = TreeShape(cfg.eval.tree.depth, cfg.eval.tree.branch, cfg.eval.tree.nodes)
+    runner = target.runner(drafter.hidden_state_layers)
+
+    def decode(ids, n, seed):
+        return generate_tree(model, drafter, ids, n, shape, sampling, eos_ids, gen_for(seed), runner)
+    return decode

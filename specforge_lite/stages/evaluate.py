@@ -38,14 +38,15 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, load_prompts, positions_needed,
                                              select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
-from specforge_lite.decoding.engine import generate_plain, generate_speculative
+from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
 from specforge_lite.runtime.fast_engine import TargetForward, build_target_engine
 from specforge_lite.decoding.metrics import best_k, costs_as_decoding_paid, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.config.methods import HF_METHODS, PLAIN, engine_needed, labelled_drafters, run_order
+from specforge_lite.config.methods import (HF_METHODS, PLAIN, chain_methods, engine_needed, labelled_drafters,
+                                           run_order, tree_base)
 from specforge_lite.config.registry import DRAFTERS, detect_drafter
 from specforge_lite.scale.accounting import record_no_target
 from specforge_lite.scale.sizing import check_stage
@@ -54,8 +55,6 @@ from specforge_lite.target.loading import (eos_token_ids, load_target, load_targ
                                            resolve_target_path)
 
 log = logging.getLogger(__name__)
-
-# --------------------------------------------------------------------------- prompts
 
 # --------------------------------------------------------------------------- decoders
 
@@ -79,7 +78,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
         return assistant
 
     labelled = labelled_drafters(ecfg)
-    for name in methods:  # load every drafter first: the target engine serves their hidden layers
+    for name in chain_methods(methods):  # every drafter first (a tree method's too): the engine serves their layers
         if name in BUILTIN or name in DRAFTERS or name in labelled:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())
@@ -108,7 +107,9 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     decoders = {PLAIN: lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}
     for name in methods:
-        if name in drafters:
+        if tree_base(name):  # eval.tree's trees from its chain method's drafter (mixed: n-gram's match beside)
+            decoders[name] = tree_decoding(model, drafters, *tree_base(name), cfg, sampling, eos_ids, gen_for, target)
+        elif name in drafters:
             def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers)):
                 return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
             decoders[name] = decode

@@ -24,6 +24,7 @@ SERVING_NOTE = None
 VLLM_SERVING = ("eagle3", "speculators")  # vLLM speculative method, export subfolder
 LLAMACPP_SERVING = ("DRAFT_EAGLE3", "eagle3.gguf")  # llama.cpp speculative type, draft GGUF under export/gguf
 READS_LAST_HIDDEN = False  # trains on aux layers and the teacher's logits (int4_topk features work)
+DRAFTS_TREES = True  # its decoder has propose_tree (EAGLE-2's dynamic tree): eval methods eagle3_tree, eagle3_mixed_tree
 
 
 def decoder(drafter: Eagle3Drafter) -> Eagle3DecodeDrafter:

@@ -1,0 +1,42 @@
+"""`eval.tree` and the tree methods at the door: a bad shape, a node budget below the depth or
+over the target's context, a tree for a method that cannot branch and tree methods without a
+tree are each refused with one line and exit status 2, before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from specforge_lite.config.methods import chain_methods, known, tree_base, tree_methods
+from tests.integration.test_bad_inputs import assert_user_error, cli, written
+
+TREES = ["eval.methods=[plain,ngram,ngram_tree]", "eval.best_k_method=ngram"]
+
+CASES = [
+    (["eval.tree.depth=0"], "eval.tree.depth=0: must be >= 1"),
+    (["eval.tree.branch=0"], "eval.tree.branch=0: must be >= 1"),
+    (["eval.tree.depth=6", "eval.tree.nodes=4"],
+     "eval.tree.nodes=4 is below eval.tree.depth=6: a tree of depth 6 needs at least 6 nodes"),
+    # the tiny Llama's context is 2048 positions
+    (["eval.tree.nodes=2047"], "eval.tree.nodes=2047: the target has max_position_embeddings=2048"),
+    (["eval.methods=[plain,medusa,medusa_tree]", "eval.best_k_method=medusa"],
+     "eval.methods: medusa_tree: medusa drafts chains only (cannot branch); the tree methods are ngram_tree"),
+    (["eval.tree=null"], "has tree methods but eval.tree is null"),
+    (["eval.methods=[plain,ngram_mixed_tree]", "eval.best_k_method=null"], "eval.methods: ngram_mixed_tree: n-gram lookup's trees are ngram_tree"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_trees_are_refused_at_the_door(capsys, tmp_path, overrides, message):
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}", *TREES, *overrides)
+    assert_user_error(code, err, message)
+    assert len(err.strip().splitlines()) == 1, err
+    assert written(tmp_path) == set()
+
+
+def test_the_catalogue_names_each_tree_beside_its_chain():
+    trees = tree_methods()
+    assert {"ngram_tree", "eagle3_tree", "eagle3_mixed_tree"} <= set(trees) <= set(known())
+    assert "medusa_tree" not in trees and "ngram_mixed_tree" not in trees
+    assert tree_base("eagle3_mixed_tree") == ("eagle3", True) and tree_base("ngram_tree") == ("ngram", False)
+    assert tree_base("eagle3") is None
+    assert chain_methods(["plain", "eagle3_mixed_tree", "ngram", "eagle3"]) == ["plain", "eagle3", "ngram"]
