@@ -5,11 +5,13 @@ the target wrote, with `input_ids` and an assistant-only `loss_mask`. Shard N co
 conversations [N*shard_size, (N+1)*shard_size) of the train split, whichever rank
 wrote it, so shards never overlap and a restart (with any number of ranks) only
 writes the shards that are missing. Each shard is written to a temporary file and
-renamed into place, so a shard file either is complete or does not exist.
+renamed into place, so a shard file either is complete or does not exist; its stats record
+its sha256, so a shard damaged later (truncated, overwritten) is found and rewritten, never read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -19,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import DAMAGED, ArtifactError
+from specforge_lite.artifact_io import DAMAGED, ArtifactError, read_json_object
 
 SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -40,23 +42,79 @@ def stats_path(data_dir: Path, index: int) -> Path:
 
 
 def write_shard(data_dir: Path, index: int, rows: list[dict[str, Any]], stats: dict[str, Any]) -> Path:
-    """Write one shard atomically: its stats first, then the parquet file (the commit point)."""
+    """Write one shard atomically: the parquet file under a temporary name, its stats with the
+    parquet file's sha256 (`shard_problem` checks it on every reuse), then the parquet file
+    renamed into place (the commit point)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     final = shard_path(data_dir, index)
-    for path, write in ((stats_path(data_dir, index), lambda p: p.write_text(json.dumps(stats))),
-                        (final, lambda p: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), p))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    parquet_tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        _durable(parquet_tmp, lambda p: pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), p))
+        stats = {**stats, "sha256": file_sha256(parquet_tmp)}
+        stats_file = stats_path(data_dir, index)
+        stats_tmp = stats_file.with_name(f".{stats_file.name}.{os.getpid()}.tmp")
         try:
-            write(tmp)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except OSError as err:  # a full disk: no temporary file left, the shard stays to do
-            tmp.unlink(missing_ok=True)
-            raise SpecforgeError(f"cannot write {path} ({err.strerror or err}); run the same command again "
-                                 "once there is room: it resumes at this shard") from err
+            _durable(stats_tmp, lambda p: p.write_text(json.dumps(stats)))
+            os.replace(stats_tmp, stats_file)
+        finally:
+            stats_tmp.unlink(missing_ok=True)
+        os.replace(parquet_tmp, final)
+    except OSError as err:  # a full disk: no temporary file left, the shard stays to do
+        raise SpecforgeError(f"cannot write {final} ({err.strerror or err}); run the same command again "
+                             "once there is room: it resumes at this shard") from err
+    finally:
+        parquet_tmp.unlink(missing_ok=True)
     return final
+
+
+def _durable(path: Path, write) -> None:
+    write(path)
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shard_problem(data_dir: Path, index: int) -> str | None:
+    """Why shard `index` is not the shard its stats describe (unreadable stats, bytes that differ
+    from the sha256 recorded when it was written: overwritten or truncated), or None when it is
+    intact. A shard written before checksums were recorded must read whole."""
+    path, stats_file = shard_path(data_dir, index), stats_path(data_dir, index)
+    try:
+        stats = read_json_object(stats_file)
+    except ArtifactError as err:
+        return str(err)
+    recorded = stats.get("sha256")
+    if recorded is None:
+        try:
+            pq.read_table(path, schema=SCHEMA)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            return f"{path}: not a readable parquet file ({err}); {DAMAGED}"
+        return None
+    if file_sha256(path) != recorded:
+        return f"{path}: its bytes differ from the sha256 recorded when it was written; {DAMAGED}"
+    return None
+
+
+def damaged_shards(data_dir: Path, indices=None) -> dict[int, str]:
+    """`{index: problem}` of the written shards (or of `indices` among them) that `shard_problem` finds."""
+    written = completed_shards(data_dir)
+    wanted = written if indices is None else sorted(set(written) & set(indices))
+    found = {j: shard_problem(data_dir, j) for j in wanted}
+    return {j: problem for j, problem in found.items() if problem}
+
+
+def remove_shard(data_dir: Path, index: int) -> None:
+    """Remove shard `index` and its stats (the parquet file first: without it the shard is to do)."""
+    shard_path(data_dir, index).unlink(missing_ok=True)
+    stats_path(data_dir, index).unlink(missing_ok=True)
 
 
 def completed_shards(data_dir: Path) -> list[int]:
@@ -74,7 +132,8 @@ def load_samples(samples_dir: Path):
 
 
 def readable_shards(samples_dir: Path) -> list[str]:
-    """The shard files that hold rows, each checked readable (an error names a damaged one).
+    """The shard files that hold rows, each checked intact (`shard_problem`; an error names a damaged
+    one and the command that rewrites it).
 
     A shard whose prompts were all skipped holds no rows; it stays on disk (it marks the
     shard done for a resume) and is left out here."""
@@ -82,6 +141,11 @@ def readable_shards(samples_dir: Path) -> list[str]:
     shards = completed_shards(data_dir)
     if not shards:
         raise SpecforgeError(f"no sample shards under {data_dir}; run the sample stage first")
+    damaged = damaged_shards(data_dir)
+    if damaged:
+        raise SpecforgeError(f"{next(iter(damaged.values()))} ({len(damaged)} damaged shard(s)); run the sample "
+                             "stage again with the same settings (python -m specforge_lite sample ...): it "
+                             "rewrites them")
     files = [str(path) for path in (shard_path(data_dir, i) for i in shards) if shard_rows(path)]
     if not files:
         raise SpecforgeError(f"the samples in {samples_dir} hold no conversations: every prompt was skipped "

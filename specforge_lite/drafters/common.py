@@ -92,11 +92,30 @@ def select_weights(module: nn.Module, frozen: set[str]) -> dict[str, torch.Tenso
     return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items() if k not in frozen}
 
 
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors holding a NaN or an inf, in name order."""
+    return [name for name in sorted(tensors) if torch.is_tensor(tensors[name])
+            and tensors[name].is_floating_point() and not bool(tensors[name].isfinite().all())]
+
+
+def require_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse to write `what` (one line, SpecforgeError) when a tensor holds a NaN or an inf:
+    every drafter and export is checked here before it is written."""
+    from specforge_lite import SpecforgeError
+
+    if bad := nonfinite_tensors(tensors):
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise SpecforgeError(f"{what}: NaN or inf values in {', '.join(bad[:5])}{more}; nothing written (a "
+                             "training run that diverged: lower train.lr, or rebuild damaged samples / features)")
+
+
 def save_drafter(directory: Path, kind: str, weights: dict[str, torch.Tensor], config: dict,
                  extra: dict | None = None) -> None:
-    """A train/drafter folder: `model.safetensors` and `config.json` = {"drafter": kind, **config, **extra}."""
+    """A train/drafter folder: `model.safetensors` and `config.json` = {"drafter": kind, **config, **extra};
+    weights with a NaN or an inf are refused (`require_finite`)."""
     from safetensors.torch import save_file
 
+    require_finite(weights, f"the {kind} drafter for {directory}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(directory / "model.safetensors"))

@@ -85,10 +85,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _materialise(name: str, build) -> Path:
-    """Build a built-in target directory once, atomically (temp dir + rename)."""
+    """Build a built-in target directory once, atomically (temp dir + rename); a built one whose
+    files no longer read whole (a truncated weight file) is built again."""
     final = cache_root() / name
     if (final / "config.json").exists():
-        return final
+        try:
+            check_target_dir(final)
+            return final
+        except ArtifactError as err:
+            log.warning("%s; building %s again", err, name)
+            shutil.rmtree(final, ignore_errors=True)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}."))

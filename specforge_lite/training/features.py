@@ -27,7 +27,8 @@ from specforge_lite import SpecforgeError
 from specforge_lite.training.feature_formats import (GROUP_SIZE, SparseTeacher, bytes_per_token, dequantize, hidden_format,
                                             quantize, stores_last, topk_teacher)
 from specforge_lite.artifacts import umask
-from specforge_lite.artifact_io import ArtifactError, read_json_object, safetensors_header, write_failure
+from specforge_lite.artifact_io import DAMAGED, ArtifactError, read_json_object, safetensors_header, write_failure
+from specforge_lite.target.digest import target_files
 
 log = logging.getLogger(__name__)
 
@@ -82,24 +83,16 @@ def rows_digest(rows: list[dict]) -> dict:
     return {"count": len(rows), "sha256": digest.hexdigest()}
 
 
-def target_files(path: str) -> dict:
-    """The target as the features see it: its resolved folder, a hash of its config.json and the
-    names and sizes of its weight files (a hub id is looked up in the local hub cache)."""
-    from specforge_lite.target.loading import resolve_target_path
-
-    folder = Path(resolve_target_path(path))
-    if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(str(path), local_files_only=True))
-        except Exception:  # not downloaded: the loader fetches it; its id (and revision) is the key
-            return {"path": str(path)}
-    config = folder / "config.json"
-    weights = {f.name: f.stat().st_size for f in sorted(folder.iterdir())
-               if f.suffix in (".safetensors", ".bin", ".pt") or f.name.endswith(".index.json")}
-    return {"path": str(folder.resolve()), "weights": weights,
-            "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None}
+def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """blake2b of the tensors' names, dtypes, shapes and bytes, in name order: what a feature shard
+    records in its metadata when written and is checked against when reused."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        data = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{data.dtype}:{tuple(data.shape)}".encode())
+        if data.numel():
+            digest.update(data.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def computed_dtype(target, compute: torch.dtype | None) -> str:
@@ -150,7 +143,8 @@ class FeatureCache:
     in bf16, or quantized (`aux.<i>` / `last.<i>` the int8 or packed int4 values plus
     `aux_scale.<i>` / `last_scale.<i>` the group scales); int4_topk keeps `topk.values.<i>`,
     `topk.ids.<i>`, `in_draft.<i>` instead of `last.<i>`. The shard's metadata names the format
-    and the widths. A shard is written to a
+    and the widths, and a checksum of its tensors (`tensors_checksum`), checked when the shard is
+    reused: a damaged one is rebuilt, never read. A shard is written to a
     temporary name and renamed, so a killed caching run resumes at the first missing shard.
     """
 
@@ -257,7 +251,7 @@ class FeatureCache:
         """Shard j written under a temporary name and renamed: a killed run resumes at it."""
         tmp = self.dir / f".shard-{j:05d}.tmp"
         try:
-            save_file(tensors, str(tmp), metadata=metadata)
+            save_file(tensors, str(tmp), metadata={**(metadata or {}), "checksum": tensors_checksum(tensors)})
             tmp.chmod(0o666 & ~umask())  # safetensors writes 600: the umask's mode, as for every artifact
             tmp.replace(self.shard_file(j))
         except Exception as err:
@@ -268,9 +262,9 @@ class FeatureCache:
             raise
 
     def _intact(self, shard: Path) -> bool:
-        """A cached shard that exists, holds every byte its header lists and is in this cache's
-        format (a shard without a format is bf16, as before formats were recorded); any
-        other is rebuilt."""
+        """A cached shard that exists, holds every byte its header lists, is in this cache's
+        format (a shard without a format is bf16, as before formats were recorded) and whose
+        tensors match the checksum recorded when it was written; any other is rebuilt."""
         if not shard.exists():
             return False
         try:
@@ -279,10 +273,17 @@ class FeatureCache:
             log.warning("%s; rebuilding that shard", err)
             return False
         with safe_open(str(shard), framework="pt") as handle:
-            stored = (handle.metadata() or {}).get("feature_format", "bf16")
-        if stored != self.format:
-            log.warning("%s holds %s features, not %s; rebuilding that shard", shard, stored, self.format)
-            return False
+            metadata = handle.metadata() or {}
+            stored = metadata.get("feature_format", "bf16")
+            if stored != self.format:
+                log.warning("%s holds %s features, not %s; rebuilding that shard", shard, stored, self.format)
+                return False
+            recorded = metadata.get("checksum")
+            if recorded is None or recorded != tensors_checksum({k: handle.get_tensor(k) for k in handle.keys()}):
+                log.warning("%s: %s; rebuilding that shard", shard, "no checksum recorded (written by an older "
+                            "version)" if recorded is None else "its tensors differ from the checksum recorded "
+                            f"when it was written; {DAMAGED}")
+                return False
         return True
 
     def _handle(self, index: int) -> tuple:

@@ -10,6 +10,7 @@ speculative llama.cpp runs always read this one file.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -24,10 +25,14 @@ from specforge_lite.serving.llamacpp.gguf_export import (
     gguf_summary,
     llama_to_gguf,
     llamacpp_extract_layers,
+    read_gguf,
     smollm2_gguf,
 )
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
-from specforge_lite.target.loading import resolve_target_path
+from specforge_lite.target.digest import folder_digests
+from specforge_lite.target.loading import SMOLLM2_INSTALL, resolve_target_path
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_TARGET = "builtin:smollm2-135m-instruct"
 METHOD_OF = {kind: method for method, kind in DRAFT_OF.items()}
@@ -35,22 +40,43 @@ CHECK_TOKENS = 16  # new tokens of the export's load check
 
 
 def target_gguf(target_path: str, resolved: str | None = None) -> tuple[Path, str]:
-    """(the target's GGUF, its precision), converted on first use (see the module docstring)."""
+    """(the target's GGUF, its precision), converted on first use (see the module docstring). A
+    cached conversion that does not read as GGUF (a truncated copy) is converted again; a
+    damaged shipped SmolLM2 GGUF is an error naming the file and the command that restores it."""
     if str(target_path) == SMOLLM2_TARGET:
-        return smollm2_gguf(), "Q4_1"
+        shipped = smollm2_gguf()
+        if problem := gguf_problem(shipped):
+            raise GGUFExportError(f"{problem}; reinstall it: {SMOLLM2_INSTALL} --force-reinstall")
+        return shipped, "Q4_1"
     hf_dir = Path(resolved or resolve_target_path(str(target_path)))  # resolved: by the stage, once
     config = read_json_object(hf_dir / "config.json")
     precision = "f32" if config.get("torch_dtype", config.get("dtype")) == "float32" else "f16"
-    return cached_target_gguf(hf_dir, cache_name(hf_dir), precision), precision
+    cached = cached_target_gguf(hf_dir, cache_name(hf_dir), precision)
+    if problem := gguf_problem(cached):
+        log.warning("%s; converting the target again", problem)
+        cached.unlink(missing_ok=True)
+        cached = cached_target_gguf(hf_dir, cache_name(hf_dir), precision)
+    return cached, precision
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why `path` is not a readable GGUF file (named in the line), or None."""
+    try:
+        read_gguf(path)
+    except GGUFExportError as err:
+        return str(err)
+    return None
 
 
 def cache_name(hf_dir: Path) -> str:
-    """The folder's name and a digest of its path, config and weight files (size, mtime): a
-    changed target gets a new cached GGUF."""
+    """The folder's name and a digest of its path, config and weights by content
+    (`target.digest.folder_digests`): a changed target, even one rewritten in place with the
+    same file sizes, gets a new cached GGUF."""
     digest = hashlib.sha256(str(hf_dir.resolve()).encode())
-    for path in sorted([hf_dir / "config.json", *hf_dir.glob("*.safetensors")]):
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    config = hf_dir / "config.json"
+    digest.update(config.read_bytes() if config.is_file() else b"")
+    for name, value in folder_digests(hf_dir).items():
+        digest.update(f"{name}:{value}".encode())
     return f"{hf_dir.name}-{digest.hexdigest()[:12]}"
 
 
