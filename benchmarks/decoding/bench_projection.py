@@ -171,8 +171,8 @@ def project(shapes: dict[str, dict], device: str, dtype_name: str = "bfloat16", 
 
 
 def markdown(payload: dict, command: str) -> str:
-    lines = [f"### Projected EAGLE-3 speedups ({payload['device']}, {payload['dtype']})", "",
-             f"`{command}`. {payload['label']}; {payload['cost_model']}. Profiles: "
+    lines = ["## Projected EAGLE-3 speedups for real target shapes", "",
+             f"`{command}` on {payload['device']}, {payload['dtype']}. {payload['label']}; {payload['cost_model']}. Profiles: "
              + "; ".join(f"`{n}` a = [{', '.join('-' if a is None else f'{a:.2f}' for a in p)}]"
                          for n, p in payload["profiles"].items()) + ".", "",
              "| shape | forward ms t=1 / t=4 / t=8 | drafter ms k=3 | profile | best k | projected speedup |",
