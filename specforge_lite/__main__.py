@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specforge_lite import SpecforgeError
 from specforge_lite.config.stages import COMMANDS
+from specforge_lite.scale.launch import follow_launcher
 
 USAGE = """usage: python -m specforge_lite STAGE [+recipe=NAME] [key=value ...] [--cfg job]
 
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     if message := renamed(rest) or run_dir_problem(rest):
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+    follow_launcher()  # a rank started by scale/launch.py ends with its launcher and writes its log
 
     import hydra
 

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
+import socket
 import tempfile
+import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from specforge_lite import SpecforgeError
 from specforge_lite.config.stages import SAMPLE, STAGES
+
+log = logging.getLogger(__name__)
 
 STAGE_DIRS = {s.name: s.folder for s in STAGES}  # stage -> its folder under run_dir (config/stages.py)
 
@@ -140,3 +147,177 @@ def write_provenance(out_dir: Path, cfg: DictConfig) -> None:
     """Save the resolved config and package versions next to a stage's artifact."""
     atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     atomic_write_json(out_dir / "versions.json", package_versions())
+
+
+# --------------------------------------------------------------------------- one run per folder
+
+def lock_path(folder: Path) -> Path:
+    """The lock that guards `folder`: beside it, named after it (`run_dir/.train.lock`)."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started, as the kernel counts it (Linux's /proc); None where unknown.
+    With the pid it names one process: a pid handed to a new process gets another start."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def lock_holder_alive(holder: dict) -> bool:
+    """Whether the process a lock names still runs; one on another host counts as running."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    pid = int(holder.get("pid", 0))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    started = holder.get("process_start")
+    return started is None or process_start(pid) in (None, started)
+
+
+def take_lock(folder: Path, command: str) -> Path | None:
+    """Take the lock on `folder` for this process (PID, host, command), or raise SpecforgeError
+    naming the live run that holds it. A lock whose process is gone (this host) is taken over.
+    Returns the lock's path, or None when this process holds it already."""
+    path = lock_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "process_start": process_start(os.getpid()),
+            "command": command, "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(20):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue  # released meanwhile
+            try:
+                holder = json.loads(text)
+                holder = holder if isinstance(holder, dict) else {}
+            except ValueError:  # being written by its taker now, or left half-written by a crash
+                if time.time() - path.stat().st_mtime < 2:
+                    time.sleep(0.1)
+                    continue
+                holder = {}
+            if holder.get("pid") == mine["pid"] and holder.get("host") == mine["host"]:
+                return None
+            if holder and lock_holder_alive(holder):
+                where = "this host" if holder["host"] == mine["host"] else f"host {holder['host']}"
+                gone = "" if holder["host"] == mine["host"] else f"; if that run is gone, delete {path}"
+                raise SpecforgeError(f"{folder} is in use by pid {holder['pid']} on {where} "
+                                     f"(`{holder.get('command', '?')}`, since {holder.get('since', '?')}): wait for "
+                                     f"it to end or stop it{gone}")
+            log.warning("%s: the run that held it (pid %s on %s) is gone; taking it over", path,
+                        holder.get("pid", "?"), holder.get("host", "?"))
+            try:
+                if path.read_text() == text:  # nobody took it over meanwhile
+                    path.unlink()
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(mine) + "\n")
+        return path
+    raise SpecforgeError(f"cannot take the lock {path}: other runs keep taking it")
+
+
+def release_lock(path: Path | None) -> None:
+    """Remove a lock this process took (`take_lock`), unless another process holds it now."""
+    if path is None:
+        return
+    try:
+        holder = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return
+    if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        Path(path).unlink(missing_ok=True)
+
+
+@contextmanager
+def folder_locks(folders: list[Path], command: str):
+    """Hold the locks of `folders` (`take_lock`) for the `with` block; released however it ends."""
+    taken: list[Path | None] = []
+    try:
+        for folder in folders:
+            taken.append(take_lock(folder, command))
+        yield
+    finally:
+        for path in reversed(taken):
+            release_lock(path)
+
+
+# --------------------------------------------------------------------------- a stage replaces only its own files
+
+MANIFEST = "manifest.json"  # in a folder a stage writes: the files it wrote there
+PROVENANCE = "versions.json"  # written by `write_provenance` into every folder a stage writes
+
+
+def written_files(folder: Path, stage: str) -> set[str] | None:
+    """The files (relative paths) `stage` recorded in `folder`'s manifest, None without one."""
+    try:
+        record = json.loads((Path(folder) / MANIFEST).read_text())
+        files = record["files"] if record.get("stage") == stage else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return set(files) if isinstance(files, list) else None
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*") if p.is_file() or p.is_symlink())
+
+
+def in_the_way(final: Path, rel: str, ours: set[str]) -> Path | None:
+    """What in `final` keeps this stage from writing its file `rel` there: a file not its own
+    at that path, or anything but a plain folder where a folder of the path goes."""
+    target = final / rel
+    for parent in reversed(Path(rel).parents[:-1]):
+        folder = final / parent
+        if (folder.exists() or folder.is_symlink()) and (folder.is_symlink() or not folder.is_dir()):
+            return folder
+    if target.is_symlink() or target.exists():
+        return target if target.is_dir() or rel not in ours else None
+    return None
+
+
+def place_files(new: Path, final: Path, stage: str) -> None:
+    """Move the files of folder `new` into `final`, replacing the ones `stage` wrote there before
+    (listed in its MANIFEST) and removing those of them it no longer writes; every other file
+    in `final` is the user's and stays. Something of the user's in the way of a file to write
+    refuses the whole move (SpecforgeError) before anything is changed. A folder without a
+    manifest but with this package's PROVENANCE was written by an earlier version: the files
+    written again count as its own."""
+    new, final = Path(new), Path(final)
+    ours = files_under(new)
+    before = written_files(final, stage)
+    if before is None:
+        if (final / MANIFEST).exists() or (final / MANIFEST).is_symlink():
+            raise SpecforgeError(f"{final / MANIFEST} is not the {stage} stage's list of its files; move it "
+                                 f"out of the way, then run {stage} again")
+        before = set(ours) if (final / PROVENANCE).is_file() else set()
+    for rel in ours:
+        if (path := in_the_way(final, rel, before)) is not None:
+            raise SpecforgeError(f"{path} is in the way: the {stage} stage writes {final / rel} and did not write "
+                                 f"that (it is not in {final / MANIFEST}); move it away, then run {stage} again")
+    final.mkdir(parents=True, exist_ok=True)
+    # while files move, old and new count as this stage's: an interrupted move leaves no file disowned
+    atomic_write_json(final / MANIFEST, {"stage": stage, "files": sorted(set(ours) | before)})
+    for rel in ours:
+        (final / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(new / rel, final / rel)
+    for rel in sorted(before - set(ours)):
+        stale = final / rel
+        if stale.is_symlink() or stale.is_file():
+            stale.unlink()
+        for parent in stale.parents:  # folders it leaves empty
+            if final not in parent.parents or not parent.is_dir() or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    atomic_write_json(final / MANIFEST, {"stage": stage, "files": ours})

@@ -17,22 +17,40 @@ environment variables say so), or when the stage runs in one process by design:
 
 The config is validated before anything is launched, so a bad setting stops once with one
 message; a rank's exit status is this process's exit status.
+
+The ranks live and die with the command that started them: each rank follows its launcher
+(`follow_launcher`: a parent-death signal where Linux gives one, and a thread that watches
+the launcher's pid everywhere), so a launcher killed outright (`kill -9`, the OOM killer)
+leaves no rank training on in the run folder. A rank that dies ends the run with one line
+naming it, how it ended, its log and how to resume (`failure_line`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.config.stages import COMMANDS
+from specforge_lite.artifact_io import read_json_object
+from specforge_lite.artifacts import STAGE_DIRS, folder_locks, samples_dir
+from specforge_lite.config.stages import COMMANDS, SAMPLE, chained
 
 log = logging.getLogger(__name__)
 
 # the environment a launcher leaves in each rank it starts
 LAUNCHER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+# what `launch` leaves in the environment of the ranks it starts: its own pid, and the folder of their logs
+LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"
+RANK_LOGS = "SPECFORGE_LITE_RANK_LOGS"
+WATCH_INTERVAL_S = 0.5  # how often a rank looks for its launcher
 
 
 def launched_by() -> str | None:
@@ -109,31 +127,214 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(plan: dict, stage: str, overrides: list[str]) -> int:
+def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = None) -> int:
     """Run `python -m specforge_lite STAGE OVERRIDES` on `plan`'s ranks through torch's
-    elastic launcher; returns the exit status (a failed rank's own status)."""
+    elastic launcher; returns the exit status (a failed rank's own status, 128+N for a rank
+    killed by signal N). Each rank's output is copied to `log_dir/rank-R.log` (by default this
+    command's Hydra log folder); a failed rank ends the run with `failure_line`."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     world = plan["nproc_per_node"] * plan["nnodes"]
+    log_dir = Path(log_dir or hydra_output_dir() or Path.cwd())
     config = LaunchConfig(
         min_nodes=plan["nnodes"], max_nodes=plan["nnodes"], nproc_per_node=plan["nproc_per_node"],
         run_id=os.environ.get("SLURM_JOB_ID", f"specforge_lite-{stage}-{os.getpid()}"),
         rdzv_backend="static", rdzv_endpoint=f"{plan['master_addr']}:{plan['master_port']}",
         rdzv_configs={"rank": plan["node_rank"]}, max_restarts=0, monitor_interval=0.5,
-        start_method="spawn")
-    log.info("%s: starting %d rank(s) (%d per node, %d node(s)) with torch's elastic launcher",
-             stage, world, plan["nproc_per_node"], plan["nnodes"])
+        start_method="spawn",
+        # the ranks write their own logs (`follow_launcher`); torch's default makes a folder in the temp dir
+        logs_specs=DefaultLogsSpecs(log_dir=os.devnull))
+    log.info("%s: starting %d rank(s) (%d per node, %d node(s)) with torch's elastic launcher; their logs: %s",
+             stage, world, plan["nproc_per_node"], plan["nnodes"], log_dir / "rank-*.log")
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan["nproc_per_node"])))
+    os.environ[LAUNCHER_PID], os.environ[RANK_LOGS] = str(os.getpid()), str(log_dir)
     args = ["-m", "specforge_lite", stage, *overrides]
+    elastic_logs = logging.getLogger("torch.distributed.elastic")
+    quiet = not os.environ.get("SPECFORGE_LITE_DEBUG")  # our line says what its lines would
+    level = elastic_logs.level
+    if quiet:
+        elastic_logs.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
     except ChildFailedError as failed:
-        codes = [f.exitcode for f in failed.failures.values()]
-        # the first rank's own status: 2 for a user error, a signal's negative number as 128+N
-        code = next((c for c in codes if c and c > 0), 1)
-        return code
+        rank, failure = first_failure(failed.failures)
+        print(f"error: {failure_line(stage, rank, failure.pid, failure.exitcode, log_dir)}", file=sys.stderr)
+        code = failure.exitcode
+        return 128 - code if code < 0 else code or 1
+    finally:
+        elastic_logs.setLevel(level)
+        for key in (LAUNCHER_PID, RANK_LOGS):
+            os.environ.pop(key, None)
     return 0
+
+
+def first_failure(failures: dict) -> tuple[int, object]:
+    """The failure that ended the run, of torch's `{global rank: ProcessFailure}`: a rank killed
+    by a signal other than the SIGTERM the launcher sends the rest, else the earliest."""
+    def order(item):
+        rank, failure = item
+        killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
+        return (not killed, failure.timestamp, rank)
+
+    return min(failures.items(), key=order)
+
+
+def failure_line(stage: str, rank: int, pid: int, exitcode: int, log_dir: Path) -> str:
+    """One line for a rank that ended the run: which rank, how it ended, its log, how to resume."""
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        how = f"was killed by {name}" + (" (out of memory, or `kill -9`)" if exitcode == -signal.SIGKILL else "")
+    else:
+        how = f"exited with status {exitcode}"
+    log_file = Path(log_dir) / f"rank-{rank}.log"
+    if exitcode == 2:  # a user error the rank reported itself: running again would meet it again
+        return f"{stage}: rank {rank} (pid {pid}) stopped on the error above; its log: {log_file}"
+    resume = COMMANDS[stage].resumes if stage in COMMANDS else ""  # config/stages.py
+    return (f"{stage}: rank {rank} (pid {pid}) {how}, so the run stopped its other ranks; its log: "
+            f"{log_file}; run the same command again to resume {resume}".rstrip())
+
+
+def hydra_output_dir() -> Path | None:
+    """This command's Hydra log folder (`run_dir/logs/<time>-<stage>`), None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+
+
+# --------------------------------------------------------------------------- in a rank
+
+def follow_launcher() -> None:
+    """In a rank that `launch` started: end with the launcher, and copy this rank's output to
+    its log. Linux sends a parent-death signal (`prctl(PR_SET_PDEATHSIG)`); a thread polls the
+    launcher's pid everywhere (and covers a launcher gone before the signal was asked for).
+    Nothing in a process that `launch` did not start."""
+    launcher, rank = os.environ.get(LAUNCHER_PID), os.environ.get("RANK")
+    if not launcher or rank is None:
+        return
+    launcher = int(launcher)
+    parent = os.getppid()
+    die_with_parent(signal.SIGTERM)
+    # `launch` starts its ranks as its own children: another parent means it died before the signal was asked for
+    if parent != launcher or not process_alive(launcher):
+        lost_launcher(rank, launcher)
+    threading.Thread(target=watch_launcher, args=(rank, launcher, parent), name="specforge-launcher-watch",
+                     daemon=True).start()
+    if os.environ.get(RANK_LOGS):
+        copy_output(Path(os.environ[RANK_LOGS]) / f"rank-{rank}.log")
+
+
+def die_with_parent(sig: int) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(sig), 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def watch_launcher(rank: str, launcher: int, parent: int) -> None:
+    """Poll until the launcher is gone (or this process was handed to another parent), then exit."""
+    while os.getppid() == parent and process_alive(launcher):
+        time.sleep(WATCH_INTERVAL_S)
+    lost_launcher(rank, launcher)
+
+
+def lost_launcher(rank: str, launcher: int) -> None:
+    try:
+        os.write(2, f"rank {rank}: the command that started it (pid {launcher}) is gone; stopping\n".encode())
+    finally:
+        os._exit(128 + signal.SIGHUP)
+
+
+class _Copy:
+    """A text stream that also writes to a log file: what the rank prints, less progress-bar
+    redraws (a line that ends without a newline, rewritten in place)."""
+
+    def __init__(self, stream, log):
+        self._stream, self._log = stream, log
+        self._redraw = ""  # the newest redraw of a progress bar: logged with the newline that ends it
+
+    def write(self, text: str) -> int:
+        if "\r" in text and "\n" not in text:
+            self._redraw = text.rsplit("\r", 1)[-1]
+        else:
+            try:  # a write that starts with a redraw replaces the one held
+                self._log.write(text.rsplit("\r", 1)[-1] if text.startswith("\r") else self._redraw + text)
+            except (OSError, ValueError):
+                pass
+            self._redraw = ""
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        try:
+            self._log.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def copy_output(path: Path) -> None:
+    """Copy what this process writes to sys.stdout and sys.stderr (logging included, once its
+    handlers are made) to `path`, appended, line-buffered."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(path, "a", buffering=1, errors="replace")  # noqa: SIM115 (open for the process's life)
+    except OSError as err:
+        print(f"warning: cannot write this rank's log {path} ({err.strerror}); output goes to the console only",
+              file=sys.stderr)
+        return
+    sys.stdout, sys.stderr = _Copy(sys.stdout, log_file), _Copy(sys.stderr, log_file)
+
+
+@contextmanager
+def run_folder_locks(cfg):
+    """Hold the locks of the folders this command writes (`locked_folders`) while it runs: a
+    second command on them is refused, naming this one's pid. Taken by the command the user
+    typed (rank 0 under another launcher), never by the ranks `launch` starts for it."""
+    if os.environ.get(LAUNCHER_PID) or int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    with folder_locks(locked_folders(cfg), f"specforge_lite {cfg.stage}"):
+        yield
+
+
+def locked_folders(cfg) -> list[Path]:
+    """The folders the command `cfg.stage` writes: each stage's own, and the samples where train
+    samples first (none complete yet)."""
+    folders: list[Path] = []
+    for stage in chained(cfg.stage):
+        for name in stage.writes:
+            if name == SAMPLE.name and stage.name != SAMPLE.name and not samples_missing(cfg):
+                continue
+            folder = samples_dir(cfg) if name == SAMPLE.name else Path(cfg.run_dir) / STAGE_DIRS[name]
+            if folder not in folders:
+                folders.append(folder)
+    return folders
+
+
+def samples_missing(cfg) -> bool:
+    """Whether train will sample first: it trains on samples and none complete are there."""
+    if not cfg.train.use_samples:
+        return False
+    meta = samples_dir(cfg) / "meta.json"
+    return not (meta.exists() and read_json_object(meta).get("complete"))
 
 
 def stage_overrides() -> list[str]:

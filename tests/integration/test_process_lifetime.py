@@ -1,0 +1,145 @@
+"""Processes end with the command that started them, one command per run folder, the user's
+files kept: real 2-rank CPU (gloo) train runs of the smoke recipe, killed for real."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, run_cli
+
+# long enough to be training still when it is killed
+TRAIN = ["+recipe=smoke", "trainer.num_processes=2", "train.max_steps=100000", "train.checkpoint_every=0",
+         "train.log_every=100000", "train.tracker=none"]
+STEP = re.compile(r"train:.*\|\s*([1-9]\d*)/100000")  # the rank's progress bar, a step done
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    run = tmp_path_factory.mktemp("samples_once")
+    run_cli("sample", "+recipe=smoke", f"run_dir={run}", check=True)
+    return run / "samples"
+
+
+def start_training(run: Path, samples: Path, output: Path) -> subprocess.Popen:
+    shutil.copytree(samples, run / "samples")
+    with open(output, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", *TRAIN, f"run_dir={run}",
+                                 f"trainer.master_port={free_port()}"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def ranks_of(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the live processes whose parent is `launcher`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and running(int(entry.name)):
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                env = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == launcher and "RANK" in env:
+                found[int(env["RANK"])] = int(entry.name)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for_training(proc: subprocess.Popen, output: Path, timeout: float = 600) -> dict[int, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended early:\n{output.read_text()[-3000:]}"
+        ranks = ranks_of(proc.pid)
+        if len(ranks) == 2 and STEP.search(output.read_text(errors="replace")):
+            return ranks
+        time.sleep(1)
+    proc.kill()
+    raise AssertionError(f"no training step within {timeout} s:\n{output.read_text()[-3000:]}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_a_killed_command_takes_its_ranks_and_its_lock_with_it(tmp_path, samples):
+    run, output = tmp_path / "run", tmp_path / "train.out"
+    proc = start_training(run, samples, output)
+    try:
+        ranks = wait_for_training(proc, output)
+        # a second command on the same folder is refused, naming the first one's pid
+        second = run_cli("train", "+recipe=smoke", f"run_dir={run}", "train.max_steps=1")
+        assert second.returncode == 2, second.stderr[-2000:]
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"in use by pid {proc.pid} on this host" in errors[0], second.stderr[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)  # what the OOM killer or `kill -9` does to the command typed
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while any(running(pid) for pid in ranks.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in ranks.values() if running(pid)], "ranks outlived the command that started them"
+    finally:
+        for pid in ranks_of(proc.pid).values():
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    # its lock is left behind, stale: the next command takes it over and runs
+    assert (run / ".train.lock").exists()
+    third = run_cli("train", "+recipe=smoke", f"run_dir={run}", "train.max_steps=2", "train.checkpoint_every=0")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "taking it over" in third.stdout + third.stderr
+    assert not (run / ".train.lock").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_a_dead_rank_ends_the_run_with_one_line_of_ours(tmp_path, samples):
+    run, output = tmp_path / "run", tmp_path / "train.out"
+    proc = start_training(run, samples, output)
+    try:
+        ranks = wait_for_training(proc, output)
+        os.kill(ranks[1], signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    text = output.read_text(errors="replace")
+    assert proc.returncode == 128 + signal.SIGKILL, text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, text[-3000:]
+    line = errors[0]
+    assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL" in line and "run the same command again" in line, line
+    log = Path(re.search(r"its log: (\S+);", line).group(1))
+    assert log.name == "rank-1.log" and log.is_file() and run in log.parents
+    assert "failed (exitcode" not in text, "torchelastic's own lines are ours now"
+    assert not ranks_of(proc.pid)
+
+
+def test_a_users_file_in_export_survives_a_re_export(tmp_path, samples):
+    run = tmp_path / "run"
+    shutil.copytree(samples, run / "samples")
+    args = ["+recipe=smoke", f"run_dir={run}", "train.max_steps=2", "train.checkpoint_every=0", "train.tracker=none"]
+    run_cli("train", *args, check=True)
+    run_cli("export", *args, check=True)
+    (run / "export" / "NOTES.md").write_text("how we serve it")
+    (run / "train" / "drafter" / "notes.txt").write_text("mine too")
+    run_cli("train", *args, "train.max_steps=3", check=True)
+    run_cli("export", *args, check=True)
+    assert (run / "export" / "NOTES.md").read_text() == "how we serve it"
+    assert (run / "train" / "drafter" / "notes.txt").read_text() == "mine too"
+    assert (run / "export" / "export.json").exists()
+    # a file of the user's where the export writes one of its own: refused, nothing replaced
+    (run / "export" / "manifest.json").unlink()
+    (run / "export" / "export.json").write_text("the user's")
+    (run / "export" / "versions.json").unlink()
+    refused = run_cli("export", *args)
+    assert refused.returncode == 2 and "is in the way" in refused.stderr, refused.stderr[-2000:]
+    assert (run / "export" / "export.json").read_text() == "the user's"

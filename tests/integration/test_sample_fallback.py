@@ -1,0 +1,80 @@
+"""`sample.backend=auto` falls back from a vLLM that cannot run, in one line, and a vLLM stage
+leaves no process and no socket or rendezvous file of its own behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specforge_lite.serving.vllm.engine import find_python
+from tests.conftest import REPO
+
+SAMPLE = ["sample", "+recipe=smoke", "sample.backend=auto", "data.max_samples=4", "sample.max_new_tokens=8"]
+
+
+def run_sample(*args: str, env: dict | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specforge_lite", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interpreter", ["exits", "has_no_vllm"])
+def test_auto_samples_without_a_vllm_that_cannot_run(tmp_path, interpreter):
+    if interpreter == "exits":
+        python = tmp_path / "python"
+        python.write_text("#!/bin/sh\nexit 3\n")
+        python.chmod(0o755)
+    else:
+        python = Path(sys.executable)  # this package's interpreter, without vLLM
+        if subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
+            pytest.skip("this interpreter has vLLM")
+    proc = run_sample(*SAMPLE, f"run_dir={tmp_path / 'run'}", f"sample.vllm.python={python}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr  # log lines go to stdout
+    said = [line for line in output.splitlines() if "sample.backend=auto: vLLM cannot sample" in line]
+    assert len(said) == 1, output[-3000:]
+    assert ("exited with status 3" if interpreter == "exits" else "No module named 'vllm'") in said[0]
+    assert "Traceback" not in output
+    meta = json.loads((tmp_path / "run" / "samples" / "meta.json").read_text())
+    assert meta["complete"] and meta["num_rows"] > 0
+    assert meta["sampling"]["backend"] == ("hf" if "with the hf backend" in said[0] else "compiled")
+
+
+def left_behind(folder: Path) -> list[str]:
+    """vLLM's sockets, rendezvous files and our engine's socket folders under `folder`."""
+    return [str(p) for p in folder.rglob("*") if p.name.startswith(("vllm_dist_", "specforge_lite-vllm-"))
+            or (not p.is_symlink() and stat.S_ISSOCK(p.stat().st_mode))]
+
+
+def runners() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "vllm_runner.py" in line]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
+    if find_python() is None:
+        pytest.skip("vLLM is not installed (make vllm)")
+    before = runners()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp))
+    # SmolLM2, which vLLM's CPU kernels run: a stage that succeeds
+    done = run_sample("sample", "+recipe=eagle_smollm2", f"run_dir={tmp_path / 'ok'}", f"samples_dir={tmp_path / 'ok'}",
+                      "sample.backend=vllm", "data.max_samples=2", "sample.max_new_tokens=8", "sample.turns=last",
+                      "sample.shard_size=2", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not left_behind(temp), left_behind(temp)
+    # the tiny target, whose head size vLLM's CPU attention refuses: a stage whose vLLM fails
+    failed = run_sample("sample", "+recipe=smoke", f"run_dir={tmp_path / 'failed'}", "sample.backend=vllm",
+                        "data.max_samples=2", "sample.max_new_tokens=8", env=env)
+    assert failed.returncode == 2 and "vLLM failed" in failed.stderr, failed.stderr[-3000:]
+    assert not left_behind(temp), left_behind(temp)
+    assert runners() == before
