@@ -22,6 +22,7 @@ Writes benchmarks/results/draft_loop_<device>.json and its section of docs/BENCH
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 from benchmarks.common import compose_config, machine, run, sharegpt_first_turns, update_doc_section, write_results
@@ -88,7 +89,10 @@ def markdown(d: dict) -> str:
              f"{d['dtype']}, engine `{d['engine']}`; eagle3 = the demo's drafter at the start of training "
              "(a trained drafter's costs per step, not its acceptance). Isolated width-1 forward "
              f"{d['isolated_forward_ms']:.2f} ms; plain decoding pays "
-             f"{d['methods']['plain']['decoding_ms_per_token_over_isolated_forward']:.2f}x that per token.", "",
+             f"{d['methods']['plain']['decoding_ms_per_token_over_isolated_forward']:.2f}x that per token."
+             + (" Load average (1 min) before / after: {} / {} on {} cores: other work shared the machine, so "
+                "absolute times are inflated; the shares compare methods within one run.".format(
+                    *d["load_average_1min"], os.cpu_count()) if d.get("load_average_1min") else ""), "",
              "| method | tau | tokens/s | forward ms/step | outside-forward ms/step | draft ms/step | loop ms/step "
              "| drafting share |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, m in d["methods"].items():
@@ -116,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     dtype = "bfloat16" if device == "cuda" else "float32"
     model, tokenizer = load_target(OmegaConf.create({**SMOLLM2, "device": device, "dtype": dtype}))
     prompts = sharegpt_first_turns(tokenizer, args.prompts, 256)
+    load_before = os.getloadavg()[0]  # a shared machine: how busy it was is part of the record
     measured = measure(model, prompts, args.tokens, args.k, args.engine)
+    measured["load_average_1min"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     command = (f"python -m benchmarks.decoding.bench_draft_loop --prompts {args.prompts} --tokens {args.tokens} "
                f"--k {args.k} --engine {args.engine}")
     payload = {"command": command, "num_prompts": len(prompts), "tokens": args.tokens, "k": args.k, "dtype": dtype,
