@@ -45,9 +45,10 @@ from benchmarks.common import RESULTS, ROOT, fail, machine, run
 
 TRAIN_STEPS = 60
 EVAL_METHODS = "[plain,eagle3,ngram]"
-# seconds per step; they sum to 8 minutes (the budget), start-up of each process included
-STEP_LIMITS_S = {"tests": 100, "train_batch1": 50, "train_batched": 60, "eval_bfloat16": 120, "eval_float32": 80,
-                 "projection": 70}
+# seconds per step; they sum to 8 minutes (the budget), start-up of each process included: the first
+# training converts the built-in target once, the bf16 evaluation compiles the target's graphs (eval.engine=auto)
+STEP_LIMITS_S = {"tests": 80, "train_batch1": 70, "train_batched": 50, "eval_bfloat16": 160, "eval_float32": 60,
+                 "projection": 60}
 STEPS = tuple(STEP_LIMITS_S)
 OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|out of memory", re.I)
 
@@ -137,7 +138,9 @@ def _stage(args: list[str], limit: float, record: dict) -> None:
         peak = Path(tmp) / "peak.json"
         try:
             _child([sys.executable, "-c", PEAK_CHILD, *args, *os.environ.get("GPU_CHECK_ARGS", "").split()],
-                   limit, record, {"GPU_CHECK_PEAK": str(peak), "WANDB_MODE": "disabled"})
+                   limit, record, {"GPU_CHECK_PEAK": str(peak), "WANDB_MODE": "disabled",
+                                   # inductor's default kernels: autotuning every product takes minutes
+                                   "SPECFORGE_LITE_AUTOTUNE": os.environ.get("SPECFORGE_LITE_AUTOTUNE", "0")})
         finally:
             if peak.exists() and json.loads(peak.read_text()) is not None:
                 record["peak_memory_gib"] = round(json.loads(peak.read_text()) / 2 ** 30, 2)
