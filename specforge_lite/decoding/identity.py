@@ -130,8 +130,17 @@ class Fp32Reference:
 
     def _reference(self):
         if self._twin is None:
-            self._twin = self.model if self.model.dtype == torch.float32 else copy.deepcopy(self.model).float()
+            try:
+                self._twin = self.model if self.model.dtype == torch.float32 else copy.deepcopy(self.model).float()
+            except torch.cuda.OutOfMemoryError:  # no room for a float32 copy: the run's dtype (`dtype` says so)
+                torch.cuda.empty_cache()
+                self._twin = self.model
         return self._twin
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the reference logits were computed in (float32 unless the copy did not fit)."""
+        return str(self._reference().dtype).removeprefix("torch.")
 
     @torch.inference_mode()
     def evidence(self, context: Sequence[int], plain_token: int, other_token: int) -> StepEvidence:
@@ -169,7 +178,8 @@ def judge(model, answers: list[dict], plain: str = "plain", ulps: float = ROUNDI
             continue
         theirs = plain_tokens[(a["prompt"]["id"], a["turn"])]
         a["verdict"] = (classify(theirs, a["gen"].tokens, None, model.dtype, ulps) if a["identical"]
-                        else verdict(reference, a["ids"], theirs, a["gen"].tokens, model.dtype, ulps))
+                        else {**verdict(reference, a["ids"], theirs, a["gen"].tokens, model.dtype, ulps),
+                              "reference_dtype": reference.dtype})
     reference.release()
 
 
