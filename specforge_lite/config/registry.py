@@ -7,13 +7,14 @@ Adding a drafter is a folder under `drafters/`, a `conf/drafter/NAME.yaml` and o
 from __future__ import annotations
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters import distilled, eagle3, medusa, peagle
+from specforge_lite.drafters import dflash, distilled, eagle3, medusa, peagle
 
 DRAFTERS = {
     "eagle3": eagle3,
     "medusa": medusa,
     "distilled": distilled,
     "peagle": peagle,
+    "dflash": dflash,
 }
 
 # names of earlier versions, and what they are called now
@@ -24,6 +25,7 @@ RENAMED = {"draft_model": "distilled"}
 NO_SGLANG_LAYOUT = {
     "peagle": "SGLang has no P-EAGLE drafter (parallel drafting with a mask token); export it for vLLM only "
               "(export.sglang=false)",
+    "dflash": "this project writes no SGLang DFlash layout; export it for vLLM only (export.sglang=false)",
     "medusa": "SGLang serves no Medusa heads; export them for vLLM only (export.sglang=false)",
     "distilled": "a draft model is a plain Hugging Face folder (export/draft_model) that SGLang loads as it is; "
                  "set export.sglang=false",
