@@ -122,9 +122,21 @@ def _child(args: list[str], limit: float, record: dict, env: dict | None = None)
     lines = [line for line in out.replace("\r", "\n").splitlines() if line.strip()]
     record["log_tail"] = lines[-5:]
     if done.returncode:
-        oom = next((line for line in reversed(lines) if OOM.search(line)), None)
-        raise StepFailed(oom or f"exit {done.returncode}: {lines[-1] if lines else '(no output)'}")
+        raise StepFailed(failure_line(done.returncode, done.stderr or "", lines))
     return out
+
+
+def failure_line(code: int, stderr: str, lines: list[str]) -> str:
+    """The line that says why a child failed: an out-of-memory line, else the CLI's `error:` line,
+    else a traceback's last line, else the first line of its stderr (Hydra's own report)."""
+    errs = [line.strip() for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
+    oom = next((line for line in reversed(lines) if OOM.search(line)), None)
+    said = next((line for line in reversed(errs) if line.startswith("error:")), None)
+    if oom or said:
+        return oom or said
+    if any(line.startswith("Traceback") for line in errs):
+        return f"exit {code}: {errs[-1]}"
+    return f"exit {code}: {(errs or lines or ['(no output)'])[0]}"
 
 
 # the CLI in a child that also reports the GPU's peak memory (a file named by GPU_CHECK_PEAK)

@@ -134,3 +134,13 @@ def test_docs_show_a_gpu_row_when_a_results_file_exists(tmp_path, monkeypatch):
     rows = docs.gpu_rows()
     assert len(rows) == 1 and "NVIDIA H100" in rows[0] and "15 identical, 9 rounding, 0 mismatch" in rows[0]
     assert "1.30x [1.20, 1.40]" in rows[0] and "`gpu_check_nvidia_h100`" in rows[0]
+
+
+def test_a_stage_child_runs_the_cli_and_names_its_error(monkeypatch):
+    """`_stage` runs the real CLI in a child (the one that reports peak memory): a bad recipe is
+    the CLI's one-line error, recorded as the step's failure."""
+    monkeypatch.setenv("GPU_CHECK_ARGS", "")
+    record = {}
+    with pytest.raises(gpu_check.StepFailed, match="no_such_recipe"):
+        gpu_check._stage(["train", "+recipe=no_such_recipe"], 120, record)
+    assert record["log_tail"] and "peak_memory_gib" not in record  # no CUDA: no peak to report
