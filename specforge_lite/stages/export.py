@@ -21,10 +21,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object, write_failure
+from specforge_lite.artifact_io import load_safetensors, read_json_object, write_failure
 from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, place_files,
                                      readable_temp_dir, write_provenance)
 from specforge_lite.data.chat import prompt_ids
+from specforge_lite.drafters.common import require_finite
 from specforge_lite.serving.llamacpp.checks import gguf_refusal
 from specforge_lite.serving.llamacpp.files import write_gguf_folder
 from specforge_lite.scale.sizing import check_stage
@@ -72,6 +73,7 @@ def run(cfg: DictConfig) -> None:
         write_provenance(tmp, cfg)
         try:
             info = DRAFTERS[kind].export(cfg, trained, tmp, target, tokenizer, k, k_source, verifier)
+            require_finite_files(tmp)  # before anything of it is put in place (or converted to GGUF)
             if cfg.export.gguf:  # llama.cpp's files from what was just written, loaded in llama.cpp
                 hello = prompt_ids(tokenizer, [{"role": "user", "content": "Say hello."}])
                 info["gguf"] = write_gguf_folder(cfg.target.path, kind, tmp / info["path"], tmp / "gguf", k, hello)
@@ -91,3 +93,8 @@ def run(cfg: DictConfig) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
 
+
+def require_finite_files(folder: Path) -> None:
+    """Every safetensors file written under `folder` holds finite values only (`require_finite`)."""
+    for path in sorted(folder.rglob("*.safetensors")):
+        require_finite(load_safetensors(path), f"export {path.relative_to(folder)}")

@@ -30,8 +30,9 @@ from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, package_versions, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
-from specforge_lite.data.samples import completed_shards, shard_path, stats_path, write_shard
-from specforge_lite.training.features import target_files
+from specforge_lite.data.samples import (completed_shards, damaged_shards, remove_shard, shard_path, stats_path,
+                                         write_shard)
+from specforge_lite.target.digest import target_files
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.runtime.static_llama import unsupported_reason
 from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
@@ -246,6 +247,9 @@ def run(cfg: DictConfig) -> None:
     shard_size = sample_cfg.shard_size
     num_shards = (len(train) + shard_size - 1) // shard_size
     mine = [j for j in range(num_shards) if j % world == rank]
+    for j, problem in damaged_shards(data_dir, mine).items():  # checked against their recorded sha256
+        log.warning("%s; rewriting that shard", problem)
+        remove_shard(data_dir, j)
     done = set(completed_shards(data_dir))
     todo = [j for j in mine if j not in done]
     size = lambda j: min(shard_size, len(train) - j * shard_size)  # noqa: E731
@@ -296,7 +300,12 @@ def run(cfg: DictConfig) -> None:
         log.info("rank %d generated %d tokens in %.1f s (%.1f tokens/s)", rank, generated, elapsed,
                  generated / max(elapsed, 1e-9))
 
-    if rank == 0 and set(completed_shards(data_dir)) >= set(range(num_shards)):
+    finished = rank == 0 and set(completed_shards(data_dir)) >= set(range(num_shards))
+    if finished and (damaged := damaged_shards(data_dir)):  # another rank's, not rewritten yet
+        log.warning("%d shard(s) damaged (%s): not complete until the ranks that own them rewrite them",
+                    len(damaged), next(iter(damaged.values())))
+        finished = False
+    if finished:
         meta = _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=True)
         log.info("samples: %d conversations, %d assistant tokens in %s (skipped: %s)", meta["num_rows"],
                  meta["num_loss_tokens"], data_dir, meta["skipped"] or "none")

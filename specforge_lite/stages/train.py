@@ -9,7 +9,10 @@ Checkpoints land atomically in `run_dir/train/checkpoints/step-N`; a restarted r
 continues from the newest one and ends with the weights an uninterrupted run has.
 How the work spreads over ranks (DDP, DeepSpeed ZeRO-2/3, FSDP) is `trainer.strategy`,
 handled in `specforge_lite.training.strategies`.
-The trained drafter is written to `run_dir/train/drafter/`.
+The trained drafter is written to `run_dir/train/drafter/` only when it is worth keeping: a
+step whose loss or gradient norm is not finite stops the run (the checkpoints before it stay),
+as does a run without a single loss position (training.health); tokens seen count the real
+sequences only, per rank in metrics.json.
 """
 
 from __future__ import annotations
@@ -32,14 +35,18 @@ from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
 from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, place_files, readable_temp_dir,
                                      samples_dir, stage_dir, write_provenance)
-from specforge_lite.data.samples import load_samples, readable_shards
+from specforge_lite.data.samples import damaged_shards, load_samples, readable_shards
+from specforge_lite.drafters.common import nonfinite_tensors
 from specforge_lite.drafters.vocab import count_tokens
 from specforge_lite.scale.dry_run import dry_run
 from specforge_lite.training.feature_formats import stores_last
 from specforge_lite.training.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
-                                     target_files, target_hidden)
+                                              target_hidden)
+from specforge_lite.target.digest import target_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
-from specforge_lite.training.checkpoints import resume
+from specforge_lite.training.checkpoints import latest_checkpoint, resume
+from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
+                                            require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
 from specforge_lite.config.registry import RENAMED, chosen_drafter
 from specforge_lite.scale.sizing import at_micro_batch, batch_choice, check_stage, dry_run_choice, report as size_every_stage
@@ -106,14 +113,19 @@ def ensure_samples(cfg: DictConfig) -> None:
     meta_path = samples_dir(cfg) / "meta.json"
     meta = read_json_object(meta_path) if meta_path.exists() else {}
     if meta.get("complete"):
-        problem = sample.stale_samples(cfg, meta, samples_dir(cfg)) if cfg.train.use_samples else None
+        problem = sample.stale_samples(cfg, meta, samples_dir(cfg))
         if problem:
             raise SpecforgeError(f"train: {problem}")
+    # shards checked against the sha256 recorded when they were written: a damaged one is rewritten
+    damaged = damaged_shards(samples_dir(cfg) / "data")
+    if meta.get("complete") and not damaged:
+        pass
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise SpecforgeError(f"no complete samples in {samples_dir(cfg)}; run the sample stage before a "
-                             "multi-process train (python -m specforge_lite sample ... on the same ranks)")
+        raise SpecforgeError(f"no complete and intact samples in {samples_dir(cfg)}; run the sample stage before "
+                             "a multi-process train (python -m specforge_lite sample ... on the same ranks)")
     else:
-        log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
+        log.info("%s in %s: running the sample stage first", "damaged sample shards" if meta.get("complete")
+                 else "no complete samples", samples_dir(cfg))
         sample.run(cfg)
     if cfg.train.use_samples:
         readable_shards(samples_dir(cfg))  # some hold rows, none is damaged: before anything is written
@@ -188,6 +200,8 @@ def run(cfg: DictConfig) -> None:
 
     target, tokenizer = strategy.load_target(cfg.target)
     samples = training_rows(cfg, tokenizer)
+    if problem := no_loss_position(samples, cfg.data.max_length):
+        raise SpecforgeError(f"train: {problem}")
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
     drafter = module.build(cfg, target, counts)
     aux_ids = module.target_layers(drafter)
@@ -244,7 +258,10 @@ def run(cfg: DictConfig) -> None:
     bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
     window = empty_window()
-    history, tokens_seen = [], 0
+    history, tokens_seen, positions = [], 0, 0
+    counts_of_rank = RankCounts()  # real tokens only: a dummy sequence of an idle rank counts zero
+    data_hint = (f"the offline features in {out / 'features'} may be damaged (delete that folder to rebuild them)"
+                 if cache is not None else f"the samples in {samples_dir(cfg)} may hold bad data")
     for step in range(start, total_steps):
         t0 = time.perf_counter()
         for g in optimizer.param_groups:
@@ -253,7 +270,7 @@ def run(cfg: DictConfig) -> None:
         # this rank's rows of every micro-batch (training/batching.py gives every rank real ones; a
         # rank left without one would run rank 0's with no loss positions, so DDP still syncs)
         shares = [b[rank] for b in micro]
-        prepared, target_time = [], 0.0
+        prepared, target_time, real_tokens, step_loss = [], 0.0, 0, 0.0
         for indices, own in ((share or b[0], bool(share)) for share, b in zip(shares, micro)):
             t_target = time.perf_counter()
             batch = collate([samples[i] for i in indices], tokenizer.pad_token_id, accelerator.device)
@@ -264,7 +281,9 @@ def run(cfg: DictConfig) -> None:
             prepare(batch, aux, last, own)  # soft labels, loss positions (none if not `own`)
             target_time += time.perf_counter() - t_target
             prepared.append(batch)
-            window["tokens"] += int(batch["attention_mask"].sum())
+            real_tokens += int(batch["attention_mask"].sum()) if own else 0
+        window["tokens"] += real_tokens
+        counts_of_rank.add_step(real_tokens)
         # the gradient is divided by the loss positions of the whole optimizer step, on all ranks
         counts = torch.stack([b["num_positions"] for b in prepared])
         global_positions = accelerator.reduce(counts.sum(), reduction="sum").clamp(min=1.0)
@@ -273,13 +292,21 @@ def run(cfg: DictConfig) -> None:
                 loss, num, metrics = module.loss_and_metrics(drafter, batch, cfg)
                 # every strategy averages gradients over ranks; multiplying by world makes it a global sum
                 strategy.backward(loss * world / global_positions)
-            window["loss"] += float(loss.detach())
+            step_loss += float(loss.detach())
             window["positions"] += num
+            positions += int(num)
             if window["correct"] is None:
                 window["correct"] = {k: [0] * len(v) for k, v in metrics.items()}
             for k, v in metrics.items():
                 window["correct"][k] = [a + b for a, b in zip(window["correct"][k], v)]
         grad_norm = strategy.step(tcfg.max_grad_norm)  # clip, step, zero the gradients
+        window["loss"] += step_loss
+        if any(bad := nonfinite_flags(accelerator, step_loss, float(grad_norm))):  # before this step's checkpoint
+            bar.close()
+            tracker.close()
+            raise SpecforgeError(diverged_message(step + 1, total_steps, step_loss, float(grad_norm), bad,
+                                                  tcfg.lr, step == start, data_hint,
+                                                  latest_checkpoint(ckpt_dir)))
         window["time"] += time.perf_counter() - t0
         window["target_time"] += target_time
         bar.update(1)
@@ -305,9 +332,14 @@ def run(cfg: DictConfig) -> None:
     bar.close()
     tracker.close()
 
+    if start == 0:  # a resumed run's earlier steps had theirs
+        require_loss_positions(accelerator, positions, total_steps, cfg.data.max_length)
+    rank_counts = counts_of_rank.gathered(accelerator, tcfg.batch_size)  # every rank's real tokens
     (out / "memory").mkdir(exist_ok=True)
     atomic_write_json(out / "memory" / f"rank-{rank}.json", strategy.memory_report(target))
     raw = strategy.full_drafter()  # every rank takes part in gathering; rank 0 gets the module
+    require_finite_drafter(accelerator, nonfinite_tensors(dict(raw.state_dict())) if accelerator.is_main_process
+                           else [], tcfg.lr)
     if accelerator.is_main_process:
         final = out / "drafter"
 
@@ -319,6 +351,7 @@ def run(cfg: DictConfig) -> None:
         write_provenance(out, cfg)  # and beside it, as in every stage folder
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps,
+                                                     "tokens_seen": sum(rank_counts["tokens_per_rank"]), **rank_counts,
                                                      "batching": {**choice.record(), "padding_share": padding}})
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
