@@ -204,11 +204,9 @@ def entry_fields(answers: list[dict], greedy: bool) -> dict:
 
 
 def log_suffix(entry: dict) -> str:
-    """What the evaluate log line adds after a method's speed: the verdict counts where some answer
-    differs from plain's, "  OUTPUT DIFFERS" first when one is a mismatch."""
+    """What the evaluate log line adds after a method's speed: the verdict counts (greedy), "OUTPUT
+    DIFFERS" first when one is a mismatch."""
     identity = entry.get("identity")
     if identity is None:
         return "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS"
-    if identity[IDENTICAL] == identity["answers"]:
-        return ""
     return ("  OUTPUT DIFFERS: " if identity[MISMATCH] else "  identical to plain ") + identity["text"]

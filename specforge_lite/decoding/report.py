@@ -41,13 +41,11 @@ def methods_table(report: dict) -> str:
 
 
 def identity_cell(m: dict) -> str:
-    """The "identical to plain" cell: yes, the verdict counts ("24/24: 15 identical, 9 rounding, 0
-    mismatch", NO first when one is a mismatch), NO (n/N) in reports without verdicts, or n/a."""
+    """The "identical to plain" cell: the verdict counts ("24/24: 15 identical, 9 rounding, 0
+    mismatch", NO first when one is a mismatch); in reports without verdicts yes, NO (n/N) or n/a."""
     counts = m.get("identity")
     if counts is None:
         return {True: "yes", False: f"NO ({m.get('identical_answers')})", None: "n/a"}[m.get("identical_to_plain")]
-    if counts["identical"] == counts["answers"]:
-        return "yes"
     return ("NO: " if counts["mismatch"] else "") + counts["text"]
 
 

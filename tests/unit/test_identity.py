@@ -191,3 +191,11 @@ def test_evaluate_stage_reports_verdicts_and_fails_a_planted_bug_in_bf16(tmp_pat
     assert report["recommendation"]["deploy"] == "plain"
     markdown = (tmp_path / "eval" / "report.md").read_text()
     assert "| NO: " in markdown and "MISMATCH in ngram" in markdown
+
+
+def test_cell_and_log_line_always_carry_the_counts():
+    counts = identity.summarise([IDENTICAL] * 3)
+    assert identity_cell({"identity": counts}) == "3/3: 3 identical, 0 rounding, 0 mismatch"
+    assert identity.log_suffix({"identity": counts}) == "  identical to plain 3/3: 3 identical, 0 rounding, 0 mismatch"
+    assert identity_cell({"identical_to_plain": False, "identical_answers": "1/2"}) == "NO (1/2)"  # an older report
+    assert identity.log_suffix({"identical_to_plain": None}) == ""  # sampled
