@@ -76,6 +76,7 @@ def wait_for_training(proc: subprocess.Popen, output: Path, timeout: float = 600
 def test_a_killed_command_takes_its_ranks_and_its_lock_with_it(tmp_path, samples):
     run, output = tmp_path / "run", tmp_path / "train.out"
     proc = start_training(run, samples, output)
+    ranks = {}
     try:
         ranks = wait_for_training(proc, output)
         # a second command on the same folder is refused, naming the first one's pid
@@ -89,9 +90,10 @@ def test_a_killed_command_takes_its_ranks_and_its_lock_with_it(tmp_path, samples
         while any(running(pid) for pid in ranks.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [pid for pid in ranks.values() if running(pid)], "ranks outlived the command that started them"
-    finally:
-        for pid in ranks_of(proc.pid).values():
-            os.kill(pid, signal.SIGKILL)
+    finally:  # whatever failed above, no rank is left training
+        for pid in {**ranks, **ranks_of(proc.pid)}.values():
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
         proc.kill()
     # its lock is left behind, stale: the next command takes it over and runs
     assert (run / ".train.lock").exists()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,17 +54,25 @@ def left_behind(folder: Path) -> list[str]:
             or (not p.is_symlink() and stat.S_ISSOCK(p.stat().st_mode))]
 
 
-def runners() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "vllm_runner.py" in line]
+def runners(temp: Path) -> list[int]:
+    """The vLLM runners started under `temp` (their own temp folder is made inside it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and "vllm_runner.py" in (entry / "cmdline").read_text() \
+                    and f"TMPDIR={temp}/" in (entry / "environ").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads processes from /proc")
 def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
     if find_python() is None:
         pytest.skip("vLLM is not installed (make vllm)")
-    before = runners()
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = dict(os.environ, TMPDIR=str(temp))
@@ -77,4 +87,21 @@ def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
                         "data.max_samples=2", "sample.max_new_tokens=8", env=env)
     assert failed.returncode == 2 and "vLLM failed" in failed.stderr, failed.stderr[-3000:]
     assert not left_behind(temp), left_behind(temp)
-    assert runners() == before
+    assert not runners(temp)
+    # interrupted (Ctrl-C) while vLLM loads or samples
+    out = tmp_path / "interrupted.out"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "sample", "+recipe=eagle_smollm2",
+                                 f"run_dir={tmp_path / 'int'}", f"samples_dir={tmp_path / 'int'}", "sample.backend=vllm",
+                                 "data.max_samples=8", "sample.max_new_tokens=64"], cwd=REPO, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while not runners(temp) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None and runners(temp), out.read_text()[-3000:]
+    time.sleep(5)  # vLLM well under way
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    assert proc.returncode != 0
+    assert not runners(temp), "vLLM outlived the interrupted stage"
+    assert not left_behind(temp), left_behind(temp)
