@@ -51,8 +51,8 @@ from specforge_lite.config.registry import DRAFTERS, detect_drafter
 from specforge_lite.scale.accounting import record_no_target
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
-from specforge_lite.target.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer, resolve_dtype,
-                                           resolve_target_path)
+from specforge_lite.target.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
+                                           resolve_dtype, resolve_target_path)
 
 log = logging.getLogger(__name__)
 
