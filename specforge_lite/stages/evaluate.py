@@ -38,6 +38,7 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, load_prompts, positions_needed,
                                              select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
+from specforge_lite.decoding import identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
 from specforge_lite.runtime.fast_engine import TargetForward, build_target_engine
 from specforge_lite.decoding.metrics import best_k, costs_as_decoding_paid, measure_forward_costs, summarise
@@ -188,7 +189,7 @@ def run(cfg: DictConfig) -> None:
     for name, entry in report["methods"].items():
         log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx vs %s%s", name, entry["tau"] or 0,
                  entry["tokens_per_s"], entry["speedup"], baseline,
-                 "" if entry["identical_to_plain"] in (None, True) else "  OUTPUT DIFFERS")
+                 identity.log_suffix(entry))
     rec = report["recommendation"]
     log.info("recommendation (baseline %s): deploy %s (%s)%s", rec["baseline"], rec["deploy"],
              "; ".join(rec["reasons"]), "".join(f"\n  - {line}" for line in rec["alternatives"]))
@@ -236,9 +237,11 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
             plain_tokens.append(gens[PLAIN].tokens)
             for name, gen in gens.items():
                 identical = gen.tokens == gens[PLAIN].tokens if sampling.greedy else None
-                answers.append({"prompt": prompt, "turn": turn, "method": name, "gen": gen, "identical": identical})
+                answers.append(dict(prompt=prompt, turn=turn, method=name, gen=gen, identical=identical, ids=ids))
             plain = [t for t in gens[PLAIN].tokens if t not in eos_ids]
             replies.append(tokenizer.decode(plain, skip_special_tokens=True).strip())
+
+    identity.judge(model, answers, PLAIN)  # greedy answers unlike plain's: bf16 rounding or a mismatch
 
     # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
@@ -360,9 +363,7 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
         entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
         entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts
-        same = [a["identical"] for a in rows]
-        entry["identical_to_plain"] = all(same) if greedy else None
-        entry["identical_answers"] = f"{sum(same)}/{len(same)}" if greedy else None
+        entry.update(identity.entry_fields(rows, greedy))  # identical_to_plain, identity (bf16 verdicts), lossless
         entry["per_category"] = {}
         for cat, gens in by_method_cat[name].items():
             s = summarise(gens)
