@@ -43,9 +43,11 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], target_path:
         try:
             with LlamaCppRunner(target, method, draft_gguf=draft, threads=threads,
                                 speculative_tokens=ecfg.num_draft_tokens) as runner:
+                check_drafted(method, draft, runner.refusal, None)  # refused at load: nothing to measure
                 for _ in range(ecfg.warmup):
                     runner.complete(requests[0], min(ecfg.warmup_tokens, ecfg.max_new_tokens))
                 entry["completions"] = [runner.complete(ids, ecfg.max_new_tokens) for ids in requests]
+                check_drafted(method, draft, runner.refusal, entry["completions"])
         except SpecforgeError as err:
             log.error("%s failed: %s", method, err)
             entry["error"] = str(err)
@@ -55,3 +57,15 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], target_path:
             log.info("%s: %d answers in %.1f s", method, len(done), sum(c.wall_seconds for c in done))
     return {"xllamacpp": version(), "threads": threads, "target_gguf": target.name, "target_precision": precision,
             "results": results}
+
+
+def check_drafted(method: str, draft, refusal: str | None, completions) -> None:
+    """A method whose draft GGUF llama.cpp refused (it then decodes plain, tau 1.00) fails: with
+    llama.cpp's own line when it logged one, else because no answer had a single draft token."""
+    if draft is None:
+        return
+    if refusal is not None:
+        raise SpecforgeError(f"llama.cpp refused the draft {draft.name} and decoded without it: {refusal}")
+    if completions is not None and sum(c.drafted for c in completions) == 0:
+        raise SpecforgeError(f"llama.cpp proposed no draft token with {draft.name} in any answer: the draft did "
+                             "not run (see llama.cpp's log above)")

@@ -19,6 +19,9 @@ distilled draft model with `draft-simple`).
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +88,7 @@ class LlamaCppRunner:
     speculative_tokens: int = 4
     n_ctx: int = 2048
     server: object = field(default=None, init=False, repr=False)
+    refusal: str | None = field(default=None, init=False)  # llama.cpp's line refusing the draft, if it logged one
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -117,11 +121,14 @@ class LlamaCppRunner:
                 params.speculative.draft.cpuparams.n_threads = self.threads
                 params.speculative.draft.cpuparams_batch.n_threads = self.threads
         try:
-            self.server = xl.Server(params)
+            with captured_stderr() as log_lines:
+                self.server = xl.Server(params)
         except Exception as err:
             raise SpecforgeError(f"llama.cpp (xllamacpp {version()}) cannot load {Path(self.target_gguf).name}"
                                  f"{' with draft ' + Path(self.draft_gguf).name if self.draft_gguf else ''}: "
                                  f"{err}") from None
+        if spec_type is not None:
+            self.refusal = refusal_line(log_lines)
         return self
 
     def __enter__(self) -> "LlamaCppRunner":
@@ -153,3 +160,35 @@ class LlamaCppRunner:
         return Completion(tokens=[int(t) for t in reply["tokens"]], seconds=float(timings["predicted_ms"]) / 1000,
                           wall_seconds=wall, drafted=int(timings.get("draft_n", 0)),
                           accepted=int(timings.get("draft_n_accepted", 0)))
+
+
+class captured_stderr:
+    """Copies what llama.cpp writes to file descriptor 2 while loading (its log goes there, not
+    through Python) into a list of lines, and still shows it on stderr."""
+
+    def __enter__(self) -> list[str]:
+        self.lines: list[str] = []
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        text = self.file.read()
+        self.file.close()
+        os.write(2, text)
+        self.lines.extend(text.decode(errors="replace").splitlines())
+
+
+def refusal_line(log_lines: list[str]) -> str | None:
+    """llama.cpp's error line saying it will not draft (it then decodes plain), without its
+    timestamp and level prefix; None when it logged none."""
+    for line in log_lines:
+        if " E " in line and ("speculative" in line or "draft" in line):
+            return " ".join(line.split(" E ", 1)[1].split())
+    return None
