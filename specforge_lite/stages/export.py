@@ -92,6 +92,9 @@ def run(cfg: DictConfig) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
+    if info.get("gguf") and not info["gguf"]["checked"]:
+        log.warning("export/gguf is UNCHECKED: never loaded in llama.cpp (%s); export.json marks it "
+                    "\"checked\": false", info["gguf"]["load_check"]["why"])
 
 
 def require_finite_files(folder: Path) -> None:

@@ -111,7 +111,8 @@ def write_gguf_folder(target_path: str, kind: str, served_dir: Path, out: Path, 
     info = {"target": paired.name, "target_source": target.name, "target_precision": precision,
             "draft": draft.name, "draft_precision": draft_precision, "spec_type": GGUF_DRAFTERS[kind][0],
             "speculative_tokens": k, "command": serve_command(kind, k), "load_check": check,
-            "extract_layers": llamacpp_extract_layers(layers) if eagle3_graph else None}
+            "extract_layers": llamacpp_extract_layers(layers) if eagle3_graph else None,
+            "checked": check["ran"]}  # False: never loaded in llama.cpp (the console says so)
     atomic_write_json(out / "gguf.json", info)
     atomic_write_text(out / "README.md", readme(kind, info))
     return info
@@ -125,6 +126,9 @@ def load_check(target: Path, method: str, draft: Path, prompt: list[int], k: int
         plain = runner.complete(prompt, CHECK_TOKENS)
     with LlamaCppRunner(target, method, draft_gguf=draft, speculative_tokens=k) as runner:
         spec = runner.complete(prompt, CHECK_TOKENS)
+        if runner.refusal or not spec.drafted:  # llama.cpp decoded plain: the draft never ran
+            raise GGUFExportError(f"llama.cpp loaded {draft.name} but did not draft with it: "
+                                  f"{runner.refusal or 'no draft token proposed'}")
     return {"ran": True, "new_tokens": CHECK_TOKENS, "drafted": spec.drafted, "accepted": spec.accepted,
             "identical_to_plain": spec.tokens == plain.tokens}
 
