@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import torch
@@ -157,6 +156,12 @@ class FeatureCache:
     def shard_file(self, index: int) -> Path:
         return self.dir / f"shard-{index:05d}.safetensors"
 
+    def own_files(self) -> list[Path]:
+        """The files this cache writes in its folder: meta.json, its shards and their temporary names."""
+        meta = self.dir / "meta.json"
+        return ([meta] if meta.exists() else []) + sorted(self.dir.glob("shard-*.safetensors")) + \
+            sorted(self.dir.glob(".shard-*.tmp"))
+
     @staticmethod
     def estimate_bytes(num_tokens: int, hidden_size: int, num_aux_layers: int = 3, feature_format: str = "bf16") -> int:
         """aux (num_aux_layers * H) + last (H) per token in the format's bytes (feature_formats.bytes_per_token)."""
@@ -172,11 +177,11 @@ class FeatureCache:
         key = {**key, "shard_size": self.shard_size}
         cached = read_json_object(meta).get("key") if meta.exists() else None
         if cached != key:
-            if meta.exists() or any(self.dir.iterdir()):
+            if own := self.own_files():  # only what this cache wrote: a user's file in the folder stays
                 log.warning("offline features in %s were cached for other %s: rebuilding them", self.dir,
                             ", ".join(changed_keys(cached, key)))
-            shutil.rmtree(self.dir)
-            self.dir.mkdir(parents=True)
+            for path in own:
+                path.unlink()
         log.info("offline features (%s): %d sequences, %d tokens -> about %.2f GB on disk in %s",
                  self.format, len(samples), num_tokens, size / 1e9, self.dir)
         meta.write_text(json.dumps({"num_sequences": len(samples), "num_tokens": num_tokens,

@@ -3,6 +3,7 @@ dtype) changed empties it before it is built again; the same key keeps the shard
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ def build(folder, target, rows, layers, dtype="torch.float32"):
 def test_a_changed_key_rebuilds(tmp_path, tiny_target, change):
     target, _ = tiny_target
     build(tmp_path, target, ROWS, [1, 2, 3])
-    marker = tmp_path / "left-by-the-first-build"  # a rebuild empties the folder
-    marker.touch()
+    shard = tmp_path / "shard-00000.safetensors"  # a rebuild writes it again: its mtime changes
+    os.utime(shard, ns=(0, 0))
     rows, layers, dtype = [dict(r) for r in ROWS], [1, 2, 3], "torch.float32"
     if change == "ids":
         rows[1]["id"] = "other"
@@ -36,10 +37,23 @@ def test_a_changed_key_rebuilds(tmp_path, tiny_target, change):
     elif change == "dtype":
         dtype = "torch.bfloat16"
     cache = build(tmp_path, target, rows, layers, dtype)
-    rebuilt = not marker.exists()
+    rebuilt = shard.stat().st_mtime_ns != 0
     assert rebuilt is (change != "same")
     aux, last = cache.get(1)
     assert last.shape[0] == len(rows[1]["input_ids"]) and aux.shape[-1] == 3 * target.config.hidden_size
+
+
+def test_a_rebuild_removes_only_the_caches_own_files(tmp_path, tiny_target):
+    """A changed key empties the cache of its shards and meta.json; a user's file in the folder stays."""
+    target, _ = tiny_target
+    build(tmp_path, target, ROWS, [1, 2, 3])
+    shards = sorted(p.name for p in tmp_path.glob("shard-*.safetensors"))
+    mine = tmp_path / "notes.txt"
+    mine.write_text("the user's")
+    (tmp_path / "shard-00009.safetensors").write_bytes(b"a stale shard of an older, larger build")
+    build(tmp_path, target, ROWS[:2], [1, 2, 3])
+    assert mine.read_text() == "the user's"
+    assert sorted(p.name for p in tmp_path.glob("shard-*.safetensors")) == shards[:1]  # the stale ones gone
 
 
 def test_the_target_files_are_in_the_key(tmp_path):
