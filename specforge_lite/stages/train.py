@@ -48,6 +48,7 @@ from specforge_lite.training.checkpoints import latest_checkpoint, resume
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
                                             require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
+from specforge_lite.training.throughput import per_device
 from specforge_lite.config.registry import RENAMED, chosen_drafter
 from specforge_lite.scale.sizing import at_micro_batch, batch_choice, check_stage, dry_run_choice, report as size_every_stage
 from specforge_lite.training.strategies import build_strategy
@@ -132,7 +133,8 @@ def ensure_samples(cfg: DictConfig) -> None:
 
 
 # what decides the trained weights (not logging, tracking or checkpoint cadence)
-UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "wandb", "checkpoint_every", "keep_checkpoints", "resume", "dry_run")
+UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "wandb", "checkpoint_every", "keep_checkpoints", "resume", "dry_run",
+                        "peak_tflops")
 
 
 def fingerprint(cfg: DictConfig) -> str:
@@ -255,6 +257,7 @@ def run(cfg: DictConfig) -> None:
     padding = padding_share(lengths, batches[start * tcfg.grad_accum:total_steps * tcfg.grad_accum])
     if accelerator.is_main_process:
         log.info("%s; padding %.1f%% of the padded tokens", choice.line(), 100 * padding)
+    busy = 0.0  # this rank's seconds in its steps (tokens/s and MFU per device)
     bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                disable=not accelerator.is_local_main_process)
     window = empty_window()
@@ -308,6 +311,7 @@ def run(cfg: DictConfig) -> None:
                                                   tcfg.lr, step == start, data_hint,
                                                   latest_checkpoint(ckpt_dir)))
         window["time"] += time.perf_counter() - t0
+        busy += time.perf_counter() - t0
         window["target_time"] += target_time
         bar.update(1)
 
@@ -335,6 +339,7 @@ def run(cfg: DictConfig) -> None:
     if start == 0:  # a resumed run's earlier steps had theirs
         require_loss_positions(accelerator, positions, total_steps, cfg.data.max_length)
     rank_counts = counts_of_rank.gathered(accelerator, tcfg.batch_size)  # every rank's real tokens
+    throughput = per_device(cfg, accelerator, rank_counts, busy, params, target)
     (out / "memory").mkdir(exist_ok=True)
     atomic_write_json(out / "memory" / f"rank-{rank}.json", strategy.memory_report(target))
     raw = strategy.full_drafter()  # every rank takes part in gathering; rank 0 gets the module
@@ -352,7 +357,8 @@ def run(cfg: DictConfig) -> None:
         if history:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps,
                                                      "tokens_seen": sum(rank_counts["tokens_per_rank"]), **rank_counts,
-                                                     "batching": {**choice.record(), "padding_share": padding}})
+                                                     "batching": {**choice.record(), "padding_share": padding},
+                                                     "throughput": throughput})
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()
