@@ -311,6 +311,9 @@ def run_folder_locks(cfg):
     if os.environ.get(LAUNCHER_PID) or int(os.environ.get("RANK", "0")) != 0:
         yield
         return
+    if cfg.stage == SAMPLE.name and int(cfg.sample.rank or 0) != 0:  # a hand-started sampling rank: rank 0 locks
+        yield
+        return
     with folder_locks(locked_folders(cfg), f"specforge_lite {cfg.stage}"):
         yield
 
