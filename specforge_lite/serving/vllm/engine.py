@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
@@ -172,6 +173,7 @@ class VllmEngine:
             if log_path:
                 stderr.close()
         atexit.register(self._stop)  # a failed or interrupted stage stops vLLM too
+        stop_on_sigterm(self)  # and a stage sent SIGTERM (`kill`, a scheduler), which skips atexit
         try:
             reply = self._call({"engine": kwargs})
         except BaseException:  # a failed or interrupted start: nothing of it stays
@@ -236,6 +238,7 @@ class VllmEngine:
         """After the runner: stop what vLLM left of its session (engine core, workers) and remove
         its socket folder."""
         atexit.unregister(self._stop)
+        forget_on_sigterm(self)
         if hasattr(os, "killpg"):
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -248,6 +251,33 @@ class VllmEngine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_LIVE: list[VllmEngine] = []  # engines whose runner a SIGTERM to this process must stop
+_PREVIOUS_SIGTERM: list = []  # the handler before ours, put back once no engine is live
+
+
+def stop_on_sigterm(engine: VllmEngine) -> None:
+    """While an engine is live, SIGTERM stops every live engine (runner, its session, its temp
+    folder) and then ends the process as SIGTERM would have (exit 143, or the previous handler)."""
+    if not _LIVE and threading.current_thread() is threading.main_thread():
+        _PREVIOUS_SIGTERM.append(signal.signal(signal.SIGTERM, _on_sigterm))
+    _LIVE.append(engine)
+
+
+def forget_on_sigterm(engine: VllmEngine) -> None:
+    _LIVE[:] = [live for live in _LIVE if live is not engine]
+    if not _LIVE and _PREVIOUS_SIGTERM and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _PREVIOUS_SIGTERM.pop())
+
+
+def _on_sigterm(signum, frame) -> None:
+    previous = _PREVIOUS_SIGTERM[-1] if _PREVIOUS_SIGTERM else signal.SIG_DFL
+    for engine in list(_LIVE):
+        engine._stop()  # puts the previous handler back once the last one is gone
+    if callable(previous):
+        previous(signum, frame)
+    raise SystemExit(128 + signum)
 
 
 def account_workers(engine: VllmEngine, config, dtype: str, how: str) -> None:
