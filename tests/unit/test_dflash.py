@@ -336,3 +336,16 @@ def test_bad_options_are_refused_with_one_line(tiny_target):
         with pytest.raises(SpecforgeError, match=message) as err:
             dflash.build(options(**overrides), model, counts)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("drafter.block_size=1", "drafter.block_size=1: must be >= 2"),
+    ("drafter.block_size=600", "drafter.block_size=600 is above the context of data.max_length=512"),
+    ("drafter.num_anchors=0", "drafter.num_anchors=0: must be >= 1"),
+    ("drafter.aux_layer_ids=[2,15,40]", "every value must be below 30"),
+])
+def test_bad_inputs_at_the_door(cli, tmp_path, override, message):
+    """The recipe's dry run (config and the target's config only) refuses each with one line, exit 2."""
+    proc = cli("train", "+recipe=dflash_smollm2", "train.dry_run=true", f"run_dir={tmp_path}", override, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr + proc.stdout
+    assert len((proc.stderr + proc.stdout).strip().splitlines()) == 1
