@@ -177,3 +177,76 @@ def test_config_keys_the_guides_name_exist(compose_cfg):
             if key not in NOT_KEYS and not known(key):
                 unknown.append(f"{path.relative_to(docs.ROOT)}: {key}")
     assert unknown == []
+
+
+# --------------------------------------------------------------------------- troubleshooting entries
+
+# the functions whose one-line errors and warnings (issue 42: locks, dead ranks, manifests, the vLLM
+# fallback, unhealthy training, damaged shards and caches, refused drafters) each need an entry
+TROUBLESHOOTING = docs.ROOT / "docs" / "TROUBLESHOOTING.md"
+ENTRIES = {
+    "specforge_lite/artifacts.py": ["take_lock", "place_files"],
+    "specforge_lite/scale/launch.py": ["failure_line"],
+    "specforge_lite/stages/sample.py": ["backend_name", "open_backend", "stale_samples"],
+    "specforge_lite/training/health.py": ["no_loss_position", "diverged_message", "require_loss_positions",
+                                         "require_finite_drafter"],
+    "specforge_lite/drafters/common.py": ["require_finite"],
+    "specforge_lite/target/digest.py": ["*"],
+    "specforge_lite/data/samples.py": ["shard_problem"],
+    "specforge_lite/training/features.py": ["prepare", "_intact"],
+    "specforge_lite/serving/llamacpp/files.py": ["target_gguf", "load_check"],
+    "specforge_lite/serving/llamacpp/methods.py": ["check_drafted"],
+}
+# messages inside functions that raise many others: (module, the phrase its message opens with)
+PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
+           ("specforge_lite/scale/launch.py", "128 + signal.SIGHUP")]
+
+
+def words(text: str) -> str:
+    """Lower-case words only, without punctuation."""
+    return " ".join(re.sub(r"[^a-z0-9.]+", " ", text.lower()).split())
+
+
+def message_openings(path, functions: list[str]) -> list[str]:
+    """The first three words of the longest literal piece of every message that `functions` of
+    `path` raise (SpecforgeError and kin), log at warning level or above, or build as a line."""
+    import ast
+
+    tree = ast.parse((docs.ROOT / path).read_text())
+    chosen = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))
+              and (getattr(n, "name", "*") in functions)]
+    openings = []
+    for function in chosen:
+        for node in ast.walk(function):
+            call = node.exc if isinstance(node, ast.Raise) else node
+            if isinstance(call, ast.Call) and isinstance(call.func, (ast.Name, ast.Attribute)):
+                name = call.func.id if isinstance(call.func, ast.Name) else call.func.attr
+                if not (name.endswith("Error") or name in ("warning", "error")) or not call.args:
+                    continue
+                message = call.args[0]
+            elif isinstance(node, ast.Return) and isinstance(node.value, (ast.JoinedStr, ast.BinOp)):
+                message = node.value
+            else:
+                continue
+            pieces = [piece for c in ast.walk(message) if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                      for piece in re.split(r"%[-.0-9]*[sdfgr]", c.value)]
+            longest = max(pieces, key=lambda p: len(words(p)), default="")
+            if len(words(longest).split()) >= 3:
+                openings.append(" ".join(words(longest).split()[:3]))
+    return list(dict.fromkeys(openings))
+
+
+def test_every_new_error_has_a_troubleshooting_entry():
+    """Each message of ENTRIES' functions opens with words TROUBLESHOOTING.md quotes: a message
+    added there without an entry fails this test."""
+    text = words(TROUBLESHOOTING.read_text())
+    missing = {}
+    for path, functions in ENTRIES.items():
+        openings = message_openings(path, functions)
+        assert openings, f"{path} {functions}: no message found (renamed? update ENTRIES)"
+        if absent := [o for o in openings if o not in text]:
+            missing[path] = absent
+    assert not missing, f"messages without an entry in docs/TROUBLESHOOTING.md: {missing}"
+    for path, phrase in PHRASES:
+        assert phrase in (docs.ROOT / path).read_text(), f"{path} no longer says {phrase!r}: update PHRASES"
+    assert "export/gguf is UNCHECKED" in TROUBLESHOOTING.read_text() and "128+N" in TROUBLESHOOTING.read_text()
