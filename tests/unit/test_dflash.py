@@ -188,6 +188,20 @@ def test_loss_and_metrics(tiny_target, weighting):
     assert (num_r, metrics_r) == (num, metrics) and float(reverse) != pytest.approx(float(loss), rel=1e-3)
 
 
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_target):
+    drafter = tiny_drafter(tiny_target).train()
+    gen = torch.Generator().manual_seed(4)
+    ids, aux = torch.randint(0, 256, (2, 16), generator=gen), torch.randn(2, 16, 3 * H, generator=gen)
+    anchors, valid = torch.tensor([[2, 7], [5, 11]]), torch.ones(2, 16, dtype=torch.bool)
+    grads = []
+    for flag in (False, True):
+        drafter.gradient_checkpointing = flag
+        drafter.zero_grad()
+        drafter(ids, aux, anchors, valid).square().mean().backward()
+        grads.append([p.grad.clone() for p in drafter.parameters() if p.requires_grad])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
 # --------------------------------------------------------------------------- training = inference, decoding
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from specforge_lite.drafters.eagle_family import RMSNorm, default_aux_layers, rotary
 from specforge_lite.runtime.static_llama import apply_rotary
@@ -143,6 +144,8 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
+    gradient_checkpointing = False  # trainer.gradient_checkpointing: recompute each layer in backward
+
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
         self.config = cfg
@@ -197,7 +200,10 @@ class DFlashDrafter(nn.Module):
         hidden = self.embed_tokens(tokens).to(self.fc.weight.dtype)
         cos, sin = self.rotation(positions, hidden.dtype)
         for layer, (k, v) in zip(self.layers, context):
-            hidden = layer(hidden, cos, sin, k, v, allowed)
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                hidden = checkpoint(layer, hidden, cos, sin, k, v, allowed, use_reentrant=False)
+            else:
+                hidden = layer(hidden, cos, sin, k, v, allowed)
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
