@@ -149,10 +149,11 @@ def borrowed(taken: list[int], count: int, rows: int) -> list[int]:
     return [candidates[k % len(candidates)] for k in range(count)]
 
 
-def deal(batch: list[int], world: int, rows: int) -> list[list[int]]:
+def deal(batch: list[int], world: int, rows: int, size: int = 0) -> list[list[int]]:
     """`batch` dealt out over `world` ranks (rank r: sequences r, r+world, ...); a batch shorter
-    than `world` is first filled (`borrowed`), so every rank gets a real sequence."""
-    batch = list(batch) + borrowed(batch, world - len(batch), rows)
+    than `size` (the epoch's last) or than `world` is first filled (`borrowed`), so every rank
+    gets a real sequence and every step holds the same number of rows on any world size."""
+    batch = list(batch) + borrowed(batch, max(world, size) - len(batch), rows)
     return [batch[r::world] for r in range(world)]
 
 
@@ -218,7 +219,8 @@ def plan(lengths: list[int], choice: BatchChoice, seed: int, epochs: float) -> l
     """The run's micro-batches, each one list of row indices per rank (none empty)."""
     if choice.token_budget is None:
         rows = len(lengths)
-        return [deal(b, choice.world, rows) for b in plan_batches(lengths, choice.batch_size, seed, epochs)]
+        return [deal(b, choice.world, rows, choice.batch_size)
+                for b in plan_batches(lengths, choice.batch_size, seed, epochs)]
     return plan_packed(lengths, choice.token_budget, choice.world, seed, epochs)
 
 

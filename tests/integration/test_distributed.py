@@ -17,30 +17,37 @@ from tests.conftest import REPO, free_port, run_cli
 ARGS = ["+recipe=smoke", "train.checkpoint_every=0", "train.max_steps=10", "train.log_every=2"]
 
 
-# batch 1: rank 1 never has a sequence of its own (the smoke recipe's batch of 4 on 2 DDP ranks
-# is test_strategies.py::test_two_ranks_match_one_rank_and_resume[ddp], with resuming)
+# batch 1 on 2 ranks is raised to 2 (no rank idles), so it matches 1 rank at batch 2 (the smoke
+# recipe's batch of 4 on 2 DDP ranks is test_strategies.py::test_two_ranks_match_one_rank_and_resume[ddp])
 @pytest.mark.parametrize("batch_size", [1])
 def test_two_ranks_match_one_rank(tmp_path, batch_size):
     one, two = tmp_path / "one", tmp_path / "two"
     run_cli("sample", "+recipe=smoke", f"run_dir={one}", check=True)
     shutil.copytree(one / "samples", two / "samples")
     args = [*ARGS, f"train.batch_size={batch_size}"]
-    run_cli("train", *args, f"run_dir={one}", check=True)
+    run_cli("train", *ARGS, f"train.batch_size={max(batch_size, 2)}", f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(free_port()), "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count("drafter written") == 1, "only rank 0 writes the drafter"
+    if batch_size < 2:
+        assert f"train.batch_size={batch_size} raised to 2" in proc.stdout + proc.stderr
     curve_one = json.loads((one / "train" / "metrics.json").read_text())["history"]
     curve_two = json.loads((two / "train" / "metrics.json").read_text())["history"]
     assert [h["step"] for h in curve_one] == [h["step"] for h in curve_two] == [2, 4, 6, 8, 10]
-    # Same global batch, same positions, same normalisation: the only difference is the order
-    # of fp32 additions in the all-reduce, which moves values by ~1e-6 relative.
+    metrics_two = json.loads((two / "train" / "metrics.json").read_text())
+    assert all(n > 0 for n in metrics_two["tokens_per_rank"]) and metrics_two["idle_steps_per_rank"] == [0, 0]
+    assert sum(metrics_two["tokens_per_rank"]) == metrics_two["tokens_seen"]
+    # Same global batch, same positions, same normalisation. One rank pads its two rows to one
+    # width, two ranks run them unpadded: fp32 sums in another order, so values move slightly and
+    # a near-tied argmax may flip (one token of a step's accuracy), never more.
     for a, b in zip(curve_one, curve_two):
-        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"])
-        assert a["acc"] == b["acc"]
+        assert abs(a["loss"] - b["loss"]) <= 1e-3 * abs(a["loss"])
+        assert all(abs(x - y) <= 0.05 for x, y in zip(a["acc"], b["acc"]))
     w1 = load_file(str(one / "train" / "drafter" / "model.safetensors"))
     w2 = load_file(str(two / "train" / "drafter" / "model.safetensors"))
     for name in w1:
-        assert (w1[name].float() - w2[name].float()).abs().max() < 1e-4, name
+        # Adam divides by the gradients' own scale, so those tiny differences move weights by more
+        assert (w1[name].float() - w2[name].float()).abs().max() < 3e-3, name
