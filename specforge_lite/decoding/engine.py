@@ -12,6 +12,10 @@
    is told how many it got right so it can roll back its own state;
 5. the kept drafts and the next token are emitted; stop on EOS or max_new_tokens.
 
+`generate_tree` is the same loop over a draft tree (`tree.py`): the drafter's `propose_tree`,
+one verify forward of every node under the tree mask, the longest accepted root path, and
+a cache compacted to that path (`runner.keep_rows`).
+
 Convention for tau: the prefill forward and the first token it yields are not a
 decoding step, so tau = (tokens emitted - 1) / decoding forwards, bonus token
 included; plain decoding scores exactly 1.00 (Spec-Bench's convention).
