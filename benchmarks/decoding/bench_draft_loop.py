@@ -1,4 +1,4 @@
-"""The decode loop outside the target forward: per method, ms per step spent drafting and in the loop, and the drafting share.
+"""The decode loop outside the target forward: per method, ms per step drafting and looping, and the drafting share.
 
     python -m benchmarks.decoding.bench_draft_loop [--prompts 6] [--tokens 48] [--k 3] [--engine static]
 
