@@ -16,7 +16,7 @@ DOOR_CASES = [
     (["train.tokens_per_step=100"], "train.tokens_per_step=100 is below one sequence of data.max_length=256: "
                                     "give at least 256 (or auto)"),
     (["train.tokens_per_step=lots"], "train.tokens_per_step='lots': allowed: a token count or auto"),
-    # the smoke recipe's training rank holds 4 sequences of 256 tokens in 0.05 GiB (scale/sizing.py)
+    # a device this small holds only a few of the smoke recipe's sequences (scale/sizing.py)
     (["train.tokens_per_step=65536", "device_memory_gib=0.05"],
      "train.tokens_per_step=65536 needs 256 sequences of 256 tokens per rank per micro-batch on 1 rank(s) with "
      "train.grad_accum=1; 51.2 MiB (device_memory_gib=0.05) holds 4: set train.grad_accum=64 or "
