@@ -133,6 +133,7 @@ def test_two_ranks_count_the_tokens_of_one_rank(sampled, tmp_path):
 
 IDLE_RANK = """
 import json, sys
+import torch.distributed
 from accelerate import Accelerator
 from specforge_lite.training.health import RankCounts
 
@@ -143,6 +144,8 @@ for step in range(3):  # rank 1 gets a real sequence in step 0 only; its dummy o
 gathered = counts.gathered(accelerator, batch_size=1)
 if accelerator.is_main_process:
     json.dump(gathered, open(sys.argv[1], "w"))
+accelerator.wait_for_everyone()
+torch.distributed.destroy_process_group()  # stop gloo before exit: otherwise a rank may abort at teardown
 """
 
 
