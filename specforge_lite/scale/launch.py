@@ -172,11 +172,13 @@ def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = 
 
 def first_failure(failures: dict) -> tuple[int, object]:
     """The failure that ended the run, of torch's `{global rank: ProcessFailure}`: a rank killed
-    by a signal other than the SIGTERM the launcher sends the rest, else the earliest."""
+    by a signal other than the SIGTERM the launcher sends the rest, else the earliest rank that
+    exited on its own (timestamps are whole seconds: one stopped by SIGTERM comes last)."""
     def order(item):
         rank, failure = item
-        killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
-        return (not killed, failure.timestamp, rank)
+        stopped = failure.exitcode == -signal.SIGTERM
+        killed = failure.exitcode < 0 and not stopped
+        return (0 if killed else 2 if stopped else 1, failure.timestamp, rank)
 
     return min(failures.items(), key=order)
 

@@ -149,3 +149,23 @@ def test_cards_show_the_rehearsed_commands(recipe):
         argv = rehearsed_argv(command["run"], {"target.path": "STAND_IN", "trainer.num_processes": "2"})
         assert argv[-2:] == ["target.path=STAND_IN", "trainer.num_processes=2"]
         assert "target.path=LOCAL_DIR" not in argv  # the card's own value gives way to the stand-in's
+
+
+def test_the_failure_that_ended_a_run_is_not_the_sigterm_the_launcher_sent():
+    """Rank 1 reports a user error (exit 2), the launcher stops rank 0 with SIGTERM in the same
+    second: the command's status and line are rank 1's; a rank killed by another signal wins."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from specforge_lite.scale.launch import first_failure
+
+    def failure(rank, exitcode):
+        made = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file="")
+        made.timestamp = 1_000
+        return made
+
+    stopped, user_error = failure(0, -signal.SIGTERM), failure(1, 2)
+    assert first_failure({0: stopped, 1: user_error}) == (1, user_error)
+    killed = failure(0, -signal.SIGKILL)
+    assert first_failure({0: user_error, 1: killed}) == (1, killed)
