@@ -203,7 +203,7 @@ def sampled(tmp_path_factory) -> Path:
 LONG, SHORT = "Tell me everything about it. " * 12, "Say hi."
 EMPTY_SHARD_CASES = [
     # shard 0's prompts are all too long (skipped), shard 1's are fine: train reads past the empty shard
-    ("first_shard_empty", [LONG] * 4 + [SHORT] * 4, [], 0, "drafter written"),
+    ("first_shard_empty", [LONG] * 4 + [SHORT] * 4, ["sample.max_new_tokens=16"], 0, "drafter written"),
     ("every_shard_empty", [LONG] * 8, [], 2, "hold no conversations: every prompt was skipped"),
     ("max_new_tokens_0", [SHORT] * 8, ["sample.max_new_tokens=0"], 2, "sample.max_new_tokens=0: must be >= 1"),
 ]
