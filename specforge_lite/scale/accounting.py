@@ -152,7 +152,7 @@ def record_vllm_workers(config, workers: list[dict], dtype, how: str) -> list[di
     (`STAGE.vllm-tpR.json`), against the layers' total and share computed from `config` in
     `dtype` (the dtype vLLM loaded): the workers are this stage's ranks for the target; their
     share is tensor parallelism's (`tensor_parallel_share`: matrices split, norms whole)."""
-    if not _stage:
+    if not _stage or not workers:  # no stage begun, or vLLM reported no worker: nothing to record
         return []
     reference = target_weights(_meta_model(config, dtype), len(workers))
     written = []
