@@ -65,6 +65,15 @@ class Generation:
     def tau(self) -> float:
         return (len(self.tokens) - 1) / self.num_forwards if self.num_forwards else 1.0
 
+    def add_step(self, limit: int, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+        """One decoding step: one target forward over `drafted` drafts (of `limit` allowed)."""
+        self.num_forwards += 1
+        self.draft_limits.append(limit)
+        self.draft_lengths.append(drafted)
+        self.accepted_lengths.append(accepted)
+        self.draft_s += draft_s
+        self.target_s += target_s
+
     @property
     def overhead_s(self) -> float:
         """Decoding time spent outside target forwards and drafter calls (the loop itself)."""
@@ -110,6 +119,30 @@ def generate_plain(model, prompt_ids: list[int], max_new_tokens: int, sampling: 
     return gen
 
 
+def _prefill(runner, drafter, prompt_ids: list[int], sampling: SamplingParams, generator):
+    """Both speculative loops' start: reset the target and the drafter, run the prompt, pick the
+    first token. Returns the Generation (prefill time set), the drafter's context and that token."""
+    start = time.perf_counter()
+    runner.reset()
+    drafter.reset()
+    logits, hidden = runner.forward(prompt_ids, last_only=True)
+    token = _pick(logits[-1], sampling, generator)
+    runner._sync()
+    gen = Generation(tokens=[token], finish="length", num_prompt_tokens=len(prompt_ids))
+    ctx = DraftContext(token_ids=list(prompt_ids) + [token], num_prompt_tokens=len(prompt_ids),
+                       hidden_states=hidden, sampling=sampling, generator=generator)
+    gen.prefill_s = time.perf_counter() - start
+    return gen, ctx, token
+
+
+def _finished(gen: "Generation", max_new_tokens: int, eos: frozenset, total_s: float) -> "Generation":
+    """Cut to max_new_tokens, say why it ended, stamp the total time."""
+    gen.tokens = gen.tokens[:max_new_tokens]
+    gen.finish = "eos" if gen.tokens[-1] in eos else "length"
+    gen.total_s = total_s
+    return gen
+
+
 @torch.inference_mode()
 def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
                          num_draft_tokens: int, sampling: SamplingParams = GREEDY,
@@ -121,15 +154,7 @@ def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new
     runner = runner or TargetRunner(model, drafter.hidden_state_layers)
     clock = time.perf_counter
     start = clock()
-    runner.reset()
-    drafter.reset()
-    logits, hidden = runner.forward(prompt_ids, last_only=True)
-    token = _pick(logits[-1], sampling, generator)
-    runner._sync()
-    gen = Generation(tokens=[token], finish="length", num_prompt_tokens=len(prompt_ids))
-    ctx = DraftContext(token_ids=list(prompt_ids) + [token], num_prompt_tokens=len(prompt_ids),
-                       hidden_states=hidden, sampling=sampling, generator=generator)
-    gen.prefill_s = clock() - start
+    gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
     done = token in eos
     while not done and len(gen.tokens) < max_new_tokens:
         # 1. draft: never more than can still be emitted (the target adds one token itself)
@@ -162,16 +187,8 @@ def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new
         ctx.token_ids += new
         if hidden:
             ctx.hidden_states = {layer: h[:, :accepted + 1] for layer, h in hidden.items()}
-        gen.num_forwards += 1
-        gen.draft_limits.append(k)
-        gen.draft_lengths.append(len(draft))
-        gen.accepted_lengths.append(accepted)
-        gen.draft_s += (t1 - t0) + (t4 - t3)
-        gen.target_s += t2 - t1
-    gen.tokens = gen.tokens[:max_new_tokens]
-    gen.finish = "eos" if gen.tokens[-1] in eos else "length"
-    gen.total_s = clock() - start
-    return gen
+        gen.add_step(k, len(draft), accepted, (t1 - t0) + (t4 - t3), t2 - t1)
+    return _finished(gen, max_new_tokens, eos, clock() - start)
 
 
 @torch.inference_mode()
@@ -188,15 +205,7 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
     runner = runner or TargetRunner(model, drafter.hidden_state_layers)
     clock = time.perf_counter
     start = clock()
-    runner.reset()
-    drafter.reset()
-    logits, hidden = runner.forward(prompt_ids, last_only=True)
-    token = _pick(logits[-1], sampling, generator)
-    runner._sync()
-    gen = Generation(tokens=[token], finish="length", num_prompt_tokens=len(prompt_ids))
-    ctx = DraftContext(token_ids=list(prompt_ids) + [token], num_prompt_tokens=len(prompt_ids),
-                       hidden_states=hidden, sampling=sampling, generator=generator)
-    gen.prefill_s = clock() - start
+    gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
     done = token in eos
     while not done and len(gen.tokens) < max_new_tokens:
         # 1. draft a tree no deeper than what can still be emitted (depth 0: an empty tree)
@@ -232,16 +241,8 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
         if hidden:
             index = torch.tensor(rows, device=next(iter(hidden.values())).device)
             ctx.hidden_states = {layer: h.index_select(1, index) for layer, h in hidden.items()}
-        gen.num_forwards += 1
-        gen.draft_limits.append(depth)
-        gen.draft_lengths.append(len(tree))
-        gen.accepted_lengths.append(len(path))
-        gen.draft_s += (t1 - t0) + (t4 - t3)
-        gen.target_s += t2 - t1
-    gen.tokens = gen.tokens[:max_new_tokens]
-    gen.finish = "eos" if gen.tokens[-1] in eos else "length"
-    gen.total_s = clock() - start
-    return gen
+        gen.add_step(depth, len(tree), len(path), (t1 - t0) + (t4 - t3), t2 - t1)
+    return _finished(gen, max_new_tokens, eos, clock() - start)
 
 
 def tree_decoding(model, drafters: dict, base: str, mixed: bool, cfg, sampling: SamplingParams, eos_ids, gen_for,

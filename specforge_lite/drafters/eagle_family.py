@@ -10,6 +10,7 @@ loads under those names.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -190,3 +191,21 @@ def speculators_config(cfg, model_type: str, architecture: str, num_layers: int,
         "transformer_layer_config": transformer_layer_config(cfg, num_layers),
         "speculators_config": proposal_config(model_type, speculative_tokens, verifier, verifier_architectures),
     }
+
+
+def check_weights(path: Path, weights: dict, expected: dict, draft_vocab_size: int) -> None:
+    """A speculators checkpoint's tensors checked strictly (vLLM reports no missing weight):
+    exactly the `expected` {name: shape}, and d2t / t2d, where present, int64 / bool maps that
+    agree; ValueError naming the file otherwise."""
+    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{path}: missing {missing}, unexpected {extra}")
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"{path}: {name} has shape {tuple(weights[name].shape)}, expected {shape}")
+    if "d2t" in weights:
+        if weights["d2t"].dtype != torch.int64 or weights["t2d"].dtype != torch.bool:
+            raise ValueError(f"{path}: d2t must be int64 and t2d bool")
+        ids = torch.arange(draft_vocab_size) + weights["d2t"]
+        if int(weights["t2d"].sum()) != draft_vocab_size or not bool(weights["t2d"][ids].all()):
+            raise ValueError(f"{path}: d2t and t2d disagree")

@@ -47,3 +47,18 @@ def vocab_maps(draft_vocab: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[draft_vocab] = True
     return d2t, t2d
+
+
+@torch.no_grad()
+def copy_target_head(drafter, target, draft_vocab: torch.Tensor, vocab_size: int) -> None:
+    """Into `drafter` (embed_tokens, lm_head over the draft vocab, norm, d2t / t2d buffers): the
+    target's embeddings, its lm_head rows of `draft_vocab`, its final norm where the shapes agree,
+    and the vocab maps."""
+    drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    drafter.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_vocab])
+    final_norm = getattr(getattr(target, "model", None), "norm", None)
+    if final_norm is not None and final_norm.weight.shape == drafter.norm.weight.shape:
+        drafter.norm.weight.copy_(final_norm.weight)
+    d2t, t2d = vocab_maps(draft_vocab, vocab_size)
+    drafter.d2t.copy_(d2t)
+    drafter.t2d.copy_(t2d)

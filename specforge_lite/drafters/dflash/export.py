@@ -29,7 +29,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
 from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter, select_anchors
 from specforge_lite.drafters.dflash.train import load
-from specforge_lite.drafters.eagle_family import proposal_config
+from specforge_lite.drafters.eagle_family import check_weights, proposal_config
 
 log = logging.getLogger(__name__)
 
@@ -143,20 +143,7 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
             or not spec.get("verifier", {}).get("name_or_path"):
         raise ValueError(f"{where}: speculators_config is incomplete (speculative_tokens in 1..block_size-1)")
     weights = load_safetensors(directory / "model.safetensors")
-    expected = expected_shapes(config)
-    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or extra:
-        raise ValueError(f"{directory}/model.safetensors: missing {missing}, unexpected {extra}")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise ValueError(f"{directory}/model.safetensors: {name} has shape {tuple(weights[name].shape)}, "
-                             f"expected {shape}")
-    if "d2t" in weights:
-        if weights["d2t"].dtype != torch.int64 or weights["t2d"].dtype != torch.bool:
-            raise ValueError(f"{directory}/model.safetensors: d2t must be int64 and t2d bool")
-        ids = torch.arange(config["draft_vocab_size"]) + weights["d2t"]
-        if int(weights["t2d"].sum()) != config["draft_vocab_size"] or not bool(weights["t2d"][ids].all()):
-            raise ValueError(f"{directory}/model.safetensors: d2t and t2d disagree")
+    check_weights(directory / "model.safetensors", weights, expected_shapes(config), config["draft_vocab_size"])
     return config, weights
 
 

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
-from specforge_lite.drafters.eagle_family import speculators_config as family_config
+from specforge_lite.drafters.eagle_family import check_weights, speculators_config as family_config
 from specforge_lite.drafters.peagle.model import PEagleConfig, PEagleDrafter, drop_token_layout
 from specforge_lite.drafters.peagle.train import load
 
@@ -117,20 +117,7 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
             or proposal["speculative_tokens"] < 1 or not spec.get("verifier", {}).get("name_or_path"):
         raise ValueError(f"{directory}/config.json: speculators_config is incomplete")
     weights = load_safetensors(directory / "model.safetensors")
-    expected = expected_shapes(config)
-    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or extra:
-        raise ValueError(f"{directory}/model.safetensors: missing {missing}, unexpected {extra}")
-    for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise ValueError(f"{directory}/model.safetensors: {name} has shape {tuple(weights[name].shape)}, "
-                             f"expected {shape}")
-    if "d2t" in weights:
-        if weights["d2t"].dtype != torch.int64 or weights["t2d"].dtype != torch.bool:
-            raise ValueError(f"{directory}/model.safetensors: d2t must be int64 and t2d bool")
-        ids = torch.arange(config["draft_vocab_size"]) + weights["d2t"]
-        if int(weights["t2d"].sum()) != config["draft_vocab_size"] or not bool(weights["t2d"][ids].all()):
-            raise ValueError(f"{directory}/model.safetensors: d2t and t2d disagree")
+    check_weights(directory / "model.safetensors", weights, expected_shapes(config), config["draft_vocab_size"])
     return config, weights
 
 

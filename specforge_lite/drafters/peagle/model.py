@@ -102,16 +102,9 @@ class PEagleDrafter(nn.Module):
     @torch.no_grad()
     def init_from_target(self, target, draft_vocab: torch.Tensor) -> None:
         """The target's embeddings, final norm and lm_head rows of the draft vocab; d2t / t2d."""
-        from specforge_lite.drafters.vocab import vocab_maps
+        from specforge_lite.drafters.vocab import copy_target_head
 
-        self.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
-        self.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_vocab])
-        final_norm = getattr(getattr(target, "model", None), "norm", None)
-        if final_norm is not None and final_norm.weight.shape == self.norm.weight.shape:
-            self.norm.weight.copy_(final_norm.weight)
-        d2t, t2d = vocab_maps(draft_vocab, self.config.vocab_size)
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
+        copy_target_head(self, target, draft_vocab, self.config.vocab_size)
 
     @torch.no_grad()
     def init_residual_path(self) -> None:
