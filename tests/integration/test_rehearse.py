@@ -30,6 +30,14 @@ def test_rehearse(tmp_path, recipe):
     by_label = {c["label"]: c for c in result["commands"]}
     # every stage that loads the target in our processes was accounted, on the ranks it ran on
     assert set(by_label["train"]["stages"]) == {"train"} and len(by_label["train"]["stages"]["train"]["ranks"]) == 2
+    # every rank trains on real tokens at every step with the card's train.tokens_per_step=auto
+    # (issue 38; test_every_rank_trains runs the train.batch_size=1 case)
+    train = by_label["train"]
+    assert len(train["real_tokens_per_rank"]) == 2 and all(n > 0 for n in train["real_tokens_per_rank"]), train
+    assert train["idle_steps_per_rank"] == [0, 0]
+    if recipe == "eagle_llama70b":
+        assert train["batching"]["mode"] == "auto" and train["batching"]["ranks"] == 2
+        assert train["batching"]["micro_batch_per_rank"] >= 1
     assert set(by_label["evaluate"]["stages"]) == {"evaluate"}
     # the sharded path: each of the 2 ranks holds its half of the layer weights, no more
     online = by_label["train_online"]["stages"]["train"]
