@@ -7,7 +7,8 @@ in the speculators format vLLM serves as `dflash` (speculators `models/dflash`; 
 
 The drafter contract (`specforge_lite.contract.DrafterModule`):
 `options` (typed config), `model` (the module, the anchor-block mask, anchor sampling),
-`train` (build, loss, save / load), `decode` (the engine drafter), `export` (speculators format).
+`train` (build, loss, save / load), `decode` (the engine drafter), `export` (speculators format),
+`interop` (`load` and `layout`: our train folder, speculators' and SpecForge's DFlash folders).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch
 
 from specforge_lite.contract import DrySize
 from specforge_lite.drafters.dflash.decode import DFlashDecodeDrafter
-from specforge_lite.drafters.dflash.export import export, layout
-from specforge_lite.drafters.dflash.export import load_any as load
+from specforge_lite.drafters.dflash.export import export
+from specforge_lite.drafters.dflash.interop import layout
+from specforge_lite.drafters.dflash.interop import load_any as load
 from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter
 from specforge_lite.drafters.dflash.options import DFlashOptions as Options
 from specforge_lite.drafters.dflash.train import (activation_bytes, anchors_per_row, batch_preparer, build,
