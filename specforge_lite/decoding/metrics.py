@@ -157,3 +157,74 @@ def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
     return {"best_k": best["k"], "expected_speedup": best["expected_speedup"],
             "expected_tokens_per_s": best["expected_tokens_per_s"], "plain_tokens_per_s": plain_rate,
             "table": rows}
+
+
+def full_tree_nodes(depth: int, branch: int) -> int:
+    """Nodes of the full tree with `branch` children a node, `depth` levels deep: the most a
+    tree of that depth and branch can hold."""
+    return sum(branch ** level for level in range(1, depth + 1))
+
+
+def tree_steps(generations: Iterable[Generation]) -> dict:
+    """What a tree method's steps recorded, summed over answers: per step the nodes verified
+    (`draft_lengths`), the depth allowed (`draft_limits`) and the accepted path's length
+    (`accepted_lengths`). Returns {"steps", "nodes" (the per-step node counts, in order),
+    "nodes_per_step", "path_per_step", "depth_per_step"} (None where no step ran)."""
+    nodes, depths, paths = [], [], []
+    for gen in generations:
+        nodes += gen.draft_lengths
+        depths += gen.draft_limits
+        paths += gen.accepted_lengths
+    mean = (lambda values: sum(values) / len(values)) if nodes else (lambda values: None)
+    return {"steps": len(nodes), "nodes": nodes, "nodes_per_step": mean(nodes), "path_per_step": mean(paths),
+            "depth_per_step": mean(depths)}
+
+
+def best_tree(alphas: Sequence[float | None], step_nodes: Sequence[int], depth: int, branch: int, nodes: int,
+              forward_costs: dict[int, float], draft_cost: Callable[[int], float], overhead_s: float = 0.0,
+              prefill_s: float = 0.0, answer_tokens: float | None = None, plain_overhead_s: float | None = None,
+              verify_scale: float = 1.0) -> dict:
+    """The tree shape, among those the measured steps can speak for, maximising expected tokens/s
+    (an estimate, as `best_k`'s).
+
+    A tree method ran with (depth, branch, nodes) and recorded per step the nodes it verified
+    (`step_nodes`) and its accepted path; `alphas` are the path's per-depth acceptance
+    (`per_position_acceptance` over those steps, d = 1..depth). The candidates are the same
+    branch and node budget cut at depth d = 1..depth: (d, branch, min(nodes, full tree of d)).
+    Their acceptance follows from the measured steps: a drafter that grows its tree level by
+    level (EAGLE-2's dynamic tree, n-gram continuations) has the same candidates in its first d
+    levels whatever the depth, so the depth-d tree holds the measured tree cut at depth d and
+    its accepted path is at least min(path, d): expected_tokens_per_step(alphas, d), a lower
+    bound. A step of depth d verifies min(that step's measured nodes, full tree of d) nodes
+    (the same budget: never more than the measured step did), priced at `forward_costs`
+    [nodes + 1] times `verify_scale` (what a tree verify paid over a chain forward of the same
+    width in the run); `draft_cost(d)`: drafting a depth-d tree. Smaller node budgets or
+    branches at the same depth are not candidates: which nodes the accepted path used, by
+    rank, is not recorded, so their acceptance cannot be derived. Rates per answer or per
+    step, and plain decoding's rate, as `best_k`.
+
+    Returns {"best": the best row or None, "plain_tokens_per_s", "table": one row per depth
+    with "depth", "branch", "nodes", "mean_nodes", "expected_tokens_per_step", "step_ms",
+    "expected_tokens_per_s", "expected_speedup", "measured" (the run's own depth)}.
+    """
+    def rate(tokens_per_step: float, step_s: float) -> float:
+        if answer_tokens is None:
+            return tokens_per_step / step_s
+        return answer_tokens / (prefill_s + (answer_tokens - 1) / tokens_per_step * step_s)
+
+    plain_rate = rate(1.0, forward_costs[1] + (overhead_s if plain_overhead_s is None else plain_overhead_s))
+    rows = []
+    for d in range(1, min(depth, len(alphas)) + 1):
+        cap = full_tree_nodes(d, branch)
+        widths = [min(n, cap) for n in step_nodes] or [min(nodes, cap)]
+        if any(w + 1 not in forward_costs for w in widths):
+            break  # a width whose cost was not measured
+        verify_s = verify_scale * sum(forward_costs[w + 1] for w in widths) / len(widths)
+        step_s = draft_cost(d) + verify_s + overhead_s
+        tokens = expected_tokens_per_step(alphas, d)
+        rows.append({"depth": d, "branch": branch, "nodes": min(nodes, cap), "mean_nodes": sum(widths) / len(widths),
+                     "expected_tokens_per_step": tokens, "step_ms": 1e3 * step_s,
+                     "expected_tokens_per_s": rate(tokens, step_s),
+                     "expected_speedup": rate(tokens, step_s) / plain_rate, "measured": d == depth})
+    best = max(rows, key=lambda r: r["expected_tokens_per_s"]) if rows else None
+    return {"best": best, "plain_tokens_per_s": plain_rate, "table": rows}

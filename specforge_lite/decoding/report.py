@@ -40,6 +40,62 @@ def methods_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def trees_table(report: dict) -> str:
+    """One row per tree method (its `tree` fields, evaluate's `_tree_fields`) beside the chain
+    it grows from: tau and speedup with their intervals, nodes verified and path accepted per
+    step, the drafting and verify shares of decode time, and the best tree shape estimated
+    from its steps. Empty when the report has no tree method."""
+    methods = report["methods"]
+    trees = {name: m for name, m in methods.items() if m.get("tree")}
+    if not trees:
+        return ""
+    level = f"{bootstrap_settings(report['settings'])['level']:.0%}"
+    lines = [f"| tree method | depth / branch / nodes | tau [{level} CI] | speedup [{level} CI] | its chain: tau / "
+             "speedup | nodes verified / step | path / step | draft / verify time | best tree (estimated) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, m in trees.items():
+        tree, chain = m["tree"], methods.get(m["tree"]["chain"])
+        shape = tree["shape"]
+        beside = f"{_fmt(chain['tau'])} / {_fmt(chain['speedup'])}x" if chain else "not run"
+        share = (f"{100 * m['draft_time_share']:.0f}% / {100 * m['verify_time_share']:.0f}%"
+                 if m["draft_time_share"] is not None else "-")
+        best = tree["best_tree"]["best"]
+        estimate = (f"{best['depth']} / {best['branch']} / {best['nodes']}: {best['expected_speedup']:.2f}x"
+                    if best else "-")
+        speedup = _with_interval(m["speedup"], m.get("speedup_ci"), "x")
+        lines.append(f"| {name} | {shape['depth']} / {shape['branch']} / {shape['nodes']} | "
+                     f"{_with_interval(m['tau'], m.get('tau_ci'))} | {speedup} | {beside} | {_fmt(tree['nodes_per_step'])} | {_fmt(tree['path_per_step'])} | {share} | "
+                     f"{estimate} |")
+    return "\n".join(lines)
+
+
+def best_tree_lines(report: dict) -> list[str]:
+    """The "Best tree" section: per tree method the estimated speed of each candidate shape,
+    and how the estimate was made (`metrics.best_tree`)."""
+    out = []
+    for name, m in report["methods"].items():
+        estimate = (m.get("tree") or {}).get("best_tree")
+        if not estimate or not estimate["table"]:
+            continue
+        rows = ", ".join(f"{r['depth']}/{r['branch']}/{r['nodes']}: {r['expected_tokens_per_s']:.1f} tok/s "
+                         f"({r['expected_speedup']:.2f}x{', as run' if r['measured'] else ''})"
+                         for r in estimate["table"])
+        best = estimate["best"]
+        alphas = ", ".join(_fmt(a) for a in m["tree"]["per_depth_acceptance"])
+        out.append(f"- **{name}**: best tree (estimated) = depth {best['depth']}, branch {best['branch']}, "
+                   f"{best['nodes']} nodes (per-depth acceptance of the accepted path: {alphas}; expected by "
+                   f"depth / branch / nodes: {rows})")
+    if not out:
+        return []
+    return (["## Best tree", "",
+             "Estimated, as best k is, from each tree method's own steps: the same branch and node budget cut at "
+             "a smaller depth keeps the measured tree's first levels, so its accepted path is at least the measured "
+             "one cut there (a lower bound on its acceptance); a step verifies no more nodes than the measured step "
+             "did, priced at the measured forward cost of that width times what this method's tree verifies paid "
+             "over chain forwards. Smaller node budgets and branches cannot be derived (which ranks the accepted "
+             "path used is not recorded) and are not estimated.", ""] + out + [""])
+
+
 def identity_cell(m: dict) -> str:
     """The "identical to plain" cell: the verdict counts ("24/24: 15 identical, 9 rounding, 0
     mismatch", NO first when one is a mismatch); in reports without verdicts yes, NO (n/N) or n/a."""
@@ -139,6 +195,13 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
             if winner != deploy and rates[winner] > rates.get(deploy, 0) * 1.05:
                 alternatives.append(f"for {category} prompts {winner} is faster ({rates[winner]:.2f}x vs "
                                     f"{rates.get(deploy, 0):.2f}x plain)")
+    tree = best.get("tree")
+    if tree:  # a tree method wins: how far its chain is, and where a tree can be served
+        chain = lossless.get(tree["chain"])
+        alternatives.append(f"{deploy} drafts trees of {tree['chain']}"
+                            + (f" (its chain: {chain['speedup']:.2f}x {plain})" if chain else "")
+                            + ": vLLM 0.32 and llama.cpp serve chains only; the export README gives the tree as "
+                            "vLLM's speculative_token_tree for releases with tree attention")
     if deploy in notes:
         nxt = next((n for n in ranked if n not in notes), None)
         note = notes[deploy]
@@ -215,6 +278,9 @@ def render_markdown(report: dict) -> str:
         f"{s['warmup']} warm-up run(s) per method." + _engine_sentence(s.get("engine")), "",
         methods_table(report), "",
     ]
+    if trees := trees_table(report):
+        out += ["Tree methods (`eval.tree`) beside the chains they grow from; nodes verified / step is the verify "
+                "width less the pending token, path / step the drafts accepted.", "", trees, ""]
     rec = report.get("recommendation")
     if rec:
         out += ["## Recommendation", "", f"Deploy **{rec['deploy']}**: " + "; ".join(rec["reasons"]) + "."]
@@ -245,6 +311,7 @@ def render_markdown(report: dict) -> str:
         out.append(f"- **{name}**: best k = {bk['best_k']} (expected tokens/s by k: {rows or 'n/a'})")
     out += ["", f"`best_k` = **{report['best_k']}** (from {report['best_k_method']}); the export stage reads it "
             "from report.json.", ""]
+    out += best_tree_lines(report)
     out += identity_notes(report)
     for plot in report.get("plots", []):
         out.append(f"![{plot}]({plot})")

@@ -14,6 +14,7 @@ any other file in `export/` is the user's and stays (`artifacts.place_files`).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -25,6 +26,7 @@ from specforge_lite.artifact_io import load_safetensors, read_json_object, write
 from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, place_files,
                                      readable_temp_dir, write_provenance)
 from specforge_lite.data.chat import prompt_ids
+from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.drafters.common import require_finite
 from specforge_lite.serving.llamacpp.checks import gguf_refusal
 from specforge_lite.serving.llamacpp.files import write_gguf_folder
@@ -84,6 +86,11 @@ def run(cfg: DictConfig) -> None:
             if write_failure(err):  # a full disk
                 raise SpecforgeError(f"cannot write the export ({err}); nothing replaced") from err
             raise
+        if tree := chosen_tree(cfg, kind):  # the evaluated tree as vLLM's static tree, beside the chain
+            tree["command"] = tree_command(verifier, DRAFTERS[kind].VLLM_SERVING, tree["node_paths"])
+            readme = tmp / info["path"] / "README.md"
+            readme.write_text(readme.read_text() + tree_readme(tree))
+            info["speculative_token_tree"] = tree
         info.update({key: str(final / info[key]) for key in ("path", "sglang") if info.get(key)})  # final places
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
                                                 "verifier": verifier, "strict_reload": "passed"})
@@ -92,9 +99,101 @@ def run(cfg: DictConfig) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("export written to %s (k=%d from %s)", info["path"], info["speculative_tokens"], k_source)
+    if tree:
+        log.info("as a static draft tree (%s; vLLM releases with tree attention, not vLLM 0.32): %s",
+                 tree["source"], tree["command"].replace("<this directory>", info["path"]))
     if info.get("gguf") and not info["gguf"]["checked"]:
         log.warning("export/gguf is UNCHECKED: never loaded in llama.cpp (%s); export.json marks it "
                     "\"checked\": false", info["gguf"]["load_check"]["why"])
+
+
+def chosen_tree(cfg: DictConfig, kind: str) -> dict | None:
+    """The draft tree the export of a `kind` drafter carries, or None: only for a drafter that
+    drafts trees (its module's DRAFTS_TREES) and that vLLM serves on its EAGLE proposer without
+    extra keys (vLLM serves P-EAGLE's parallel drafting, Medusa and DFlash as chains). Its shape is the best tree
+    evaluate estimated for the fastest tree method of this drafter in run_dir/eval/report.json
+    (`metrics.best_tree`; the shape it ran where the report has no estimate), else `eval.tree`'s
+    shape when set (not measured). Returns {"depth", "branch", "nodes", "source", "node_paths"}."""
+    module = DRAFTERS[kind]
+    serving = module.VLLM_SERVING or ()
+    # vLLM read `speculative_token_tree` in its EAGLE proposer only (methods eagle*, no extra keys),
+    # in the releases that had tree attention; vLLM 0.32 has neither
+    if not getattr(module, "DRAFTS_TREES", False) or not serving or not serving[0].startswith("eagle") \
+            or serving[2:]:
+        return None
+    shape, source = None, None
+    report = Path(cfg.run_dir) / "eval" / "report.json"
+    methods = read_json_object(report).get("methods") or {} if report.exists() else {}
+    measured = {name: m for name, m in methods.items() if (m.get("tree") or {}).get("chain") == kind}
+    if measured:
+        name = max(measured, key=lambda n: measured[n].get("tokens_per_s") or 0.0)
+        tree = measured[name]["tree"]
+        best = (tree.get("best_tree") or {}).get("best")
+        shape = best or tree["shape"]
+        source = (f"the best tree estimated from {name} as measured by evaluate ({report})" if best
+                  else f"the shape {name} ran in evaluate ({report})")
+    elif (cfg.get("eval") or {}).get("tree") is not None:
+        shape, source = cfg.eval.tree, "eval.tree (no evaluate measured a tree of this drafter)"
+    if shape is None:
+        return None
+    depth, branch, nodes = int(shape["depth"]), int(shape["branch"]), int(shape["nodes"])
+    return {"depth": depth, "branch": branch, "nodes": nodes, "source": source,
+            "node_paths": [list(path) for path in static_tree(depth, branch, nodes)]}
+
+
+def static_tree(depth: int, branch: int, nodes: int) -> list[tuple[int, ...]]:
+    """A static tree of that shape as vLLM's node paths (`DraftTree.node_paths`): the first
+    `nodes` nodes of the full `branch`-ary tree `depth` levels deep, breadth first, lower child
+    ranks first (EAGLE-2's own tree is rebuilt every step; this is the representative shape)."""
+    parents, frontier = [], [-1]
+    for _ in range(depth):
+        below = []
+        for parent in frontier:
+            for _ in range(branch):
+                if len(parents) < nodes:
+                    parents.append(parent)
+                    below.append(len(parents) - 1)
+        frontier = below
+    return DraftTree([0] * len(parents), parents).node_paths()
+
+
+def tree_command(verifier: str, serving: tuple, node_paths: list) -> str:
+    """`vllm serve` with the tree in --speculative-config (valid JSON): num_speculative_tokens is
+    the node count and speculative_token_tree the node paths as the Python literal vLLM parses
+    (its field is a string)."""
+    method, _, *extra = serving
+    config = {"method": method, "model": "<this directory>", "num_speculative_tokens": len(node_paths),
+              **(extra[0] if extra else {}), "speculative_token_tree": str([tuple(p) for p in node_paths])}
+    return f"vllm serve {verifier} \\\n  --speculative-config '{json.dumps(config)}'"
+
+
+def tree_readme(tree: dict) -> str:
+    """The README section of the static tree (`chosen_tree`)."""
+    paths = str([tuple(p) for p in tree["node_paths"]])
+    return f"""
+## As a draft tree
+
+Tree shape: depth {tree['depth']}, branch {tree['branch']}, {tree['nodes']} nodes ({tree['source']}).
+EAGLE-2's tree is dynamic (rebuilt from the drafter's scores every step); a server takes a static
+tree, here the first {len(tree['node_paths'])} nodes of the full {tree['branch']}-ary tree of depth {tree['depth']},
+breadth first, lower child ranks first (not ranked by acceptance: evaluate does not record which
+child ranks the accepted paths used). As vLLM's `speculative_token_tree` (each node as the
+child ranks along its path; a node's parent is its path less the last index):
+
+```
+{paths}
+```
+
+```bash
+{tree['command']}
+```
+
+Only vLLM releases that have `speculative_token_tree` and its tree attention backend (a GPU
+backend) serve this. vLLM 0.32, the version this project pins and tests, has neither: its
+`SpeculativeConfig` forbids unknown keys, so the command above fails there, its attention
+backends include no tree backend, and its CPU platform picks `CPU_ATTN` whatever is asked.
+llama.cpp drafts chains only. There, serve the chain above.
+"""
 
 
 def require_finite_files(folder: Path) -> None:
