@@ -161,6 +161,19 @@ def test_a_specforge_folder_reads_back(tiny_target, tmp_path, shards):
     assert_lossless(model, loaded)
 
 
+def test_a_specforge_folder_converts_to_the_speculators_layout(tiny_target, tmp_path):
+    """export.drafter_dir may name a peer's folder: the export reads it as evaluate does."""
+    from specforge_lite.drafters.dflash.export import export
+
+    model, _ = tiny_target
+    drafter = tiny_drafter(tiny_target, draft_vocab_size=1000)
+    write_specforge_dir(drafter, tmp_path / "sf")
+    cfg = OmegaConf.create({"recipe_name": "tiny"})
+    export(cfg, tmp_path / "sf", tmp_path / "out", model, None, 3, "test", "tiny")
+    converted = dflash.load(tmp_path / "out" / "speculators", model)
+    assert converted.config == drafter.config and max_logit_difference(drafter, converted) == 0.0
+
+
 # --------------------------------------------------------------------------- refusals
 
 def refusal(folder, model, *needles):

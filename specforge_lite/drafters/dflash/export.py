@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_text
 from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter, select_anchors
-from specforge_lite.drafters.dflash.train import load
+from specforge_lite.drafters.dflash.interop import load_any
 from specforge_lite.drafters.eagle_family import check_weights, proposal_config
 
 log = logging.getLogger(__name__)
@@ -147,32 +147,6 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
     return config, weights
 
 
-def layout(config: dict) -> str | None:
-    """`ours` (a train folder) or `speculators` (the DFlash format vLLM reads), or None."""
-    if config.get("drafter") == "dflash":
-        return "ours"
-    if config.get("speculators_model_type") == "dflash":
-        return "speculators"
-    return None
-
-
-def load_any(directory: Path, target) -> DFlashDrafter:
-    """A DFlash drafter from our train folder or a speculators DFlash folder; a folder that does
-    not fit is a user error naming it."""
-    from specforge_lite.artifact_io import read_json_object
-
-    found = layout(read_json_object(Path(directory) / "config.json"))
-    if found == "ours":
-        return load(directory, target)
-    if found == "speculators":
-        try:
-            return load_speculators_dir(directory, target)
-        except ValueError as err:
-            raise SpecforgeError(str(err)) from None
-    raise SpecforgeError(f"{Path(directory).name}/config.json describes no DFlash layout we read (our train "
-                         "folder, speculators dflash)")
-
-
 def load_speculators_dir(directory: Path, target) -> DFlashDrafter:
     """Build our module from a speculators DFlash directory (checked strictly first)."""
     config, weights = check_speculators_dir(directory)
@@ -214,7 +188,7 @@ def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: s
 
     A non-causal drafter is exported with k = block_size - 1: vLLM runs k + 1 block rows, and
     rows that see each other change when the block is shorter than the one trained on."""
-    drafter = load(trained, target)
+    drafter = load_any(trained, target)  # our train folder or a peer's (interop.py)
     block = drafter.config.block_size
     if not drafter.config.causal and k != block - 1:
         log.warning("k=%d (%s): a non-causal DFlash drafter serves its whole block; exporting k=%d", k, k_source,
