@@ -134,4 +134,5 @@ def test_one_catalogue_names_the_llamacpp_methods():
     from specforge_lite.serving.llamacpp.runner import METHODS
 
     assert set(METHODS) == set(LLAMACPP_METHODS) <= set(known())
-    assert set(DRAFT_OF) == {m for m in LLAMACPP_METHODS if m in ("llamacpp_eagle3", "llamacpp_distilled")}
+    assert set(DRAFT_OF) == {m for m in LLAMACPP_METHODS
+                             if m in ("llamacpp_eagle3", "llamacpp_distilled", "llamacpp_dflash")}

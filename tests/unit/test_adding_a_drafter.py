@@ -38,6 +38,8 @@ NOT_A_BRANCH = {
     "serving/llamacpp/gguf_export.py": "converts a speculators EAGLE-3 folder to llama.cpp's GGUF: its 'eagle3' "
                                        "is speculators' `speculators_model_type` and llama.cpp's architecture "
                                        "name, the formats it reads and writes",
+    "serving/llamacpp/dflash_gguf.py": "converts a speculators DFlash folder to llama.cpp's GGUF: its 'dflash' "
+                                       "is speculators' `speculators_model_type`, the format it reads",
 }
 
 

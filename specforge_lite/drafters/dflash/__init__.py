@@ -31,8 +31,7 @@ UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = ("vLLM serves DFlash with --speculative-config '{\"method\": \"dflash\", ...}'; a non-causal drafter "
                 "needs an attention backend with non-causal support (export README)")
 VLLM_SERVING = ("dflash", "speculators")  # vLLM speculative method, export subfolder
-LLAMACPP_SERVING = ("this project writes no GGUF for llama.cpp's draft-dflash yet; serve the speculators export "
-                    "with vLLM")
+LLAMACPP_SERVING = ("DRAFT_DFLASH", "dflash.gguf")  # llama.cpp speculative type, draft GGUF under export/gguf
 READS_LAST_HIDDEN = False  # trains on aux layers and the teacher's logits (int4_topk features work)
 
 

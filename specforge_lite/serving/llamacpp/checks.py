@@ -1,8 +1,10 @@
 """What llama.cpp can run, checked at the door (`validate`), before any stage writes anything.
 
 - `export.gguf=true` needs a drafter llama.cpp runs: EAGLE-3 (`draft-eagle3`) on the target
-  layers its converter fixes, [2, N/2, N-3], without the EAGLE-3.1 norms, or a distilled draft
-  model (`draft-simple`). Medusa heads and P-EAGLE have no llama.cpp drafter.
+  layers its converter fixes, [2, N/2, N-3], without the EAGLE-3.1 norms, DFlash
+  (`draft-dflash`: any aux layers, block size and draft vocabulary, causal or not; its graph
+  reads all of them) or a distilled draft model (`draft-simple`). Medusa heads and P-EAGLE have
+  no llama.cpp drafter.
 - the `llamacpp_*` evaluate methods need xllamacpp (`make llamacpp`), and `llamacpp_eagle3` /
   `llamacpp_distilled` the draft GGUF an earlier export wrote (`run_dir/export/gguf`); `run`
   evaluates before it exports, so it cannot provide one. Checked for evaluate and run only.
@@ -28,6 +30,7 @@ DRAFT_OF = {f"llamacpp_{name}": name for name in GGUF_DRAFTERS}
 NO_GGUF = {name: module.LLAMACPP_SERVING for name, module in DRAFTERS.items()
            if isinstance(module.LLAMACPP_SERVING, str)}
 EAGLE3_GRAPH = "draft-eagle3"  # llama.cpp's EAGLE-3 graph: fixed tap layers, no EAGLE-3.1 norms
+DFLASH_GRAPH = "draft-dflash"  # llama.cpp's DFlash graph: taps the layers the GGUF names
 EAGLE31_NORMS = ("norm_before_fc", "fc_norm", "norm_output")
 
 

