@@ -78,7 +78,9 @@ def run(cfg: DictConfig) -> None:
             require_finite_files(tmp)  # before anything of it is put in place (or converted to GGUF)
             if cfg.export.gguf:  # llama.cpp's files from what was just written, loaded in llama.cpp
                 hello = prompt_ids(tokenizer, [{"role": "user", "content": "Say hello."}])
-                info["gguf"] = write_gguf_folder(cfg.target.path, kind, tmp / info["path"], tmp / "gguf", k, hello)
+                # the k the drafter's export settled on (a non-causal DFlash block serves whole)
+                gguf_k = int(info.get("speculative_tokens", k))
+                info["gguf"] = write_gguf_folder(cfg.target.path, kind, tmp / info["path"], tmp / "gguf", gguf_k, hello)
                 info["gguf"]["path"] = str(final / "gguf")
         except ValueError as err:  # a strict check of what was written
             raise SpecforgeError(f"export failed its strict check, nothing replaced: {err}") from None
