@@ -8,7 +8,9 @@ autotuned products), kept on disk under a key of everything it was built from (w
 shapes, torch, CPU capability, threads, these files), so a later run with the same target
 loads it instead of compiling (`graph_cache.graph_cache_dir`). On a GPU it is
 `torch.compile` graphs per width with CUDA graphs, built each run. Wider forwards (prefill)
-run the same module eagerly. (`torch.compile`'s own graph cache skips graphs whose frozen
+run the same module eagerly. With a node budget (`tree_width` = nodes + 1) it also keeps one
+tree-verify graph of that width (`TreeVerify`, built the same way): every draft tree's verify
+forward runs it, padded to the width. (`torch.compile`'s own graph cache skips graphs whose frozen
 weights were packed for oneDNN, and without that packing its C++ GEMM template is not used:
 hence the package.)
 """
@@ -51,16 +53,36 @@ class _Exported(nn.Module):
         return self.module(ids, positions, None, False, window, caches)
 
 
+class TreeVerify(nn.Module):
+    """A draft tree's verify forward at one width W (the node budget + 1), as a graph takes it:
+    ids [W], rotary positions [W], the window, write_at [W] = the slots committed ..
+    committed + W - 1, and rows [W, W] bool, the tree's own mask (row r sees row r' where
+    True; `decoding/tree.verify_layout`'s last W columns). Every row also sees the committed
+    slots (those before write_at[0]) and none past the forward's own. Padding rows (a smaller
+    tree) see only themselves. Returns the module's (logits [W, V], hidden states [W, H])."""
+
+    def __init__(self, module: StaticLlama):
+        super().__init__()
+        self.module = module
+
+    def forward(self, ids, positions, window, write_at, rows, *caches):
+        width = rows.shape[0]
+        offset = window - write_at[0]  # a slot's row in this forward; negative: committed context
+        tree = rows[:, offset.clamp(0, width - 1)] & ((offset >= 0) & (offset < width))[None, :]
+        visible = (offset < 0)[None, :] | tree
+        return self.module(ids, positions, None, False, window, caches or None, write_at, visible)
+
+
 def _caches(module: StaticLlama) -> list[torch.Tensor]:
     return [c for layer in module.layers for c in (layer.k_cache, layer.v_cache)]
 
 
-def graph_key(module: StaticLlama, max_width: int) -> str:
+def graph_key(module: StaticLlama, max_width: int, tree: bool = False) -> str:
     """A digest of everything a target package is built from: the weights and rotary tables
     (every byte), the shapes, the source of the files that build it, torch's version, the
     CPU capability inductor compiles for and the thread count its kernels are built for
-    (`graph_cache.graph_key`)."""
-    facts = {"max_width": max_width, "capacity": module.capacity, "batch": module.batch,
+    (`graph_cache.graph_key`). tree: the tree-verify package of width `max_width`."""
+    facts = {"max_width": max_width, "tree": tree, "capacity": module.capacity, "batch": module.batch,
              "hidden_layers": list(module.hidden_layers), "window_step": WINDOW_STEP}
     tensors = [*module.named_parameters(), *[(n, b) for n, b in module.named_buffers() if n in ("cos", "sin")]]
     return graph_cache.graph_key(facts, tensors, graph_cache.RUNTIME_FILES)
@@ -83,6 +105,24 @@ def _export(module: StaticLlama, max_width: int):
                       dynamic_shapes=dims)
 
 
+def _tree_example(module: StaticLlama, width: int) -> tuple:
+    """TreeVerify's arguments for a tree of `width` rows at slot 0 (a chain: any mask serves)."""
+    device = module.lm_head.device
+    steps = torch.arange(width, device=device)
+    rows = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    return torch.zeros(width, dtype=torch.long, device=device), steps, module.window(width), steps.clone(), rows
+
+
+def _export_tree(module: StaticLlama, width: int):
+    """TreeVerify at `width` rows, exported with the window's length dynamic."""
+    from torch.export import Dim, export
+
+    caches = tuple(c.clone() for c in _caches(module))
+    dims = (None, None, {0: Dim("window", min=2, max=module.capacity)}, None, None, (None,) * len(caches))
+    with torch.no_grad():
+        return export(TreeVerify(module), (*_tree_example(module, width), *caches), dynamic_shapes=dims)
+
+
 def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
                      ) -> tuple[Callable, float, str]:
     """The module's forward for widths 1..max_width (and up to PACKAGE_WIDTHS) as one
@@ -103,6 +143,16 @@ def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
     return forward, seconds, how
 
 
+def packaged_tree_forward(module: StaticLlama, width: int, cache_dir: Path | None) -> tuple[Callable, float, str]:
+    """`TreeVerify` of `width` rows as one AOTInductor package (kept and loaded as
+    `packaged_forward`'s). Returns (forward taking TreeVerify's arguments without the caches,
+    seconds taken, "loaded" or "compiled")."""
+    runner, seconds, how = graph_cache.kept_package("target_tree", graph_key(module, width, tree=True),
+                                                    lambda: _export_tree(module, width), cache_dir)
+    caches = _caches(module)
+    return (lambda *args: runner(*args, *caches)), seconds, how
+
+
 class FastEngine:
     """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
 
@@ -111,10 +161,14 @@ class FastEngine:
     the graphs are one AOTInductor package kept in `cache_dir` (default `graph_cache_dir()`;
     None keeps none); on a GPU, `torch.compile` graphs with CUDA graphs (`packaged=False`
     asks for those on a CPU too: one per width, built each run).
+    tree_width: the node budget + 1 of the tree methods; when compiled, one `TreeVerify`
+    graph of that width (built the same way) runs every tree's verify forward, padded to it
+    (0: trees run the module eagerly).
     """
 
     def __init__(self, model, capacity: int, hidden_layers: Iterable[int] = (), max_width: int = 1,
-                 compiled: bool = False, cache_dir: Path | None | str = "default", packaged: bool | None = None):
+                 compiled: bool = False, cache_dir: Path | None | str = "default", packaged: bool | None = None,
+                 tree_width: int = 0):
         self.model = model
         self.num_states = model.config.num_hidden_layers + 1  # embeddings + every layer's output
         self.module = StaticLlama(model, capacity, sorted({layer % self.num_states for layer in hidden_layers})).eval()
@@ -126,6 +180,9 @@ class FastEngine:
         self.graph_source: str | None = None  # "compiled" or "loaded" (from cache_dir)
         self.packaged = self.device.type == "cpu" if packaged is None else packaged
         self._graph = None
+        self.tree_width = tree_width
+        self._tree_graph = None
+        self.tree_graph_source: str | None = None
         self.length = 0
         self.owner = None  # the runner whose state the cache holds
 
@@ -149,7 +206,22 @@ class FastEngine:
         self.length = 0
         widths = max(self.max_width, PACKAGE_WIDTHS) if self.packaged else self.max_width
         log.info("%s the target's forward for widths 1..%d in %.0f s", self.graph_source, widths, self.compile_s)
+        if self.tree_width:
+            self._compile_tree()
         return self.compile_s
+
+    def _compile_tree(self) -> None:
+        width = self.tree_width
+        if self.packaged:
+            graph, seconds, self.tree_graph_source = packaged_tree_forward(self.module, width, self.cache_dir)
+        else:
+            with torch.inference_mode():
+                example = _tree_example(self.module, width)
+            graph, seconds = compile_frozen(TreeVerify(self.module), [example], dynamic_args=(2,))
+            self.tree_graph_source = "compiled"
+        self._tree_graph = graph
+        self.compile_s += seconds
+        log.info("%s the target's tree-verify forward of width %d in %.0f s", self.tree_graph_source, width, seconds)
 
     def runner(self, layers: Iterable[int] = ()) -> "FastRunner":
         return FastRunner(self, tuple(layers))
@@ -173,13 +245,25 @@ class FastEngine:
     @torch.inference_mode()
     def forward_tree(self, token_ids: list[int], positions: torch.Tensor, mask: torch.Tensor
                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A draft tree's verify forward (`hf_runner.TargetRunner.forward_tree`), eager: its
-        rows go to slots length .. length + t - 1, rotary at `positions`, attending where
-        `mask` [t, length + t] says."""
+        """A draft tree's verify forward (`hf_runner.TargetRunner.forward_tree`): its rows go
+        to slots length .. length + t - 1, rotary at `positions`, attending where `mask`
+        [t, length + t] says. The compiled graphs run it where they can: a chain-shaped
+        layout (an empty tree, a one-branch tree) as the chain forward of its width, any other
+        tree of at most tree_width rows that sees the whole context the tree-verify graph;
+        else the module runs it eagerly."""
         width, start = len(token_ids), self.length
         if start + width > self.capacity:
             raise RuntimeError(f"the static KV cache holds {self.capacity} positions; this forward needs "
                                f"{start + width} (raise the engine's capacity)")
+        positions, mask = positions.cpu(), mask.cpu()  # verify_layout builds them on the CPU: no device sync
+        rows = mask[:, start:start + width]
+        if self._graph is not None and width <= self.max_width and _chain_shaped(positions, rows, start):
+            return self.forward(token_ids)
+        if (self._tree_graph is not None and width <= self.tree_width and start + self.tree_width <= self.capacity
+                and bool(mask[:, :start].all())):
+            logits, hidden = self._verify_padded(token_ids, positions, rows, start)
+            self.length = start + width
+            return logits, hidden
         window = self.module.window(start + width)
         visible = torch.zeros(width, window.shape[0], dtype=torch.bool, device=self.device)
         visible[:, :start + width] = mask.to(self.device)
@@ -189,9 +273,27 @@ class FastEngine:
         self.length = start + width
         return logits, hidden
 
+    def _verify_padded(self, token_ids: list[int], positions: torch.Tensor, rows: torch.Tensor, start: int
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The tree-verify graph over the t rows padded to tree_width: padding rows (token 0 at
+        the root's position) see only themselves and write slots past the tree's, which the
+        cache never counts as committed; their outputs are cut off."""
+        width, full = len(token_ids), self.tree_width
+        padded = torch.zeros(full, full, dtype=torch.bool)
+        padded[:width, :width] = rows
+        padded.diagonal()[width:] = True
+        ids = torch.tensor(token_ids + [0] * (full - width), dtype=torch.long)
+        positions = torch.cat([positions, positions.new_full((full - width,), start)])
+        device = self.device
+        write_at = torch.arange(start, start + full, device=device)
+        logits, hidden = self._tree_graph(ids.to(device), positions.to(device), self.module.window(start + full),
+                                          write_at, padded.to(device))
+        return logits[:width], [h[:width] for h in hidden]
+
     def keep_rows(self, base: int, rows: list[int]) -> None:
         """Keep rows `rows` (increasing, rows[0] = 0) of the tree forward that began at slot
-        `base`, moved down to slots base .., as the committed positions."""
+        `base`, moved down to slots base .., as the committed positions (the same whichever
+        forward wrote them: every one writes row r at slot base + r)."""
         source = [base + r for r in rows]
         if source != list(range(base, base + len(rows))):
             index = torch.tensor(source, device=self.device)
@@ -199,6 +301,13 @@ class FastEngine:
                 for cache in (layer.k_cache, layer.v_cache):
                     cache[:, :, base:base + len(rows)] = cache.index_select(2, index)
         self.length = base + len(rows)
+
+
+def _chain_shaped(positions: torch.Tensor, rows: torch.Tensor, start: int) -> bool:
+    """Whether a verify layout is a chain's: positions start, start + 1, .. and a causal mask."""
+    width = rows.shape[0]
+    return (torch.equal(positions, torch.arange(start, start + width))
+            and torch.equal(rows, torch.ones(width, width, dtype=torch.bool).tril()))
 
 
 class FastRunner:
@@ -275,13 +384,15 @@ class TargetForward:
 
 
 def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterable[int], max_width: int,
-                        repeats: int = 5, cache_dir: Path | None | str = "default") -> TargetForward:
+                        repeats: int = 5, cache_dir: Path | None | str = "default", tree_width: int = 0
+                        ) -> TargetForward:
     """The target forward a run decodes with, and what choosing it measured.
 
     choice: hf (transformers' forward), static (`StaticLlama`, eager), compiled (its
     graphs for widths 1..max_width) or auto: every candidate this model and machine
     can run, timed on widths 1 and max_width after a 64-token context, the one with the
-    least total kept. cache_dir: where compiled graphs are kept (`FastEngine`).
+    least total kept. cache_dir: where compiled graphs are kept (`FastEngine`); tree_width:
+    the tree methods' node budget + 1, the width of the compiled tree-verify graph (0: none).
     """
     info = {"requested": choice, "capacity": capacity, "compile_s": None, "measured_ms": {}, "fallback": None}
     reason = unsupported_reason(model.config)
@@ -298,12 +409,15 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
     if choice in ("static", "auto"):
         engines["static"] = FastEngine(model, capacity, hidden_layers, max_width)
     if choice in ("compiled", "auto"):
-        engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True, cache_dir=cache_dir)
+        engine = FastEngine(model, capacity, hidden_layers, max_width, compiled=True, cache_dir=cache_dir,
+                            tree_width=tree_width)
         try:
             info["gemm_rows"] = gemm_rows() if engine.device.type == "cpu" else None
             info["autotune"] = autotune()
             info["compile_s"] = engine.compile()
             info["graph"] = engine.graph_source  # compiled this run, or loaded from the cache
+            if tree_width:
+                info["tree_width"], info["tree_graph"] = tree_width, engine.tree_graph_source
             # whether the graphs are kept between runs (not where: a report names no local paths)
             info["graph_cache"] = bool(engine.cache_dir) and engine.packaged
             engines["compiled"] = engine

@@ -94,8 +94,9 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
                 drafter = DRAFTERS[kind].decoder(DRAFTERS[kind].load(Path(labelled[name]), model))
             drafters[name] = drafter
     layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
+    trees = ecfg.get("tree") and any(tree_base(name) for name in methods)
     target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,
-                                 layers, k + 1)
+                                 layers, k + 1, tree_width=ecfg.tree.nodes + 1 if trees else 0)
     if target.info["used"] == "compiled":  # the drafters' forwards through the same mechanism
         target.info["drafters_compile_s"], target.info["drafters_graph"] = {}, {}
         for name, drafter in drafters.items():
