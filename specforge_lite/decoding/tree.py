@@ -25,6 +25,8 @@ target's prediction after the path root..r, so acceptance walks down from the ro
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -140,6 +142,57 @@ class DraftTree:
         """vLLM's `speculative_token_tree` form: each node as the child ranks along its path."""
         rank = [len([j for j in range(i) if self.parents[j] == p]) for i, p in enumerate(self.parents)]
         return [tuple(rank[j] for j in self.path_to(i)) for i in range(len(self))]
+
+
+def tree_from_position_logprobs(logprobs: torch.Tensor, branch: int, nodes: int,
+                                token_map: torch.Tensor | None = None) -> DraftTree:
+    """The tree of a parallel drafter (P-EAGLE, DFlash, Medusa), whose law at position j does not
+    depend on the tokens drafted before it: node (j, r) is the r-th best token at position j,
+    its score the sum of its path's log-probabilities.
+
+    logprobs: [depth, V] log-probabilities per position (row j: drafts at depth j + 1; values
+    above 0 count as 0, so a child never outscores its parent).
+    The argmax chain (the drafter's greedy chain) always goes in, so greedy decoding never
+    accepts less than with the chain; the rest of the `nodes` budget goes to the best-scoring
+    nodes below it, each node expanded into its top-`branch` children at the next position.
+    Nodes come sorted by score, ties by the order they were taken: a child never outscores its
+    parent, so parents come first, and each node's first child is its best one (the first
+    root path is the chain). token_map: [V] ids to emit for the columns (a reduced draft
+    vocabulary's target ids), or None for the column indices themselves.
+    Returns a deterministic DraftTree (probs None) with `scores`."""
+    depth = logprobs.shape[0]
+    if depth == 0 or nodes < 1:
+        return DraftTree(scores=[])
+    top, index = logprobs.float().topk(min(branch, logprobs.shape[-1]), dim=-1)
+    top, index = top.clamp(max=0.0).tolist(), index.tolist()
+    taken: list[tuple[float, int, int, int]] = []  # (score, position, rank, parent: index in taken)
+    frontier: list[tuple[float, int, int, int, int]] = []  # heap of (-score, pushed, position, rank, parent)
+    pushed = itertools.count()  # equal scores leave the heap in the order they entered
+
+    def take(score: float, position: int, rank: int, parent: int, chain: bool) -> None:
+        taken.append((score, position, rank, parent))
+        if position + 1 < depth:  # its children, less the chain's own (taken already)
+            for child_rank in range(1 if chain else 0, len(top[position + 1])):
+                heapq.heappush(frontier, (-(score + top[position + 1][child_rank]), next(pushed),
+                                          position + 1, child_rank, len(taken) - 1))
+
+    for rank in range(1, len(top[0])):  # the root's other children
+        heapq.heappush(frontier, (-top[0][rank], next(pushed), 0, rank, -1))
+    score = 0.0
+    for position in range(min(depth, nodes)):  # the argmax chain
+        score += top[position][0]
+        take(score, position, 0, position - 1, chain=True)
+    while frontier and len(taken) < nodes:
+        negative, _, position, rank, parent = heapq.heappop(frontier)
+        take(-negative, position, rank, parent, chain=False)
+    order = sorted(range(len(taken)), key=lambda i: (-taken[i][0], i))
+    new = {-1: -1}
+    for i in order:
+        new[i] = len(new) - 1
+    tokens = [index[taken[i][1]][taken[i][2]] for i in order]
+    if token_map is not None:
+        tokens = token_map[torch.tensor(tokens, dtype=torch.long, device=token_map.device)].tolist()
+    return DraftTree(tokens, [new[taken[i][3]] for i in order], scores=[taken[i][0] for i in order])
 
 
 def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:

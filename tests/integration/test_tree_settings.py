@@ -18,8 +18,8 @@ CASES = [
      "eval.tree.nodes=4 is below eval.tree.depth=6: a tree of depth 6 needs at least 6 nodes"),
     # the tiny Llama's context is 2048 positions
     (["eval.tree.nodes=2047"], "eval.tree.nodes=2047: the target has max_position_embeddings=2048"),
-    (["eval.methods=[plain,medusa,medusa_tree]", "eval.best_k_method=medusa"],
-     "eval.methods: medusa_tree: medusa drafts chains only (cannot branch); the tree methods are ngram_tree"),
+    (["eval.methods=[plain,distilled,distilled_tree]", "eval.best_k_method=distilled"],
+     "eval.methods: distilled_tree: distilled drafts chains only (cannot branch); the tree methods are ngram_tree"),
     (["eval.tree=null"], "has tree methods but eval.tree is null"),
     (["eval.methods=[plain,ngram_mixed_tree]", "eval.best_k_method=null"], "eval.methods: ngram_mixed_tree: n-gram lookup's trees are ngram_tree"),
 ]
@@ -36,7 +36,8 @@ def test_bad_trees_are_refused_at_the_door(capsys, tmp_path, overrides, message)
 def test_the_catalogue_names_each_tree_beside_its_chain():
     trees = tree_methods()
     assert {"ngram_tree", "eagle3_tree", "eagle3_mixed_tree"} <= set(trees) <= set(known())
-    assert "medusa_tree" not in trees and "ngram_mixed_tree" not in trees
+    assert {f"{name}{kind}" for name in ("peagle", "dflash", "medusa") for kind in ("_tree", "_mixed_tree")} <= set(trees)
+    assert "distilled_tree" not in trees and "ngram_mixed_tree" not in trees
     assert tree_base("eagle3_mixed_tree") == ("eagle3", True) and tree_base("ngram_tree") == ("ngram", False)
     assert tree_base("eagle3") is None
     assert chain_methods(["plain", "eagle3_mixed_tree", "ngram", "eagle3"]) == ["plain", "eagle3", "ngram"]

@@ -33,6 +33,7 @@ SERVING_NOTE = ("vLLM serves DFlash with --speculative-config '{\"method\": \"df
 VLLM_SERVING = ("dflash", "speculators")  # vLLM speculative method, export subfolder
 LLAMACPP_SERVING = ("DRAFT_DFLASH", "dflash.gguf")  # llama.cpp speculative type, draft GGUF under export/gguf
 READS_LAST_HIDDEN = False  # trains on aux layers and the teacher's logits (int4_topk features work)
+DRAFTS_TREES = True  # its decoder has propose_tree (best cumulative paths over the block): dflash_tree, dflash_mixed_tree
 
 
 def decoder(drafter: DFlashDrafter) -> DFlashDecodeDrafter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specforge_lite.contract import DraftProposal
+from specforge_lite.decoding.tree import DraftTree, tree_from_position_logprobs
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.drafters.dflash.model import DFlashDrafter
 
@@ -70,6 +71,36 @@ class DFlashDecodeDrafter:
     @torch.inference_mode()
     def propose(self, ctx, k: int) -> DraftProposal:
         d = self.drafter
+        logits = self._block_logits(ctx, k)
+        if logits is None:
+            return DraftProposal([])
+        if ctx.sampling.greedy:
+            best = logits.argmax(-1)
+            return DraftProposal((best + d.d2t[best]).tolist())
+        full = logits.new_full((logits.shape[0], d.config.vocab_size), float("-inf"))
+        full[:, d.draft_vocab] = logits
+        probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
+        # the rows are drafted independently of each other: q_j does not depend on the draws before it
+        tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
+        return DraftProposal(tokens, probs)
+
+    @torch.inference_mode()
+    def propose_tree(self, ctx, depth: int, branch: int, nodes: int) -> DraftTree:
+        """The best cumulative paths over the block rows' top-`branch` tokens (depth at most
+        block_size - 1), from the same one forward as `propose` (`tree_from_position_logprobs`:
+        the greedy chain is its first path). Greedy and sampled decoding verify the same
+        deterministic tree. After a tree step the engine hands over the accepted path's hidden
+        states only, so the context cache takes exactly what a chain step with those tokens gives."""
+        logits = self._block_logits(ctx, depth)
+        if logits is None:
+            return DraftTree()
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        return tree_from_position_logprobs(logprobs, branch, nodes, self.drafter.draft_vocab)
+
+    def _block_logits(self, ctx, k: int) -> torch.Tensor | None:
+        """Write the newly committed positions' context keys and values, then the draft-vocab
+        logits [k, V_d] of block rows 1..k (k capped at block_size - 1), or None when k is 0."""
+        d = self.drafter
         cfg = d.config
         ids = ctx.token_ids
         pending = len(ids) - 1  # the anchor's position
@@ -81,7 +112,7 @@ class DFlashDecodeDrafter:
             self.cache.write(first, d.context_kv(d.context(torch.cat(new, dim=-1)), positions))
         k = min(k, self.max_drafts)
         if k == 0:
-            return DraftProposal([])
+            return None
         rows = k + 1 if cfg.causal else cfg.block_size
         device = d.fc.weight.device
         tokens = torch.tensor([[ids[-1]] + [cfg.mask_token_id] * (rows - 1)], device=device)
@@ -90,16 +121,7 @@ class DFlashDecodeDrafter:
         if cfg.causal:
             allowed[0, :, self.cache.length:] = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
         hidden = d.block_hidden(tokens, positions, self.cache.view(), allowed)
-        logits = d.logits(hidden[0, 1:k + 1])  # [k, V_d]
-        if ctx.sampling.greedy:
-            best = logits.argmax(-1)
-            return DraftProposal((best + d.d2t[best]).tolist())
-        full = logits.new_full((k, cfg.vocab_size), float("-inf"))
-        full[:, d.draft_vocab] = logits
-        probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
-        # the rows are drafted independently of each other: q_j does not depend on the draws before it
-        tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
-        return DraftProposal(tokens, probs)
+        return d.logits(hidden[0, 1:k + 1])  # [k, V_d]
 
     def accept(self, num_accepted: int) -> None:
         pass  # the cache holds committed positions only

@@ -1,10 +1,12 @@
-"""Medusa in the decoding engine: one chain of each head's top token per step."""
+"""Medusa in the decoding engine: one chain of each head's top token per step, or a tree of
+the heads' best cumulative paths."""
 
 from __future__ import annotations
 
 import torch
 
 from specforge_lite.contract import DraftProposal
+from specforge_lite.decoding.tree import DraftTree, tree_from_position_logprobs
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.drafters.medusa.model import MedusaHeads
 
@@ -60,18 +62,27 @@ class MedusaDecodeDrafter:
     def reset(self) -> None:
         pass
 
+    def _last_hidden(self, ctx) -> torch.Tensor | None:
+        """The newest committed position's final-norm hidden state [H], or None before any."""
+        hidden = ctx.hidden_states.get(-1)
+        if hidden is None or hidden.shape[1] == 0:
+            return None
+        return hidden[0, -1].to(self.heads.lm_heads[0].weight.dtype)
+
+    def _head_logits(self, h: torch.Tensor, k: int) -> list[torch.Tensor]:
+        """The first k heads' draft-vocab logits [V_d] from hidden state h [H]."""
+        return [lm_head(block(h)) for block, lm_head in list(zip(self.heads.blocks, self.heads.lm_heads))[:k]]
+
     @torch.inference_mode()
     def propose(self, ctx, k: int):
         k = min(k, self.heads.config.num_heads)
-        hidden = ctx.hidden_states.get(-1)
-        if k == 0 or hidden is None or hidden.shape[1] == 0:
+        h = self._last_hidden(ctx)
+        if k == 0 or h is None:
             return DraftProposal([])
-        h = hidden[0, -1].to(self.heads.lm_heads[0].weight.dtype)
         if ctx.sampling.greedy and k == self.compiled_k:  # the graph was built for a standalone [H] input
             return DraftProposal(self.graph(h.clone()).tolist())
         tokens, probs = [], []
-        for block, lm_head in list(zip(self.heads.blocks, self.heads.lm_heads))[:k]:
-            logits = lm_head(block(h))
+        for logits in self._head_logits(h, k):
             if ctx.sampling.greedy:
                 tokens.append(int(self.heads.token_map[logits.argmax()]))
                 continue
@@ -82,6 +93,20 @@ class MedusaDecodeDrafter:
             tokens.append(int(torch.multinomial(q, 1, generator=ctx.generator)))
             probs.append(q)
         return DraftProposal(tokens, torch.stack(probs) if probs else None)
+
+    @torch.inference_mode()
+    def propose_tree(self, ctx, depth: int, branch: int, nodes: int) -> DraftTree:
+        """Medusa's sparse tree: the best cumulative paths over the heads' top-`branch` tokens
+        (head i at depth i + 1, depth at most num_heads; `tree_from_position_logprobs`, whose
+        first path is the greedy chain). Greedy and sampled decoding verify the same
+        deterministic tree. The heads read only the newest committed position, so the tree
+        step needs no roll-back."""
+        depth = min(depth, self.heads.config.num_heads)
+        h = self._last_hidden(ctx)
+        if depth == 0 or h is None:
+            return DraftTree()
+        logprobs = torch.log_softmax(torch.stack(self._head_logits(h, depth)).float(), dim=-1)
+        return tree_from_position_logprobs(logprobs, branch, nodes, self.heads.token_map)
 
     def accept(self, num_accepted: int) -> None:
         pass

@@ -32,6 +32,7 @@ VLLM_SERVING = ("eagle3", "speculators", {"parallel_drafting": True})
 LLAMACPP_SERVING = ("llama.cpp has no P-EAGLE drafter (parallel drafting with a mask token); its EAGLE-3 graph "
                     "drafts one token per forward")
 READS_LAST_HIDDEN = False  # trains on aux layers and the teacher's logits (int4_topk features work)
+DRAFTS_TREES = True  # its decoder has propose_tree (best cumulative paths over the depths): peagle_tree, peagle_mixed_tree
 
 
 def decoder(drafter: PEagleDrafter) -> PEagleDecodeDrafter:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specforge_lite.contract import DraftProposal
+from specforge_lite.decoding.tree import DraftTree, tree_from_position_logprobs
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.drafters.eagle3.decode import StaticKV
 from specforge_lite.drafters.peagle.model import PEagleDrafter
@@ -136,8 +137,38 @@ class PEagleDecodeDrafter:
     @torch.inference_mode()
     def propose(self, ctx, k: int):
         d = self.drafter
+        drafted = self._draft(ctx, min(k, self.max_drafts))
+        if drafted is None:
+            return DraftProposal([])
+        drafts, logits = drafted
+        if ctx.sampling.greedy:
+            return DraftProposal(drafts.tolist())
+        full = logits.new_full((logits.shape[0], d.config.vocab_size), float("-inf"))
+        full[:, d.draft_vocab] = logits
+        probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
+        # the depths are drafted independently of each other: q_d does not depend on the draws before it
+        tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
+        return DraftProposal(tokens, probs)
+
+    @torch.inference_mode()
+    def propose_tree(self, ctx, depth: int, branch: int, nodes: int) -> DraftTree:
+        """The best cumulative paths over the depths' top-`branch` tokens, from the same one
+        forward as `propose` (`tree_from_position_logprobs`: the greedy chain is its first path).
+        Greedy and sampled decoding verify the same deterministic tree. The caches take the
+        committed anchors as in a chain step: after a tree step the engine hands over the
+        accepted path's rows only, so the next call writes them at their positions."""
+        drafted = self._draft(ctx, min(depth, self.max_drafts))
+        if drafted is None:
+            return DraftTree()
+        logprobs = torch.log_softmax(drafted[1].float(), dim=-1)
+        return tree_from_position_logprobs(logprobs, branch, nodes, self.drafter.draft_vocab)
+
+    def _draft(self, ctx, k: int):
+        """Write the new committed anchors into the caches, then (greedy drafts [k] as target ids,
+        draft-vocab logits [k, V_d]) for depths 0..k-1, or None when k is 0 or there is nothing
+        to draft from."""
+        d = self.drafter
         ids = ctx.token_ids
-        k = min(k, self.max_drafts)
         if len(ids) + k > self.capacity:  # graphs hold the old caches: eager from here on
             if self.compiled_k is not None:
                 log.warning("P-EAGLE drafter: %d positions outgrow the compiled cache of %d; drafting eagerly",
@@ -149,24 +180,17 @@ class PEagleDecodeDrafter:
         if k == 0 or (n == 0 and self.last_hidden is None):
             if n:  # anchors still enter the caches for later calls
                 self.last_hidden = self._run(aux, ids, 0)[0]
-            return DraftProposal([])
+            return None
         if n:
             self.last_hidden, drafts, logits = self._run(aux, ids, masks)
-        else:  # no new position: mask rows after the newest anchor, draft 0 from its stored output
-            anchor = len(ids) - 2
-            tokens = torch.full((1, masks), d.config.mask_token_id, device=aux.device)
-            hidden = self.rows.hidden(aux, tokens, torch.arange(anchor + 1, anchor + 1 + masks, device=aux.device))
-            logits = d.logits(torch.cat([self.last_hidden, hidden], dim=1)[0])
-            best = logits.argmax(-1)
-            drafts = best + d.d2t[best]
-        if ctx.sampling.greedy:
-            return DraftProposal(drafts.tolist())
-        full = logits.new_full((k, d.config.vocab_size), float("-inf"))
-        full[:, d.draft_vocab] = logits
-        probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
-        # the depths are drafted independently of each other: q_d does not depend on the draws before it
-        tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
-        return DraftProposal(tokens, probs)
+            return drafts, logits
+        # no new position: mask rows after the newest anchor, draft 0 from its stored output
+        anchor = len(ids) - 2
+        tokens = torch.full((1, masks), d.config.mask_token_id, device=aux.device)
+        hidden = self.rows.hidden(aux, tokens, torch.arange(anchor + 1, anchor + 1 + masks, device=aux.device))
+        logits = d.logits(torch.cat([self.last_hidden, hidden], dim=1)[0])
+        best = logits.argmax(-1)
+        return best + d.d2t[best], logits
 
     def _run(self, aux: torch.Tensor, ids: list[int], masks: int):
         """`_Rows` over the n new anchors (positions up to the newest committed one, len(ids) - 2)
