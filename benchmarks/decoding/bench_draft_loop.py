@@ -46,7 +46,7 @@ def measure(model, prompts: list[list[int]], tokens: int, k: int, engine: str) -
     from specforge_lite.decoding.drafters import NgramDrafter
     from specforge_lite.decoding.engine import generate_plain, generate_speculative
     from specforge_lite.decoding.metrics import measure_forward_costs, summarise
-    from specforge_lite.runtime.fast_engine import build_target_engine
+    from specforge_lite.runtime.target_choice import build_target_engine
 
     capacity = max(len(p) for p in prompts) + tokens + k + 64
     drafters = {"ngram": NgramDrafter(), "eagle3": untrained_eagle3(model, k, capacity)}

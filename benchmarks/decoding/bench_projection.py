@@ -131,7 +131,7 @@ def project_shape(shape: dict, profiles: dict[str, list], device: str, dtype, co
     import torch
 
     from specforge_lite.decoding.metrics import best_k, measure_forward_costs
-    from specforge_lite.runtime.fast_engine import build_target_engine
+    from specforge_lite.runtime.target_choice import build_target_engine
 
     target = build_target(shape, device, dtype)
     decoder = build_drafter(target, capacity=context + 64 + 5 * repeats * MAX_WIDTH)

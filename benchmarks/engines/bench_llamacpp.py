@@ -62,7 +62,7 @@ def our_plain(prompts: list[list[int]], args) -> list:
     from omegaconf import OmegaConf
 
     from specforge_lite.decoding.engine import generate_plain
-    from specforge_lite.runtime.fast_engine import build_target_engine
+    from specforge_lite.runtime.target_choice import build_target_engine
     from specforge_lite.target.loading import load_target
 
     torch.set_num_threads(args.threads)

@@ -249,7 +249,7 @@ def tree_decoding(model, drafters: dict, base: str, mixed: bool, cfg, sampling: 
                   target):
     """The evaluate stage's decode(ids, max_new_tokens, seed) of a tree method: `eval.tree`'s
     trees from the chain method `base`'s drafter (mixed: with n-gram lookup's match beside
-    them), verified on `target`'s forward (a `runtime.fast_engine.TargetForward`)."""
+    them), verified on `target`'s forward (a `runtime.target_choice.TargetForward`)."""
     drafter = drafters[base]
     if not can_branch(drafter):
         raise RuntimeError(f"{base} cannot branch: its drafter has no propose_tree")

@@ -41,7 +41,7 @@ def methods_table(report: dict) -> str:
 
 
 def trees_table(report: dict) -> str:
-    """One row per tree method (its `tree` fields, evaluate's `_tree_fields`) beside the chain
+    """One row per tree method (its `tree` fields, `choices.tree_fields`) beside the chain
     it grows from: tau and speedup with their intervals, nodes verified and path accepted per
     step, the drafting and verify shares of decode time, and the best tree shape estimated
     from its steps. Empty when the report has no tree method."""

@@ -10,7 +10,8 @@ import torch
 
 from specforge_lite.decoding.drafters import NgramDrafter
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
-from specforge_lite.runtime.fast_engine import FastEngine, build_target_engine
+from specforge_lite.runtime.fast_engine import FastEngine
+from specforge_lite.runtime.target_choice import build_target_engine
 from specforge_lite.runtime.static_llama import unsupported_reason
 from tests.unit.test_engine import StubDrafter, prompts
 

@@ -15,6 +15,7 @@ from specforge_lite.decoding.engine import Generation
 from specforge_lite.decoding.metrics import (best_tree, expected_tokens_per_step, full_tree_nodes,
                                              per_position_acceptance, tree_steps)
 from specforge_lite.decoding.report import best_tree_lines, recommend, render_markdown, trees_table
+from specforge_lite.decoding import choices
 from specforge_lite.stages import evaluate, export
 from tests.conftest import compose
 
@@ -87,7 +88,7 @@ def test_tree_fields_price_the_verify_at_what_the_tree_paid():
     gens = [tree_generation([2, 0, 3, 1], [5, 5, 5, 5], 3, target_s=4 * 0.030, draft_s=4 * 0.002)] * 3
     entry = {"draft_ms_per_step": 2.0, "overhead_ms_per_step": 0.0}
     costs = {w: 0.010 + 0.001 * w for w in range(1, 7)}  # chain forward 16 ms at width 6; the tree paid 30
-    fields = evaluate._tree_fields(TreeConfig(depth=3, branch=2, nodes=5), "ngram", False, gens, entry,
+    fields = choices.tree_fields(TreeConfig(depth=3, branch=2, nodes=5), "ngram", False, gens, entry,
                                    NgramDrafter(), costs, (0.01, 13.0), {"overhead_ms_per_step": 0.0})
     assert fields["chain"] == "ngram" and fields["shape"] == {"depth": 3, "branch": 2, "nodes": 5}
     assert fields["nodes_per_step"] == 5 and fields["path_per_step"] == pytest.approx(1.5)
@@ -176,9 +177,9 @@ def test_best_k_never_names_more_drafts_than_the_decoder_proposes(tiny_target):
     entry = {"per_position_acceptance": [0.9, 0.9, 0.9, 0.0], "draft_ms_per_step": 1.0, "overhead_ms_per_step": 0.0}
     costs = {1: 0.100, 2: 0.120, 3: 0.121, 4: 0.122, 5: 0.118}
     plain = {"overhead_ms_per_step": 0.0}
-    chain = evaluate._best_k_for(entry, NgramDrafter(), costs, (0.0, 100.0), plain)  # no limit of its own
+    chain = choices.best_k_for(entry, NgramDrafter(), costs, (0.0, 100.0), plain)  # no limit of its own
     assert chain["best_k"] == 4
-    capped = evaluate._best_k_for(entry, decoder, costs, (0.0, 100.0), plain)
+    capped = choices.best_k_for(entry, decoder, costs, (0.0, 100.0), plain)
     assert capped["best_k"] == 3 and [row["k"] for row in capped["table"]] == [1, 2, 3]
 
 

@@ -22,7 +22,7 @@ UNTRACKED_OPTIONS: tuple[str, ...] = ()
 SERVING_NOTE = ("vLLM serves Medusa only up to 0.32 (0.33 removed it), and 0.32 only with the full vocabulary "
                 "(drafter.draft_vocab_size at least the target's)")
 VLLM_SERVING = ("medusa", "medusa")  # vLLM speculative method, export subfolder
-LLAMACPP_SERVING = "llama.cpp has no Medusa drafter (its speculative types: draft-simple, draft-eagle3, n-gram ones)"
+LLAMACPP_SERVING = "llama.cpp has no Medusa drafter (its speculative types: draft-simple, draft-eagle3, draft-dflash, n-gram ones)"
 READS_LAST_HIDDEN = True  # its heads read the target's last hidden state
 DRAFTS_TREES = True  # its decoder has propose_tree (Medusa's sparse tree over the heads): medusa_tree, medusa_mixed_tree
 
