@@ -160,7 +160,8 @@ def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = 
         elastic_launch(config, entrypoint=sys.executable)(*args)
     except ChildFailedError as failed:
         rank, failure = first_failure(failed.failures)
-        print(f"error: {failure_line(stage, rank, failure.pid, failure.exitcode, log_dir)}", file=sys.stderr)
+        # on a line of its own: a rank's progress bar (shared stderr) may have stopped mid-line
+        print(f"\nerror: {failure_line(stage, rank, failure.pid, failure.exitcode, log_dir)}", file=sys.stderr)
         code = failure.exitcode
         return 128 - code if code < 0 else code or 1
     finally:

@@ -15,6 +15,7 @@ CONTRACT = ("NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVIN
             "READS_LAST_HIDDEN", "build", "target_layers", "batch_preparer",
             "loss_and_metrics", "trained_weights", "describe", "save", "load", "decoder", "export", "dry_size")
 FILES = {"__init__.py", "options.py", "model.py", "train.py", "decode.py", "export.py"}
+OPTIONAL_FILES = {"interop.py"}  # readers of the peers' layouts, where export.py would outgrow 400 lines
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -113,7 +114,8 @@ def test_only_the_registry_imports_a_drafter_package():
 def test_every_drafter_has_the_same_files_names_and_a_config(name):
     module = DRAFTERS[name]
     folder = PACKAGE / "drafters" / name
-    assert {p.name for p in folder.glob("*.py")} == FILES
+    files = {p.name for p in folder.glob("*.py")}
+    assert FILES <= files <= FILES | OPTIONAL_FILES, files - FILES - OPTIONAL_FILES or FILES - files
     assert all(len(p.read_text().splitlines()) <= 400 for p in folder.glob("*.py"))
     missing = [attr for attr in CONTRACT if not hasattr(module, attr)]
     assert not missing, f"{name} lacks {missing}"
