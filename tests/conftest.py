@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,24 @@ def pytest_collection_modifyitems(items):
         return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: the order inside each file is kept
+
+
+def tokens_2_3_law(target, prompt: list[int], sampling, vocab: int) -> Counter:
+    """The exact joint law of generated tokens 2 and 3 (what the first speculative step emits)
+    under the target's warped sampling, summed over token 1: the sampling-law tests' reference."""
+    import torch
+
+    from specforge_lite.decoding.verify import warp_probs
+
+    def law(ctx):
+        return warp_probs(target(torch.tensor([prompt + list(ctx)])).logits[0, -1], sampling)
+    exact: Counter = Counter()
+    with torch.no_grad():
+        p1 = law(())
+        for a in range(vocab):
+            p2 = law((a,))
+            for b in range(vocab):
+                p3 = law((a, b))
+                for c in range(vocab):
+                    exact[(b, c)] += float(p1[a] * p2[b] * p3[c])
+    return exact

@@ -15,6 +15,7 @@ from specforge_lite.decoding.drafters import DraftModelDrafter, NgramDrafter, tr
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.decoding.metrics import best_k, expected_tokens_per_step, per_position_acceptance, summarise
+from tests.conftest import tokens_2_3_law
 
 
 @pytest.fixture(scope="module")
@@ -213,19 +214,7 @@ def test_speculative_sampling_has_the_target_law():
     different random draft model: chi-square against the exact law of the target."""
     target, draft = tiny_llama(0), tiny_llama(1)
     sampling, prompt, vocab = SamplingParams(0.8, 0.95), [1, 2, 3], 8
-    with torch.no_grad():
-        from specforge_lite.decoding.verify import warp_probs
-
-        def law(ctx):
-            return warp_probs(target(torch.tensor([prompt + list(ctx)])).logits[0, -1], sampling)
-        exact: Counter = Counter()
-        p1 = law(())
-        for a in range(vocab):
-            p2 = law((a,))
-            for b in range(vocab):
-                p3 = law((a, b))
-                for c in range(vocab):
-                    exact[(b, c)] += float(p1[a] * p2[b] * p3[c])
+    exact = tokens_2_3_law(target, prompt, sampling, vocab)
     gen = torch.Generator().manual_seed(0)
     drafter = DraftModelDrafter(draft)
     n = 4000

@@ -24,6 +24,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dflash, medusa, peagle
 from tests.unit import test_dflash, test_medusa, test_peagle
 from tests.unit.test_engine import prompts
+from tests.conftest import tokens_2_3_law
 
 
 # --------------------------------------------------------------------------- the construction
@@ -197,8 +198,6 @@ def test_sampled_peagle_trees_keep_the_target_law():
     a P-EAGLE drafter on a vocab-8 target: chi-square against the target's exact law."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specforge_lite.decoding.verify import warp_probs
-
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
@@ -211,17 +210,7 @@ def test_sampled_peagle_trees_keep_the_target_law():
             layer.self_attn.o_proj.weight.normal_(0, 0.3)
         draft.mask_hidden.normal_(0, 1.0)
     sampling, prompt, vocab = SamplingParams(0.8, 0.95), [1, 2, 3], 8
-    with torch.no_grad():
-        def law(ctx):
-            return warp_probs(target(torch.tensor([prompt + list(ctx)])).logits[0, -1], sampling)
-        exact: Counter = Counter()
-        p1 = law(())
-        for a in range(vocab):
-            p2 = law((a,))
-            for b in range(vocab):
-                p3 = law((a, b))
-                for c in range(vocab):
-                    exact[(b, c)] += float(p1[a] * p2[b] * p3[c])
+    exact = tokens_2_3_law(target, prompt, sampling, vocab)
     gen = torch.Generator().manual_seed(0)
     drafter = peagle.decoder(draft)
     n, shape, deep = 800, TreeShape(2, 2, 4), 0
