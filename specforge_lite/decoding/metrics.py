@@ -123,6 +123,13 @@ def costs_as_decoding_paid(forward_costs: dict[int, float], plain_forward_ms: fl
     return {t: s * scale for t, s in forward_costs.items()}, scale
 
 
+def _tokens_per_s(tokens_per_step: float, step_s: float, prefill_s: float, answer_tokens) -> float:
+    """Expected tokens/s: per mean answer (prefill included) when its length is known, else per step."""
+    if answer_tokens is None:
+        return tokens_per_step / step_s
+    return answer_tokens / (prefill_s + (answer_tokens - 1) / tokens_per_step * step_s)
+
+
 def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
            draft_cost: Callable[[int], float], overhead_s: float = 0.0, prefill_s: float = 0.0,
            answer_tokens: float | None = None, plain_overhead_s: float | None = None) -> dict:
@@ -137,9 +144,7 @@ def best_k(alphas: Sequence[float | None], forward_costs: dict[int, float],
     decoding's own measured overhead per token where known (else the method's `overhead_s`).
     """
     def rate(tokens_per_step: float, step_s: float) -> float:
-        if answer_tokens is None:
-            return tokens_per_step / step_s
-        return answer_tokens / (prefill_s + (answer_tokens - 1) / tokens_per_step * step_s)
+        return _tokens_per_s(tokens_per_step, step_s, prefill_s, answer_tokens)
 
     plain_rate = rate(1.0, forward_costs[1] + (overhead_s if plain_overhead_s is None else plain_overhead_s))
     rows = []
@@ -208,9 +213,7 @@ def best_tree(alphas: Sequence[float | None], step_nodes: Sequence[int], depth: 
     "expected_tokens_per_s", "expected_speedup", "measured" (the run's own depth)}.
     """
     def rate(tokens_per_step: float, step_s: float) -> float:
-        if answer_tokens is None:
-            return tokens_per_step / step_s
-        return answer_tokens / (prefill_s + (answer_tokens - 1) / tokens_per_step * step_s)
+        return _tokens_per_s(tokens_per_step, step_s, prefill_s, answer_tokens)
 
     plain_rate = rate(1.0, forward_costs[1] + (overhead_s if plain_overhead_s is None else plain_overhead_s))
     rows = []

@@ -6,6 +6,8 @@ from typing import Iterable
 
 import torch
 
+from specforge_lite.decoding.verify import warp_probs
+
 
 def count_tokens(sequences: Iterable[tuple[list[int], list[int]]], vocab_size: int) -> torch.Tensor:
     """[V] counts of target ids at loss-masked positions over `(input_ids, loss_mask)` pairs."""
@@ -62,3 +64,14 @@ def copy_target_head(drafter, target, draft_vocab: torch.Tensor, vocab_size: int
     d2t, t2d = vocab_maps(draft_vocab, vocab_size)
     drafter.d2t.copy_(d2t)
     drafter.t2d.copy_(t2d)
+
+
+def sample_independent_rows(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int, sampling,
+                            generator) -> tuple[list[int], torch.Tensor]:
+    """One target-vocab draw per row of draft-vocab `logits` [n, draft V] from the row's warped law
+    (rows drafted in one forward, so no row's law depends on the draws before it).
+    Returns (tokens, laws [n, V] over the target vocabulary: each draw's q for acceptance)."""
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    full[:, draft_vocab] = logits
+    probs = torch.stack([warp_probs(row, sampling) for row in full])
+    return [int(torch.multinomial(q, 1, generator=generator)) for q in probs], probs

@@ -6,7 +6,7 @@ import torch
 
 from specforge_lite.contract import DraftProposal
 from specforge_lite.decoding.tree import DraftTree, tree_from_position_logprobs
-from specforge_lite.decoding.verify import warp_probs
+from specforge_lite.drafters.vocab import sample_independent_rows
 from specforge_lite.drafters.dflash.model import DFlashDrafter
 
 
@@ -77,11 +77,8 @@ class DFlashDecodeDrafter:
         if ctx.sampling.greedy:
             best = logits.argmax(-1)
             return DraftProposal((best + d.d2t[best]).tolist())
-        full = logits.new_full((logits.shape[0], d.config.vocab_size), float("-inf"))
-        full[:, d.draft_vocab] = logits
-        probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
-        # the rows are drafted independently of each other: q_j does not depend on the draws before it
-        tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
+        tokens, probs = sample_independent_rows(logits, d.draft_vocab, d.config.vocab_size, ctx.sampling,
+                                                ctx.generator)
         return DraftProposal(tokens, probs)
 
     @torch.inference_mode()

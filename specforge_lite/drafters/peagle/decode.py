@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from specforge_lite.contract import DraftProposal
 from specforge_lite.decoding.tree import DraftTree, tree_from_position_logprobs
-from specforge_lite.decoding.verify import warp_probs
+from specforge_lite.drafters.vocab import sample_independent_rows
 from specforge_lite.drafters.eagle3.decode import StaticKV
 from specforge_lite.drafters.peagle.model import PEagleDrafter
 
@@ -143,11 +143,8 @@ class PEagleDecodeDrafter:
         drafts, logits = drafted
         if ctx.sampling.greedy:
             return DraftProposal(drafts.tolist())
-        full = logits.new_full((logits.shape[0], d.config.vocab_size), float("-inf"))
-        full[:, d.draft_vocab] = logits
-        probs = torch.stack([warp_probs(row, ctx.sampling) for row in full])
-        # the depths are drafted independently of each other: q_d does not depend on the draws before it
-        tokens = [int(torch.multinomial(q, 1, generator=ctx.generator)) for q in probs]
+        tokens, probs = sample_independent_rows(logits, d.draft_vocab, d.config.vocab_size, ctx.sampling,
+                                                ctx.generator)
         return DraftProposal(tokens, probs)
 
     @torch.inference_mode()
