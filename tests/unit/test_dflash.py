@@ -226,7 +226,7 @@ def test_a_proposal_equals_the_training_block(tiny_target, causal):
         assert len(proposal.tokens) == k
         assert torch.allclose(proposal.probs[:, drafter.draft_vocab], trained[0, 0, 1:k + 1], atol=1e-5), hi
         lo = hi
-    assert decode.cache.length == 17
+    assert decode.length == 17
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -352,3 +352,49 @@ def test_bad_inputs_at_the_door(cli, tmp_path, override, message):
     proc = cli("train", "+recipe=dflash_smollm2", "train.dry_run=true", f"run_dir={tmp_path}", override, timeout=300)
     assert proc.returncode == 2 and message in proc.stderr + proc.stdout
     assert len((proc.stderr + proc.stdout).strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path, causal):
+    """`compile(k)` (one frozen graph for the context write of 1..k+1 new positions and the
+    block read out at k drafts; on a CPU a package kept in the graph folder, which a later
+    drafter loads) proposes what the eager drafter proposes, call for call, greedy and
+    sampled; another k drafts eagerly; outgrowing the compiled cache falls back to eager."""
+    from specforge_lite.drafters.dflash.decode import DFlashDecodeDrafter
+
+    drafter = tiny_drafter(tiny_target, causal=causal, block_size=5)
+    eager, compiled = DFlashDecodeDrafter(drafter, capacity=64), DFlashDecodeDrafter(drafter, capacity=64)
+    k = 3
+    assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
+    loaded = DFlashDecodeDrafter(drafter, capacity=64)
+    loaded.compile(k, cache_dir=tmp_path)
+    assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in tmp_path.iterdir()] == [["dflash", "block"]]
+    forbid_recompiles()  # the graph built is the one used
+    used, graph = [], compiled.graph
+    compiled.graph = lambda *args: used.append(args[0].shape[1]) or graph(*args)
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (100,), generator=gen).tolist()
+    aux = torch.randn(1, 100, 3 * H, generator=gen)
+    greedy, lo = [], 0
+    for call, hi in enumerate([7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]):  # prompt, then 1..4 new positions
+        hidden = {layer: aux[:, lo:hi, H * i: H * (i + 1)] for i, layer in enumerate(AUX)}
+        ctx = dict(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
+        if call in (1, 2, 5):  # sampled: the same draft distributions
+            ctx["sampling"] = SamplingParams(0.8)
+            a = eager.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+            b = compiled.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+            c = loaded.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+            assert compiled.compiled_k == loaded.compiled_k == k
+            assert torch.allclose(a.probs, b.probs, atol=1e-5) and torch.allclose(a.probs, c.probs, atol=1e-5)
+        elif call == 3:  # another k: the same module, eagerly
+            a, b = eager.propose(DraftContext(**ctx), 2).tokens, compiled.propose(DraftContext(**ctx), 2).tokens
+            loaded.propose(DraftContext(**ctx), 2)
+            assert a == b and len(a) == 2
+        else:
+            greedy.append((eager.propose(DraftContext(**ctx), k).tokens, compiled.propose(DraftContext(**ctx), k).tokens,
+                           loaded.propose(DraftContext(**ctx), k).tokens))
+        lo = hi
+    assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
+    assert len({tuple(a) for a, _, _ in greedy}) > 3  # the proposals follow the context
+    assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache
+    assert sorted(set(used)) == [1, 2, 3, 4]  # every verification's commit ran the graph
