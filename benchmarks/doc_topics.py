@@ -51,6 +51,7 @@ SUPERSEDED_BY = {
     "engine": "engine_avx512",                       # same CPU kind, before the packaged forward
     "decoding": "eval_eagle_smollm2",                # our engine against HF's, on the old engine
     "eval_distill_smollm2_lr1e-3": "eval_distill_smollm2",  # the lr check, before the 2-epoch recipe
+    "trees": "eval_families_smollm2",               # n-gram trees on the eager forward, before trained drafters' trees
 }
 
 # section -> results file, where the names differ

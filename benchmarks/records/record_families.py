@@ -1,0 +1,178 @@
+"""Record every drafter family side by side on the demo: chains, their trees, and held-out tau per training minute.
+
+    python -m benchmarks.records.record_families RUN --command "..." --wall "..."
+        [--also RUN2 --also-command "..."] [--heldout HELDOUT --heldout-command "..."] [--train-threads 1]
+
+RUN/eval/report.json is one evaluate at the demo's settings (its prompts, k, engine) of every
+trained drafter's chain and tree methods beside plain and n-gram. Recorded from it: the
+method and trees tables, each method's best k (DFlash: the drafts read out of its block),
+and the goals of the trees issue and of the DFlash issue, computed here:
+- trees: each tree's (tau - 1) at least 1.3x its chain's; the mixed tree (EAGLE-3 + n-gram)
+  ahead of n-gram with speedup intervals apart; the report recommending it;
+- DFlash: drafting ms per proposed token at most 1/3 of EAGLE-3's chain; its speedup ahead of
+  EAGLE-3's and, the stretch, of n-gram's (point and intervals apart).
+RUN2, when given, is a second evaluate on the same prompts with another tree shape (one
+that fits the chain's verify width, say): its tables and its trees goals are recorded too.
+HELDOUT/eval/report.json, when given, is a greedy evaluate of the same drafters on held-out
+prompts (MT-Bench first turns the demo does not evaluate): each drafter's tau there, its
+training CPU minutes (the rank's logged seconds in `train/metrics.json` times
+`--train-threads`, the torch threads it trained with) and (tau - 1) per CPU minute.
+Writes benchmarks/results/eval_families_smollm2.json and its section of docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import run, run_file, update_doc_section, write_results
+from benchmarks.records.record_compare import training_summary
+from specforge_lite.decoding.report import methods_table, trees_table
+
+NAME = "eval_families_smollm2"
+CHAINS = ("eagle3", "medusa", "dflash", "peagle")
+
+
+def _apart(a: dict, b: dict) -> bool:
+    """a's speedup interval wholly above b's."""
+    return bool(a.get("speedup_ci") and b.get("speedup_ci")) and a["speedup_ci"][0] > b["speedup_ci"][1]
+
+
+def _rounded(value):
+    """Floats to 2 decimals, inside lists too (for the doc's goal lines)."""
+    if isinstance(value, float):
+        return round(value, 2)
+    return [_rounded(v) for v in value] if isinstance(value, list) else value
+
+
+def _goal(value, met: bool, note: str = "") -> dict:
+    return {"value": value, "met": bool(met), **({"note": note} if note else {})}
+
+
+def tree_goals(methods: dict, recommendation: dict) -> dict:
+    goals = {}
+    for chain in ("ngram", *CHAINS):
+        tree, base = methods.get(f"{chain}_tree"), methods.get(chain)
+        if tree and base and base["tau"] > 1:
+            ratio = (tree["tau"] - 1) / (base["tau"] - 1)
+            goals[f"{chain}_tree_gain_ge_1.3x"] = _goal(ratio, ratio >= 1.3, "tree (tau - 1) / chain (tau - 1)")
+    mixed, ngram = methods.get("eagle3_mixed_tree"), methods.get("ngram")
+    if mixed and ngram:
+        goals["mixed_tree_ahead_of_ngram_apart"] = _goal(
+            [mixed["speedup_ci"], ngram["speedup_ci"]], _apart(mixed, ngram), "speedup intervals: mixed tree, ngram")
+        goals["demo_recommends_mixed_tree"] = _goal(recommendation["deploy"],
+                                                    recommendation["deploy"] == "eagle3_mixed_tree")
+    return goals
+
+
+def dflash_goals(methods: dict) -> dict:
+    dflash, eagle, ngram = methods.get("dflash"), methods.get("eagle3"), methods.get("ngram")
+    if not (dflash and eagle):
+        return {}
+    ratio = dflash["draft_ms_per_token"] / eagle["draft_ms_per_token"]
+    goals = {"draft_cost_per_token_le_third_of_eagle3": _goal(ratio, ratio <= 1 / 3, "DFlash / EAGLE-3 ms per drafted token"),
+             "speedup_ahead_of_eagle3": _goal([dflash["speedup"], eagle["speedup"]], dflash["speedup"] > eagle["speedup"],
+                                              "point estimates"),
+             "speedup_ahead_of_eagle3_apart": _goal([dflash["speedup_ci"], eagle["speedup_ci"]], _apart(dflash, eagle))}
+    if ngram:
+        goals["stretch_ahead_of_ngram_apart"] = _goal([dflash["speedup_ci"], ngram["speedup_ci"]], _apart(dflash, ngram))
+    return goals
+
+
+def per_minute(heldout: dict, threads: int) -> dict:
+    """Held-out tau, training CPU minutes and (tau - 1) per CPU minute of each drafter the
+    held-out evaluate decoded (its drafter folder's train/metrics.json)."""
+    dirs = heldout["settings"].get("drafter_dirs") or {}
+    rows = {}
+    for name, m in heldout["methods"].items():
+        folder = dirs.get(name)
+        summary = training_summary(Path(folder)) if folder else None
+        metrics = Path(folder).parent / "metrics.json" if folder else None
+        if not summary or not metrics.exists():
+            continue
+        seconds = sum(r["seconds"] for r in json.loads(metrics.read_text())["throughput"]["ranks"])
+        minutes = seconds * threads / 60
+        rows[name] = {"tau": m["tau"], "tau_ci": m.get("tau_ci"), "train_cpu_min": minutes,
+                      "train_tokens": summary["tokens"], "gain_per_cpu_min": (m["tau"] - 1) / minutes}
+    return rows
+
+
+def best_k_lines(report: dict) -> str:
+    lines = []
+    for name, m in report["methods"].items():
+        best = m.get("best_k")
+        if best and best.get("best_k"):
+            lines.append(f"- `{name}`: best k = {best['best_k']}, expected {best['expected_speedup']:.2f}x plain "
+                         f"(estimated from its per-position acceptance and the measured forward costs)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--command", required=True, help="the evaluate that made RUN")
+    parser.add_argument("--wall", default="", help="its wall time, as measured")
+    parser.add_argument("--also", type=Path, help="a second evaluate (another tree shape) on the same prompts")
+    parser.add_argument("--also-command", default="")
+    parser.add_argument("--heldout", type=Path, help="a greedy evaluate of the same drafters on held-out prompts")
+    parser.add_argument("--heldout-command", default="")
+    parser.add_argument("--train-threads", type=int, default=1, help="the torch threads the drafters trained with")
+    args = parser.parse_args()
+    report = run_file(args.run_dir, "eval/report.json")
+    methods, rec = report["methods"], report["recommendation"]
+    shape = lambda r: "/".join(str(r["settings"]["tree"][k]) for k in ("depth", "branch", "nodes"))  # noqa: E731
+    goals = {f"trees {shape(report)}": tree_goals(methods, rec), "dflash": dflash_goals(methods)}
+    also = run_file(args.also, "eval/report.json") if args.also else None
+    if also:
+        goals[f"trees {shape(also)}"] = tree_goals(also["methods"], also["recommendation"])
+    heldout = per_minute(run_file(args.heldout, "eval/report.json"), args.train_threads) if args.heldout else {}
+    dirs = dict(report["settings"].get("drafter_dirs") or {})
+    trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
+    write_results(NAME, {"command": args.command, "wall": args.wall, "heldout_command": args.heldout_command,
+                         "train_threads": args.train_threads, "goals": goals, "heldout": heldout,
+                         "trained": trained, "report": report, "also_command": args.also_command, "also": also})
+    engine = report["settings"].get("engine") or {}
+    engine = (f"{engine.get('used')} target forward (tree verify width {engine.get('tree_width')}), "
+              f"drafters {', '.join(f'{n} {h}' for n, h in (engine.get('drafters_graph') or {}).items()) or 'eager'}")
+    goal_lines = "\n".join(f"- {issue}: {key}: {json.dumps(_rounded(g['value']))} -> {'met' if g['met'] else 'NOT met'}"
+                           + (f" ({g['note']})" if g.get("note") else "")
+                           for issue, group in goals.items() for key, g in group.items())
+    also_section = ""
+    if also:
+        arec = also["recommendation"]
+        also_section = (f"\n\nThe same prompts with trees {shape(also)} (depth / branch / nodes: a verify no wider than "
+                        f"the chain's k + 1 = {also['settings']['num_draft_tokens'] + 1}), `{args.also_command}`:\n\n"
+                        f"{methods_table(also)}\n\n{trees_table(also)}\n\n"
+                        f"Recommendation: deploy **{arec['deploy']}**: {'; '.join(arec['reasons'])}.")
+    heldout_table = ""
+    if heldout:
+        heldout_table = ("\n\nHeld-out prompts (`" + args.heldout_command + "`), against training cost ("
+                         f"logged train seconds x {args.train_threads} thread(s)):\n\n"
+                         "| drafter | held-out tau [CI] | training CPU min | training tokens | (tau - 1) per CPU min |\n"
+                         "|---|---:|---:|---:|---:|\n"
+                         + "\n".join(f"| {n} | {r['tau']:.2f} [{r['tau_ci'][0]:.2f}, {r['tau_ci'][1]:.2f}] | "
+                                     f"{r['train_cpu_min']:.0f} | {r['train_tokens']} | {r['gain_per_cpu_min']:.4f} |"
+                                     for n, r in heldout.items()))
+    update_doc_section(NAME, f"""## Every drafter family, chains and trees: `{args.run_dir.name}` (SmolLM2, CPU)
+
+Command: `{args.command}` ({args.wall}). Evaluation: {report['num_prompts']} MT-Bench first turns, greedy,
+k = {report['settings']['num_draft_tokens']}, {engine}, batch 1, methods interleaved per prompt.
+
+{methods_table(report)}
+
+{trees_table(report)}
+
+Best k per method:
+{best_k_lines(report)}
+
+Recommendation (computed by the report): deploy **{rec['deploy']}**: {'; '.join(rec['reasons'])}.{also_section}{heldout_table}
+
+Goals of the trees issue and of the DFlash issue, from these runs:
+{goal_lines}
+""")
+    print(json.dumps(goals, default=str))
+
+
+if __name__ == "__main__":
+    run(main)
