@@ -24,7 +24,7 @@ TOPICS = [
     ("Training", ["demo_training", "learning_curve", "training", "training_target", "eagle3_options",
                   "eagle3_study", "sampled_vs_source",
                   "learning_curves_learning_curves_smollm2", "drafter_contract_equivalence",
-                  "feature_formats"],
+                  "feature_formats", "dflash_weighting"],
      ("train", "learning_curves")),
     ("Drafters side by side", ["eval_eagle_smollm2", "eval_eagle_smollm2_k1", "eval_eagle_smollm2_avx2",
                                "eval_eagle_smollm2_avx2_k1", "peagle", "peagle_drafting",

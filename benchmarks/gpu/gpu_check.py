@@ -13,6 +13,9 @@ minutes on one GPU; each step has its own time limit, STEP_LIMITS_S):
    width of every engine eval.engine=auto timed, draft time share and loop overhead;
 4. projection: benchmarks.decoding.bench_projection at real shapes (Llama-3.1-8B, one rank of
    a 70B at tensor-parallel 8).
+5. vllm_tree: whether the machine's vLLM serves a draft tree (`serving/vllm/trees.py`: its
+   version, a `speculative_token_tree` config field, tree attention backends); no vLLM is
+   recorded as such, not as a failure.
 
 It writes benchmarks/results/gpu_check_<gpu>.json after every step: a step that fails (out of
 memory on a busy or small GPU, a time limit, an error) is named in `failed_steps` with its
@@ -47,8 +50,8 @@ TRAIN_STEPS = 60
 EVAL_METHODS = "[plain,eagle3,ngram]"
 # seconds per step; they sum to 8 minutes (the budget), start-up of each process included: the first
 # training converts the built-in target once, the bf16 evaluation compiles the target's graphs (eval.engine=auto)
-STEP_LIMITS_S = {"tests": 80, "train_batch1": 70, "train_batched": 50, "eval_bfloat16": 160, "eval_float32": 60,
-                 "projection": 60}
+STEP_LIMITS_S = {"tests": 70, "train_batch1": 70, "train_batched": 50, "eval_bfloat16": 150, "eval_float32": 60,
+                 "projection": 60, "vllm_tree": 20}
 STEPS = tuple(STEP_LIMITS_S)
 OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|out of memory", re.I)
 
@@ -235,12 +238,27 @@ def step_projection(record: dict, doc: dict) -> None:
         record.update({k: v for k, v in payload.items() if k != "shapes"})
 
 
+def step_vllm_tree(record: dict, doc: dict) -> None:
+    from specforge_lite import SpecforgeError
+    from specforge_lite.serving.vllm.engine import find_python
+    from specforge_lite.serving.vllm.trees import tree_support
+
+    python = find_python()
+    if python is None:
+        record.update(vllm=None, serves_trees=None, note="no vLLM on this machine")
+        return
+    try:
+        record.update(tree_support(python, timeout=STEP_LIMITS_S["vllm_tree"]))
+    except SpecforgeError as err:
+        raise StepFailed(str(err)) from None
+
+
 def default_steps(work: Path) -> list[Step]:
     return [Step("tests", step_tests),
             train_step("train_batch1", ["train.batch_size=1"], work),
             train_step("train_batched", ["train.tokens_per_step=auto"], work),
             eval_step("bfloat16", work), eval_step("float32", work),
-            Step("projection", step_projection)]
+            Step("projection", step_projection), Step("vllm_tree", step_vllm_tree)]
 
 
 def gpu_slug(name: str) -> str:

@@ -1,7 +1,7 @@
 """Record every drafter family side by side on the demo: chains, their trees, and held-out tau per training minute.
 
     python -m benchmarks.records.record_families RUN --command "..." --wall "..."
-        [--also RUN2 --also-command "..."] [--heldout HELDOUT --heldout-command "..."] [--train-threads 1]
+        [--also RUN2 --also-command "..." ...] [--heldout HELDOUT --heldout-command "..."] [--train-threads 1]
 
 RUN/eval/report.json is one evaluate at the demo's settings (its prompts, k, engine) of every
 trained drafter's chain and tree methods beside plain and n-gram. Recorded from it: the
@@ -11,8 +11,10 @@ and the goals of the trees issue and of the DFlash issue, computed here:
   ahead of n-gram with speedup intervals apart; the report recommending it;
 - DFlash: drafting ms per proposed token at most 1/3 of EAGLE-3's chain; its speedup ahead of
   EAGLE-3's and, the stretch, of n-gram's (point and intervals apart).
-RUN2, when given, is a second evaluate on the same prompts with another tree shape (one
-that fits the chain's verify width, say): its tables and its trees goals are recorded too.
+Each RUN2 (--also, repeatable) is another evaluate on the same prompts with another tree
+shape or k (a tree that fits the chain's verify width, the drafters at their best k): its
+tables, its trees goals and its DFlash goals are recorded too; the first at another k is the
+cards' "at the best k" table.
 HELDOUT/eval/report.json, when given, is a greedy evaluate of the same drafters on held-out
 prompts (MT-Bench first turns the demo does not evaluate): each drafter's tau there, its
 training CPU minutes (the rank's logged seconds in `train/metrics.json` times
@@ -98,6 +100,21 @@ def per_minute(heldout: dict, threads: int) -> dict:
     return rows
 
 
+def brief(report: dict) -> dict:
+    """A report without its per-answer rows (the main run keeps them; the tables need none)."""
+    return {k: v for k, v in report.items() if k != "answers"}
+
+
+def at_best_k(report: dict, others: list[tuple[str, dict]]) -> dict:
+    """The first other run at another k, as the cards' results blocks show it (`benchmarks/docs.py`:
+    `report_at_best_k`, `best_k_command`)."""
+    k = report["settings"]["num_draft_tokens"]
+    for command, other in others:
+        if other["settings"]["num_draft_tokens"] != k:
+            return {"report_at_best_k": other, "best_k_command": command}
+    return {}
+
+
 def best_k_lines(report: dict) -> str:
     lines = []
     for name, m in report["methods"].items():
@@ -113,8 +130,9 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--command", required=True, help="the evaluate that made RUN")
     parser.add_argument("--wall", default="", help="its wall time, as measured")
-    parser.add_argument("--also", type=Path, help="a second evaluate (another tree shape) on the same prompts")
-    parser.add_argument("--also-command", default="")
+    parser.add_argument("--also", type=Path, action="append", default=[],
+                        help="another evaluate (another tree shape or k) on the same prompts; repeatable")
+    parser.add_argument("--also-command", action="append", default=[], help="its command, one per --also")
     parser.add_argument("--heldout", type=Path, help="a greedy evaluate of the same drafters on held-out prompts")
     parser.add_argument("--heldout-command", default="")
     parser.add_argument("--train-threads", type=int, default=1, help="the torch threads the drafters trained with")
@@ -122,16 +140,26 @@ def main() -> None:
     report = run_file(args.run_dir, "eval/report.json")
     methods, rec = report["methods"], report["recommendation"]
     shape = lambda r: "/".join(str(r["settings"]["tree"][k]) for k in ("depth", "branch", "nodes"))  # noqa: E731
-    goals = {f"trees {shape(report)}": tree_goals(methods, rec), "dflash": dflash_goals(methods)}
-    also = run_file(args.also, "eval/report.json") if args.also else None
-    if also:
-        goals[f"trees {shape(also)}"] = tree_goals(also["methods"], also["recommendation"])
+    def label(r: dict) -> str:  # a run's k, and its tree shape where it ran tree methods
+        trees = any(m.get("tree") for m in r["methods"].values())
+        return f"k={r['settings']['num_draft_tokens']}" + (f", trees {shape(r)}" if trees else "")
+
+    if len(args.also_command) != len(args.also):
+        raise SystemExit("error: give one --also-command per --also")
+    runs = [report] + [run_file(d, "eval/report.json") for d in args.also]
+    goals = {}
+    for r in runs:
+        goals[f"trees ({label(r)})"] = tree_goals(r["methods"], r["recommendation"])
+        goals[f"dflash ({label(r)})"] = dflash_goals(r["methods"])
+    goals = {key: group for key, group in goals.items() if group}
     heldout = per_minute(run_file(args.heldout, "eval/report.json"), args.train_threads) if args.heldout else {}
     dirs = dict(report["settings"].get("drafter_dirs") or {})
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
     write_results(NAME, {"command": args.command, "wall": args.wall, "heldout_command": args.heldout_command,
                          "train_threads": args.train_threads, "goals": goals, "heldout": heldout,
-                         "trained": trained, "report": report, "also_command": args.also_command, "also": also})
+                         "trained": trained, "report": report,
+                         "also": [{"command": c, "report": brief(r)} for c, r in zip(args.also_command, runs[1:])],
+                         **at_best_k(report, [(c, brief(r)) for c, r in zip(args.also_command, runs[1:])])})
     engine = report["settings"].get("engine") or {}
     engine = (f"{engine.get('used')} target forward (tree verify width {engine.get('tree_width')}), "
               f"drafters {', '.join(f'{n} {h}' for n, h in (engine.get('drafters_graph') or {}).items()) or 'eager'}")
@@ -139,12 +167,11 @@ def main() -> None:
                            + (f" ({g['note']})" if g.get("note") else "")
                            for issue, group in goals.items() for key, g in group.items())
     also_section = ""
-    if also:
+    for command, also in zip(args.also_command, runs[1:]):
         arec = also["recommendation"]
-        also_section = (f"\n\nThe same prompts with trees {shape(also)} (depth / branch / nodes: a verify no wider than "
-                        f"the chain's k + 1 = {also['settings']['num_draft_tokens'] + 1}), `{args.also_command}`:\n\n"
-                        f"{methods_table(also)}\n\n{trees_table(also)}\n\n"
-                        f"Recommendation: deploy **{arec['deploy']}**: {'; '.join(arec['reasons'])}.")
+        also_section += (f"\n\nThe same prompts at {label(also)}, `{command}`:\n\n"
+                         f"{methods_table(also)}\n\n{trees_table(also)}\n\n"
+                         f"Recommendation: deploy **{arec['deploy']}**: {'; '.join(arec['reasons'])}.")
     heldout_table = ""
     if heldout:
         heldout_table = ("\n\nHeld-out prompts (`" + args.heldout_command + "`), against training cost ("

@@ -1,0 +1,45 @@
+"""The vLLM tree probe (`serving/vllm/trees.py`) against the real vLLM `make vllm` installs, and
+the GPU check's `vllm_tree` step that records it (marker `vllm`: skipped without vLLM, failed
+under SPECFORGE_LITE_REQUIRE_VLLM=1)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from specforge_lite import SpecforgeError
+from specforge_lite.serving.vllm.trees import tree_support
+from tests.integration.test_vllm import vllm_python  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.vllm
+
+
+def test_the_probe_reads_the_installed_vllm_and_the_gpu_check_records_it(vllm_python, monkeypatch):  # noqa: F811
+    """vLLM 0.32 has no `speculative_token_tree` field and no tree attention backend (docs/ENGINES.md,
+    "Draft trees"): the probe says so from the package itself, and the step records what it said."""
+    from benchmarks.gpu import gpu_check
+
+    info = tree_support(vllm_python)
+    version = subprocess.run([vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                             text=True, timeout=180).stdout.strip()
+    assert info["vllm"] == version
+    assert info["speculative_token_tree"] is False and info["tree_attention_backends"] == []
+    assert info["serves_trees"] is False
+    record = {}
+    gpu_check.step_vllm_tree(record, {})
+    assert record == info
+    monkeypatch.setattr("specforge_lite.serving.vllm.engine.find_python", lambda configured=None: None)
+    record = {}
+    gpu_check.step_vllm_tree(record, {})  # no vLLM: recorded, not a failure
+    assert record["vllm"] is None and record["serves_trees"] is None
+
+
+def test_a_python_without_vllm_or_no_python_is_one_line(tmp_path):
+    with pytest.raises(SpecforgeError, match="the vLLM tree probe could not run in"):
+        tree_support(str(tmp_path / "no-python"))
+    if importlib.util.find_spec("vllm") is None:  # this interpreter lacks vLLM (where vLLM has its own venv)
+        with pytest.raises(SpecforgeError, match="the vLLM tree probe failed in .*No module named 'vllm'"):
+            tree_support(sys.executable)
