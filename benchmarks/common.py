@@ -162,25 +162,28 @@ def run_cli(args: list[str], what: str, launcher: list[str] | None = None, env: 
 # A value's interval prints as `with_ci(value, ci)` ("1.23 [1.10, 1.35]"); the intervals of one
 # report come from specforge_lite.decoding.stats, which the evaluate report uses too.
 
-def paired_tau_difference(answers: list[dict], reference: list[dict], method: str) -> dict:
-    """tau of `method` in `answers` minus its tau in `reference` (report.json `answers` of two runs)
-    over the prompts both answered, with the 95% paired percentile bootstrap (one draw of prompts
-    for both)."""
+def paired_tau_difference(answers: list[dict], reference: list[dict], method: str,
+                          reference_method: str | None = None) -> dict:
+    """tau of `method` in `answers` minus the tau of `reference_method` (default: the same method)
+    in `reference` (report.json `answers` of two runs, or one run's twice) over the prompts both
+    answered, with the 95% paired percentile bootstrap (one draw of prompts for both)."""
     from specforge_lite.decoding.stats import percentile_interval, prompt_totals, resample_indices, tau
 
-    def ids(rows):
-        return {r["prompt_id"] for r in rows if r["method"] == method}
+    other = reference_method or method
 
-    order = {prompt: i for i, prompt in enumerate(sorted(ids(answers) & ids(reference), key=str))}
+    def ids(rows, name):
+        return {r["prompt_id"] for r in rows if r["method"] == name}
+
+    order = {prompt: i for i, prompt in enumerate(sorted(ids(answers, method) & ids(reference, other), key=str))}
     if not order:
-        fail(f"no prompt answered by {method} in both runs")
+        fail(f"no prompt answered by both {method} and {other}")
 
-    def totals(rows):  # the shared prompts, in one order for both runs
-        rows = sorted((r for r in rows if r["method"] == method and r["prompt_id"] in order),
+    def totals(rows, name):  # the shared prompts, in one order for both
+        rows = sorted((r for r in rows if r["method"] == name and r["prompt_id"] in order),
                       key=lambda r: order[r["prompt_id"]])
-        return prompt_totals(rows)[method]
+        return prompt_totals(rows)[name]
 
-    a, b = totals(answers), totals(reference)
+    a, b = totals(answers, method), totals(reference, other)
     draws = resample_indices(len(order))
     return {"difference": float(tau(a) - tau(b)), "ci": percentile_interval(tau(a, draws) - tau(b, draws)),
             "num_prompts": len(order)}

@@ -162,3 +162,41 @@ def tokens_2_3_law(target, prompt: list[int], sampling, vocab: int) -> Counter:
                 for c in range(vocab):
                     exact[(b, c)] += float(p1[a] * p2[b] * p3[c])
     return exact
+
+
+# a 7-token prompt, then what verifications commit (1..4 positions), then jumps a compiled graph
+# does not take (the prompt of a longer turn), the last past a 64-slot cache
+COMMITS = [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]
+
+
+def drive_compiled_drafting(eager, compiled, loaded, k: int, layers: list[int], width: int,
+                            other_k: int | None = None) -> list[tuple]:
+    """Three decode drafters of one drafter (eager, compiled, loaded from the compiled one's
+    package) fed the same random context call for call (`COMMITS`): calls 1, 2 and 5 sampled,
+    whose draft distributions must agree; call 3 at `other_k` when given (eager vs compiled,
+    tokens equal); the others greedy, returned as (eager, compiled, loaded) proposals."""
+    import torch
+
+    from specforge_lite.contract import DraftContext
+    from specforge_lite.decoding.verify import SamplingParams
+
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 256, (100,), generator=gen).tolist()
+    aux = torch.randn(1, 100, len(layers) * width, generator=gen)
+    greedy, lo = [], 0
+    for call, hi in enumerate(COMMITS):
+        hidden = {layer: aux[:, lo:hi, width * i: width * (i + 1)] for i, layer in enumerate(layers)}
+        ctx = dict(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
+        if call in (1, 2, 5):
+            ctx["sampling"] = SamplingParams(0.8)
+            a, b, c = (d.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
+                       for d in (eager, compiled, loaded))
+            assert compiled.compiled_k == loaded.compiled_k == k
+            assert torch.allclose(a.probs, b.probs, atol=1e-5) and torch.allclose(a.probs, c.probs, atol=1e-5)
+        elif call == 3 and other_k is not None:  # another k: the same module, eagerly
+            a, b, _ = (d.propose(DraftContext(**ctx), other_k).tokens for d in (eager, compiled, loaded))
+            assert a == b and len(a) == other_k
+        else:
+            greedy.append(tuple(d.propose(DraftContext(**ctx), k).tokens for d in (eager, compiled, loaded)))
+        lo = hi
+    return greedy

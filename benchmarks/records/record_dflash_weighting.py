@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import fail, run, run_file, update_doc_section, write_results
+from benchmarks.common import fail, paired_tau_difference, run, run_file, update_doc_section, write_results
 from benchmarks.records.record_compare import training_summary
 from specforge_lite.decoding.report import methods_table
 
@@ -38,7 +38,7 @@ def main() -> None:
         fail(f"{args.run_dir} has no method {', '.join(missing)} (eval.extra_drafters labels)")
     folders = dict(item.split(":", 1) for item in report["settings"].get("extra_drafters") or [])
     trained = {label: training_summary(Path(folders[label])) for label in LABELS if label in folders}
-    difference = tau_difference(report, "dflash_dpace", "dflash_exp_decay")
+    difference = paired_tau_difference(report["answers"], report["answers"], "dflash_dpace", "dflash_exp_decay")
     write_results(NAME, {"command": args.command, "train_command": args.train_command, "trained": trained,
                          "tau_difference_dpace_less_exp_decay": difference, "report": report})
     rows = "\n".join(f"- `{label}` (`drafter.position_weight={weight}`): {t['steps']} steps, {t['tokens']} tokens, "
@@ -57,26 +57,6 @@ Paired tau difference, D-PACE less exponential decay: {difference['difference']:
 (95% bootstrap over prompts [{difference['ci'][0]:+.3f}, {difference['ci'][1]:+.3f}], {difference['num_prompts']} prompts).
 """)
     print(json.dumps(difference))
-
-
-def tau_difference(report: dict, a: str, b: str) -> dict:
-    """tau(a) - tau(b) over the prompts both methods answered in one report, with the 95% paired
-    percentile bootstrap (one draw of prompts for both)."""
-    from specforge_lite.decoding.stats import percentile_interval, prompt_totals, resample_indices, tau
-
-    rows = report["answers"]
-    shared = {r["prompt_id"] for r in rows if r["method"] == a} & {r["prompt_id"] for r in rows if r["method"] == b}
-    order = {prompt: i for i, prompt in enumerate(sorted(shared, key=str))}
-
-    def totals(method):  # the shared prompts, in one order for both methods
-        chosen = sorted((r for r in rows if r["method"] == method and r["prompt_id"] in order),
-                        key=lambda r: order[r["prompt_id"]])
-        return prompt_totals(chosen)[method]
-
-    x, y = totals(a), totals(b)
-    draws = resample_indices(len(order))
-    return {"difference": float(tau(x) - tau(y)), "ci": percentile_interval(tau(x, draws) - tau(y, draws)),
-            "num_prompts": len(order)}
 
 
 if __name__ == "__main__":

@@ -179,8 +179,11 @@ def test_paired_tau_difference_is_zero_on_equal_runs_and_hand_computed_otherwise
     diff = common.paired_tau_difference(better, worse, "eagle3")
     assert diff["num_prompts"] == 2 and diff["difference"] == pytest.approx(1.0)
     assert diff["ci"][0] <= 1.0 <= diff["ci"][1]
-    with pytest.raises(SpecforgeError, match="no prompt answered by medusa in both runs"):
+    with pytest.raises(SpecforgeError, match="no prompt answered by both medusa and medusa"):
         common.paired_tau_difference(better, worse, "medusa")
+    # two methods of one run: the same pairing, the rows of each method
+    one_run = better + answers("medusa", {"a": (16, 8), "b": (16, 7)})
+    assert common.paired_tau_difference(one_run, one_run, "eagle3", "medusa") == diff
 
 
 def test_recorded_commands_render_with_todays_module_paths():

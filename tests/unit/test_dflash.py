@@ -18,7 +18,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dflash
 from specforge_lite.drafters.dflash.model import anchor_block_mask, block_positions, select_anchors
 from specforge_lite.drafters.dflash.train import dpace_weights, exp_decay_weights
-from tests.conftest import tokens_2_3_law
+from tests.conftest import drive_compiled_drafting, tokens_2_3_law
 
 AUX = [1, 3, 4]
 H = 64
@@ -372,28 +372,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     forbid_recompiles()  # the graph built is the one used
     used, graph = [], compiled.graph
     compiled.graph = lambda *args: used.append(args[0].shape[1]) or graph(*args)
-    gen = torch.Generator().manual_seed(5)
-    ids = torch.randint(0, 256, (100,), generator=gen).tolist()
-    aux = torch.randn(1, 100, 3 * H, generator=gen)
-    greedy, lo = [], 0
-    for call, hi in enumerate([7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]):  # prompt, then 1..4 new positions
-        hidden = {layer: aux[:, lo:hi, H * i: H * (i + 1)] for i, layer in enumerate(AUX)}
-        ctx = dict(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
-        if call in (1, 2, 5):  # sampled: the same draft distributions
-            ctx["sampling"] = SamplingParams(0.8)
-            a = eager.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
-            b = compiled.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
-            c = loaded.propose(DraftContext(**ctx, generator=torch.Generator().manual_seed(hi)), k)
-            assert compiled.compiled_k == loaded.compiled_k == k
-            assert torch.allclose(a.probs, b.probs, atol=1e-5) and torch.allclose(a.probs, c.probs, atol=1e-5)
-        elif call == 3:  # another k: the same module, eagerly
-            a, b = eager.propose(DraftContext(**ctx), 2).tokens, compiled.propose(DraftContext(**ctx), 2).tokens
-            loaded.propose(DraftContext(**ctx), 2)
-            assert a == b and len(a) == 2
-        else:
-            greedy.append((eager.propose(DraftContext(**ctx), k).tokens, compiled.propose(DraftContext(**ctx), k).tokens,
-                           loaded.propose(DraftContext(**ctx), k).tokens))
-        lo = hi
+    greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, H, other_k=2)
     assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
     assert len({tuple(a) for a, _, _ in greedy}) > 3  # the proposals follow the context
     assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache
