@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import run, run_file, update_doc_section, write_results
+from benchmarks.common import fail, run, run_file, update_doc_section, write_results
 from benchmarks.records.record_compare import training_summary
 from specforge_lite.decoding.report import methods_table, trees_table
 
@@ -88,15 +88,13 @@ def per_minute(heldout: dict, threads: int) -> dict:
     dirs = heldout["settings"].get("drafter_dirs") or {}
     rows = {}
     for name, m in heldout["methods"].items():
-        folder = dirs.get(name)
-        summary = training_summary(Path(folder)) if folder else None
-        metrics = Path(folder).parent / "metrics.json" if folder else None
-        if not summary or not metrics.exists():
+        metrics = Path(dirs[name]).parent / "metrics.json" if dirs.get(name) else None
+        if metrics is None or not metrics.exists():
             continue
-        seconds = sum(r["seconds"] for r in json.loads(metrics.read_text())["throughput"]["ranks"])
-        minutes = seconds * threads / 60
+        logged = json.loads(metrics.read_text())
+        minutes = sum(r["seconds"] for r in logged["throughput"]["ranks"]) * threads / 60
         rows[name] = {"tau": m["tau"], "tau_ci": m.get("tau_ci"), "train_cpu_min": minutes,
-                      "train_tokens": summary["tokens"], "gain_per_cpu_min": (m["tau"] - 1) / minutes}
+                      "train_tokens": logged["tokens_seen"], "gain_per_cpu_min": (m["tau"] - 1) / minutes}
     return rows
 
 
@@ -139,13 +137,15 @@ def main() -> None:
     args = parser.parse_args()
     report = run_file(args.run_dir, "eval/report.json")
     methods, rec = report["methods"], report["recommendation"]
-    shape = lambda r: "/".join(str(r["settings"]["tree"][k]) for k in ("depth", "branch", "nodes"))  # noqa: E731
+
     def label(r: dict) -> str:  # a run's k, and its tree shape where it ran tree methods
+        tree = r["settings"]["tree"]
+        shape = "/".join(str(tree[k]) for k in ("depth", "branch", "nodes"))
         trees = any(m.get("tree") for m in r["methods"].values())
-        return f"k={r['settings']['num_draft_tokens']}" + (f", trees {shape(r)}" if trees else "")
+        return f"k={r['settings']['num_draft_tokens']}" + (f", trees {shape}" if trees else "")
 
     if len(args.also_command) != len(args.also):
-        raise SystemExit("error: give one --also-command per --also")
+        fail("give one --also-command per --also")
     runs = [report] + [run_file(d, "eval/report.json") for d in args.also]
     goals = {}
     for r in runs:
