@@ -101,7 +101,7 @@ docs:  ## recipe cards' results blocks, README's results at a glance, docs/BENCH
 
 # no `setup` prerequisite: a GPU machine runs it with its own torch (make gpu-check PY=python3);
 # docs/GPU_CHECK.md says what it runs and what it writes
-gpu-check:  ## on a CUDA machine, <= 8 min: GPU tests, demo training, bf16/fp32 eval, projections (elsewhere: one line)
+gpu-check:  ## on a CUDA machine, <= 9 min: GPU tests, demo training, bf16/fp32 eval, projections (elsewhere: one line)
 	$(PY) -m benchmarks.gpu.gpu_check $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv, .venv-vllm and the model cache)

@@ -295,6 +295,14 @@ def problems() -> list[str]:
                       for head in duplicate_headings(path.read_text())]
     if DOC.exists() and DOC.read_text() != order_benchmarks(DOC.read_text()):
         found.append("docs/BENCHMARKS.md is not in topic order (make docs)")
+    from benchmarks.records import record_gpu_check  # it writes through benchmarks.common, which reads this module
+
+    text = DOC.read_text() if DOC.exists() else ""
+    for path in sorted(RESULTS.glob("gpu_check_*.json")):  # written here from the file the GPU machine hands back
+        block = f"<!-- {path.stem} -->\n{record_gpu_check.section(path.stem, json.loads(path.read_text()))}\n"
+        if block not in text:
+            found.append(f"docs/BENCHMARKS.md: section {path.stem} does not match benchmarks/results/{path.name} "
+                         "(make docs)")
     return found
 
 
@@ -312,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         if new != text:
             path.write_text(new)
             print(f"wrote {path.relative_to(ROOT)}")
+    from benchmarks.records import record_gpu_check
+
+    record_gpu_check.main()
     if DOC.exists():
         DOC.write_text(order_benchmarks(DOC.read_text()))
         print(f"wrote {DOC.relative_to(ROOT)}")

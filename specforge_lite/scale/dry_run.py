@@ -28,6 +28,8 @@ from specforge_lite.target.loading import sizing_config as target_config
 log = logging.getLogger(__name__)
 
 GiB = 1024 ** 3
+HEADROOM = 0.9  # a stage fits when it needs at most this share of a device (allocator, CUDA context)
+DRY_RUN_GIB = 80  # a dry run on a machine without the GPU sizes `auto` for an 80 GiB device
 
 
 def strategy_name(cfg: DictConfig) -> str:
@@ -107,7 +109,7 @@ def dry_run(cfg: DictConfig, config=None, batch=None) -> dict:
               "drafter_trainable_params_m": size.trainable_params / 1e6, **size.facts, "seq_len": cfg.data.max_length,
               "batch_size_per_gpu": per_gpu_batch(cfg),
               "strategy": strategy, "num_gpus": gpus, "shard_target": bool(cfg.trainer.shard_target),
-              "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] < 80 * 1e9 / GiB * 0.9,
+              "per_gpu_memory": memory, "fits_80gb": memory["total_gib"] <= HEADROOM * DRY_RUN_GIB,
               "mode": mode, "offline_feature_bytes_per_token": bytes_per_token(fmt, config.hidden_size, aux),
               "offline_feature_format": fmt, "batch": None if batch is None else batch.record()}
     lines = [f"dry run: {cfg.recipe_name} (nothing downloaded, nothing trained)",
@@ -117,7 +119,7 @@ def dry_run(cfg: DictConfig, config=None, batch=None) -> dict:
              f"{' (target layers sharded)' if cfg.trainer.shard_target else ''}, seq {cfg.data.max_length}, "
              f"batch {per_gpu_batch(cfg)} per GPU:"]
     lines += [f"    {k:<32} {v:8.2f}" for k, v in memory.items() if k.endswith("gib")]
-    lines.append(f"  fits a 80 GB GPU with 10% headroom: {result['fits_80gb']} ({mode} mode)")
+    lines.append(f"  fits an {DRY_RUN_GIB} GiB GPU with {1 - HEADROOM:.0%} headroom: {result['fits_80gb']} ({mode} mode)")
     lines.append(f"  offline feature cache: {result['offline_feature_bytes_per_token'] / 1e3:.1f} KB per token ({fmt}) "
                  f"({result['offline_feature_bytes_per_token'] * 1e6 / 1e9:.0f} GB per million tokens)")
     print("\n".join(lines))

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import atomic_write_json
-from specforge_lite.scale.dry_run import GiB, estimate, per_gpu_batch
+from specforge_lite.scale.dry_run import DRY_RUN_GIB, HEADROOM, GiB, estimate, per_gpu_batch
 from specforge_lite.training.batching import BatchChoice, choose, parse_tokens
 from specforge_lite.training.feature_formats import bytes_per_token
 from specforge_lite.config.methods import VLLM_METHODS, engine_needed, vllm_override
@@ -27,7 +27,6 @@ from specforge_lite.config.registry import chosen_drafter
 from specforge_lite.config.stages import COMMANDS
 from specforge_lite.target.loading import sizing_config
 
-HEADROOM = 0.9  # a stage fits when it needs at most this share of a device (allocator, CUDA context)
 
 
 def target_sizes(config) -> dict:
@@ -160,6 +159,20 @@ def device_memory(cfg: DictConfig) -> tuple[float | None, str]:
     return None, "a CPU"
 
 
+# a batch sized to HEADROOM of a device leaves too little for the fragments that fixed-size segments
+# strand (make gpu-check's train_batched on an H200 ran out with 10.7 GiB reserved but unused)
+ALLOCATOR_SETTING = "expandable_segments:True"
+
+
+def settle_allocator() -> str | None:
+    """On CUDA, let the caching allocator grow its segments in place (ALLOCATOR_SETTING) unless
+    PYTORCH_CUDA_ALLOC_CONF says otherwise; returns the setting applied, None where none was."""
+    if "PYTORCH_CUDA_ALLOC_CONF" in os.environ or not torch.cuda.is_available():
+        return None
+    torch.cuda.memory._set_allocator_settings(ALLOCATOR_SETTING)
+    return ALLOCATOR_SETTING
+
+
 def shown(size: float) -> str:
     return f"{size / GiB:.1f} GiB" if size >= GiB / 10 else f"{size / 2 ** 20:.1f} MiB"
 
@@ -276,8 +289,6 @@ def batch_choice(cfg: DictConfig, world: int, config=None, memory: float | None 
     return choose(tokens, cfg.train.batch_size, cfg.train.grad_accum, cfg.data.max_length, world, fits_per_rank,
                   f"{shown(memory)} ({where})" if memory is not None else "")
 
-
-DRY_RUN_GIB = 80  # a dry run on a machine without the GPU sizes `auto` for an 80 GiB device
 
 
 def dry_run_choice(cfg: DictConfig, config=None) -> tuple[BatchChoice, DictConfig]:

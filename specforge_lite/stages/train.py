@@ -50,7 +50,8 @@ from specforge_lite.training.health import (RankCounts, diverged_message, no_los
 from specforge_lite.training.optim import build_optimizer
 from specforge_lite.training.throughput import per_device
 from specforge_lite.config.registry import RENAMED, chosen_drafter
-from specforge_lite.scale.sizing import at_micro_batch, batch_choice, check_stage, dry_run_choice, report as size_every_stage
+from specforge_lite.scale.sizing import (at_micro_batch, batch_choice, check_stage, dry_run_choice,
+                                        report as size_every_stage, settle_allocator)
 from specforge_lite.training.strategies import build_strategy
 from specforge_lite.training.strategies.base import target_compute
 from specforge_lite.training.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
@@ -188,6 +189,8 @@ def run(cfg: DictConfig) -> None:
     # the batch per rank (train.tokens_per_step: auto sized to the devices this rank sees; train.batch_size
     # raised to the world size), then those devices checked to hold the feature building and the training
     choice = batch_choice(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.target.device != "cpu" and (setting := settle_allocator()):
+        log.info("CUDA allocator: %s (PYTORCH_CUDA_ALLOC_CONF sets another)", setting)
     check_stage(at_micro_batch(cfg, choice.per_rank, choice.world), "train", ("features", "train"))
     ensure_samples(cfg)
     stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint

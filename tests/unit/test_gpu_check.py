@@ -65,10 +65,36 @@ def test_results_file_keeps_what_was_measured_when_a_step_fails(tmp_path):
     assert failed["status"] == "failed" and failed["batch1_tokens_per_s"] == 50.0 and failed["error"]
     assert steps_on_disk["oom"]["out_of_memory"] is True and "CUDA out of memory" in steps_on_disk["oom"]["error"]
     assert steps_on_disk["reads_earlier"] == {"status": "ok", "earlier": 123.0,
+                                              "date": steps_on_disk["reads_earlier"]["date"],
                                               "seconds": steps_on_disk["reads_earlier"]["seconds"]}
     for record in steps_on_disk.values():
         assert isinstance(record["seconds"], float)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_rerun_keeps_the_other_steps_and_is_complete_only_with_every_step(tmp_path, monkeypatch):
+    """`--keep`: the earlier records of the steps not run now stay, with their dates; a step run
+    again replaces its record; `complete` needs every step of STEPS recorded and ok."""
+    path = tmp_path / "gpu_check_test.json"
+    monkeypatch.setattr(gpu_check, "STEPS", ("first", "second", "third"))
+
+    def ok(record, doc):
+        record["value"] = 1
+
+    def fails(record, doc):
+        raise gpu_check.StepFailed("time limit of 1 s reached")
+
+    doc = gpu_check.run_steps([gpu_check.Step("first", ok), gpu_check.Step("second", fails)], path, {"gpu": "g"})
+    assert doc["failed_steps"] == ["second"] and not doc["complete"]
+    first = dict(doc["steps"]["first"], date="2026-11-26 19:00")  # an earlier run's record keeps its date
+    doc = gpu_check.run_steps([gpu_check.Step("second", ok)], path, {"gpu": "g"}, {"first": first})
+    assert list(doc["steps"]) == ["first", "second"] and doc["failed_steps"] == []
+    assert doc["steps"]["first"] == first and doc["steps"]["second"]["value"] == 1
+    assert not doc["complete"]  # "third" was never run
+    doc = gpu_check.run_steps([gpu_check.Step("third", ok)], path, {"gpu": "g"}, doc["steps"])
+    assert doc["complete"] and json.loads(path.read_text())["complete"]
+    doc = gpu_check.run_steps([gpu_check.Step("first", fails)], path, {"gpu": "g"}, doc["steps"])
+    assert doc["failed_steps"] == ["first"] and not doc["complete"]
 
 
 def test_a_failing_child_names_its_last_line(tmp_path):
@@ -83,13 +109,16 @@ def test_a_failing_child_names_its_last_line(tmp_path):
 
 
 def test_step_overrides_compose_with_the_real_config(tmp_path):
-    cfg = compose(["stage=train", *gpu_check.train_overrides(tmp_path / "t", ["train.tokens_per_step=auto"], "cpu")])
-    assert cfg.train.max_steps == gpu_check.TRAIN_STEPS and cfg.train.use_samples is False
+    steps = gpu_check.TRAIN_STEPS["train_batched"]
+    cfg = compose(["stage=train", *gpu_check.train_overrides(tmp_path / "t", ["train.tokens_per_step=auto"], "cpu",
+                                                             steps)])
+    assert cfg.train.max_steps == steps and cfg.train.use_samples is False
+    assert steps // cfg.train.log_every == 5  # tokens/s leaves out the first window (warm-up)
     cfg = compose(["stage=evaluate", *gpu_check.eval_overrides(tmp_path / "e", "bfloat16", "24", "auto",
                                                                str(tmp_path / "d"), "cpu")])
     assert list(cfg.eval.methods) == ["plain", "eagle3", "ngram"] and cfg.target.dtype == "bfloat16"
     assert cfg.eval.drafter_dirs.eagle3 == str(tmp_path / "d")
-    assert sum(gpu_check.STEP_LIMITS_S.values()) <= 8 * 60
+    assert sum(gpu_check.STEP_LIMITS_S.values()) <= 9 * 60
     assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
 
 
@@ -144,3 +173,24 @@ def test_a_stage_child_runs_the_cli_and_names_its_error(monkeypatch):
     with pytest.raises(gpu_check.StepFailed, match="no_such_recipe"):
         gpu_check._stage(["train", "+recipe=no_such_recipe"], 120, record)
     assert record["log_tail"] and "peak_memory_gib" not in record  # no CUDA: no peak to report
+
+
+def test_the_benchmarks_section_shows_every_step_and_the_verdicts():
+    from benchmarks.records import record_gpu_check
+
+    methods = {"eagle3": {"tau": 1.43, "tau_ci": [1.39, 1.48], "speedup": 0.89, "speedup_ci": [0.57, 1.32],
+                          "tokens_per_s": 269.0, "draft_time_share": 0.42,
+                          "identity": {"text": "24/24: 9 identical, 15 rounding, 0 mismatch"}}}
+    doc = {"gpu": "NVIDIA H200", "complete": False, "failed_steps": ["eval_float32"], "limits_s": {"tests": 80},
+           "steps": {"tests": {"status": "ok", "date": "2026-11-26 19:04", "seconds": 67.7},
+                     "train_batched": {"status": "ok", "overrides": ["train.tokens_per_step=auto"], "steps": 20,
+                                       "tokens_per_s": 204160.5, "peak_memory_gib": 92.81},
+                     "eval_bfloat16": {"status": "ok", "dtype": "bfloat16", "prompts": 24, "methods": methods,
+                                       "engine": {"used": "compiled"}},
+                     "eval_float32": {"status": "failed", "dtype": "float32"}}}
+    text = record_gpu_check.section("gpu_check_nvidia_h200", doc)
+    assert "Complete: no; failed: eval_float32." in text
+    assert "| tests | ok | 2026-11-26 19:04 | 67.7 | 80 |" in text
+    assert "| train_batched | train.tokens_per_step=auto | 20 | 204,160 | 92.81 |" in text
+    assert "| bfloat16 | eagle3 | 1.43 [1.39, 1.48] | 0.89x [0.57, 1.32] | 269 | 42% | " \
+           "24/24: 9 identical, 15 rounding, 0 mismatch |" in text

@@ -97,3 +97,15 @@ def test_run_sizes_the_stages_it_keeps_before_sampling(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "evaluate" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "train").exists() and not (tmp_path / "samples").exists()
+
+
+def test_the_allocator_setting_is_left_to_the_user_and_to_cuda(monkeypatch):
+    """settle_allocator changes nothing where the user set PYTORCH_CUDA_ALLOC_CONF or where there is no CUDA."""
+    import torch
+
+    from specforge_lite.scale.sizing import settle_allocator
+
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert settle_allocator() is None
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert settle_allocator() == (None if not torch.cuda.is_available() else "expandable_segments:True")

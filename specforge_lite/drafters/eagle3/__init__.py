@@ -32,9 +32,11 @@ def decoder(drafter: Eagle3Drafter) -> Eagle3DecodeDrafter:
 
 
 def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
-    """Built on the meta device. Activations per TTT step: logits + softmax + grad
-    [B, T, V_d] fp32 x3, attention scores [B, heads, T, T + j] fp32 x2, layer activations
-    ~ [B, T, 12H] fp32; trainer.gradient_checkpointing keeps one step's scores at a time."""
+    """Built on the meta device. Activations per TTT step: four [B, T, V_d] fp32 tensors kept for
+    the backward (the drafter's logits, their log-softmax, the target's shifted logits and softmax),
+    attention scores [B, heads, T, T + j] fp32 x2, layer activations ~ [B, T, 18H] fp32; two more
+    [B, T, V_d] the step under way holds; trainer.gradient_checkpointing keeps one step's scores at
+    a time (tests/integration/test_memory_estimate.py measures the terms)."""
     draft_cfg = Eagle3Config.from_target(target_config, cfg.drafter)
     with torch.device("meta"):
         drafter = Eagle3Drafter(draft_cfg)
@@ -42,7 +44,7 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
     steps, heads, h, vd = cfg.drafter.ttt_steps, draft_cfg.num_attention_heads, draft_cfg.hidden_size, \
         draft_cfg.draft_vocab_size
     scores = batch * heads * seq * (seq + steps) * 4 * 2
-    activations = steps * (batch * seq * vd * 4 * 3 + batch * seq * 12 * h * 4) \
+    activations = steps * (batch * seq * vd * 4 * 4 + batch * seq * 18 * h * 4) + batch * seq * vd * 4 * 2 \
         + (scores if cfg.trainer.gradient_checkpointing else steps * scores)
     return DrySize(
         trainable_params=params,

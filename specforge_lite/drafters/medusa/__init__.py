@@ -32,8 +32,9 @@ def decoder(heads: MedusaHeads) -> MedusaDecodeDrafter:
 
 
 def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
-    """Per head: block activations [B, T, H] x2 per layer and logits + softmax + grad
-    [B, T, V_d] fp32."""
+    """Per head: block activations [B, T, H] x2 per layer and four [B, T, V_d] fp32 tensors kept
+    for the backward (its logits, their log-softmax, the target's shifted logits and softmax),
+    plus two the step under way holds (tests/integration/test_memory_estimate.py measures them)."""
     medusa_cfg = MedusaConfig.from_target(target_config, cfg.drafter)
     with torch.device("meta"):
         heads = MedusaHeads(medusa_cfg)
@@ -44,7 +45,8 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
         facts={"num_heads": medusa_cfg.num_heads, "num_layers": medusa_cfg.num_layers, "draft_vocab_size": vd},
         line=(f"  Medusa: {medusa_cfg.num_heads} heads x {medusa_cfg.num_layers} blocks, {params / 1e6:.1f}M "
               f"trainable, draft vocab {vd}"),
-        activation_bytes=medusa_cfg.num_heads * batch * seq * (vd * 4 * 3 + medusa_cfg.num_layers * 2 * h * 4),
+        activation_bytes=medusa_cfg.num_heads * batch * seq * (vd * 4 * 4 + medusa_cfg.num_layers * 2 * h * 4)
+        + batch * seq * vd * 4 * 2,
         target_logits_bytes=batch * seq * vd * 4)
 
 

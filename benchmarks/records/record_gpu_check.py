@@ -1,0 +1,83 @@
+"""docs/BENCHMARKS.md's section of each `make gpu-check` results file (benchmarks/results/gpu_check_<gpu>.json).
+
+`make gpu-check` runs on the GPU machine, which hands back only its results file; this writes the
+section from that file here (`make docs` runs it too):
+
+    python -m benchmarks.records.record_gpu_check
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.common import RESULTS, run, update_doc_section, with_ci
+
+COMMAND = "python -m benchmarks.records.record_gpu_check"
+
+
+def eval_rows(record: dict) -> list[str]:
+    rows = []
+    for name, m in record.get("methods", {}).items():
+        share = m.get("draft_time_share")
+        rows.append(f"| {record['dtype']} | {name} | {with_ci(m.get('tau'), m.get('tau_ci'))} | "
+                    f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {m.get('tokens_per_s', 0):.0f} | "
+                    f"{'n/a' if share is None else f'{share:.0%}'} | {m.get('identity', {}).get('text', 'n/a')} |")
+    return rows
+
+
+def section(slug: str, d: dict) -> str:
+    steps = d.get("steps", {})
+    lines = [f"`make gpu-check` on one {d.get('gpu', '?')} ({d.get('gpu_memory_gib', '?')} GiB), torch "
+             f"{d.get('torch', '?')}, CUDA {d.get('cuda', '?')}; results file `{slug}.json`, rendered by `{COMMAND}`. "
+             f"Complete: {'yes' if d.get('complete') else 'no'}"
+             + (f"; failed: {', '.join(d['failed_steps'])}" if d.get("failed_steps") else "") + ".", "",
+             "| step | status | date | seconds | limit (s) |", "|---|---|---|---|---|"]
+    limits = d.get("limits_s", {})
+    for name, r in steps.items():
+        lines.append(f"| {name} | {r.get('status')} | {r.get('date', d.get('date', '?'))} | {r.get('seconds', '?')} | "
+                     f"{limits.get(name, '?')} |")
+    train = [(name, steps[name]) for name in ("train_batch1", "train_batched") if name in steps]
+    if train:
+        lines += ["", "Training (the demo recipe, online EAGLE-3, bf16 autocast):", "",
+                  "| step | batch | steps | training tokens/s | peak GPU memory (GiB) |", "|---|---|---|---|---|"]
+        for name, r in train:
+            tps = r.get("tokens_per_s")
+            lines.append(f"| {name} | {' '.join(r.get('overrides', []))} | {r.get('steps', '?')} | "
+                         f"{'n/a' if tps is None else f'{tps:,.0f}'} | {r.get('peak_memory_gib', 'n/a')} |")
+    evals = [steps[name] for name in ("eval_bfloat16", "eval_float32") if steps.get(name, {}).get("methods")]
+    if evals:
+        lines += ["", "Decoding (MT-Bench first turns, 128 tokens, k = 3, greedy; prompts: "
+                  + ", ".join(f"{r['dtype']} {r.get('prompts')} ({r.get('engine', {}).get('used', '?')} engine)"
+                              for r in evals) + "):", "",
+                  "| dtype | method | tau | speedup | tokens/s | drafting share | identical to plain |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in evals:
+            lines += eval_rows(r)
+        engine = evals[0].get("engine", {})
+        if engine.get("measured_ms"):
+            lines += ["", f"Target forward, ms (bf16; eval.engine=auto times each engine, compiling took "
+                          f"{engine.get('compile_s') or 0:.0f} s):", "", "| engine | width 1 | width 4 |", "|---|---|---|"]
+            for name, ms in engine["measured_ms"].items():
+                lines.append(f"| {name} | {ms.get('1', 0):.2f} | {ms.get('4', 0):.2f} |")
+    projection = steps.get("projection", {}).get("shapes", {})
+    if projection:
+        lines += ["", f"Projections at real shapes ({steps['projection'].get('label', 'projection')}):", "",
+                  "| shape | engine | forward ms, width 1 | demo's acceptance: best k, speedup | "
+                  "tau 3 at k = 3: best k, speedup |", "|---|---|---|---|---|"]
+        for name, p in projection.items():
+            pro = p.get("projections", {})
+            demo, stated = pro.get("demo_measured", {}), pro.get("stated_tau3_at_k3", {})
+            lines.append(f"| {name} | {p.get('engine', '?')} | {p.get('forward_ms_by_width', {}).get('1', 0):.2f} | "
+                         f"{demo.get('best_k', '?')}, {demo.get('expected_speedup', 0):.2f}x | "
+                         f"{stated.get('best_k', '?')}, {stated.get('expected_speedup', 0):.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    for path in sorted(RESULTS.glob("gpu_check_*.json")):
+        update_doc_section(path.stem, section(path.stem, json.loads(path.read_text())))
+        print(f"docs/BENCHMARKS.md: section {path.stem}")
+
+
+if __name__ == "__main__":
+    run(main)
