@@ -19,7 +19,11 @@ HELDOUT/eval/report.json, when given, is a greedy evaluate of the same drafters 
 prompts (MT-Bench first turns the demo does not evaluate): each drafter's tau there, its
 training CPU minutes (the rank's logged seconds in `train/metrics.json` times
 `--train-threads`, the torch threads it trained with) and (tau - 1) per CPU minute.
-Writes benchmarks/results/eval_families_smollm2.json and its section of docs/BENCHMARKS.md.
+--equal-cpu records drafters trained for the same CPU time instead of the same tokens: each
+`--pilot NAME=SECONDS` is that drafter's seconds per optimizer step measured in a short pilot run
+(one torch thread, beside one other training), its steps come from its train/metrics.json, and
+the table shows the CPU minutes each was given (steps x pilot) beside the minutes it logged.
+Writes benchmarks/results/NAME.json (default eval_families_smollm2) and its section of docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -98,6 +102,35 @@ def per_minute(heldout: dict, threads: int) -> dict:
     return rows
 
 
+def named_seconds(items: list[str], option: str) -> dict:
+    """`NAME=SECONDS` items as {name: seconds}; a malformed one stops with one line."""
+    out = {}
+    for item in items:
+        name, _, seconds = item.partition("=")
+        try:
+            out[name] = float(seconds)
+        except ValueError:
+            fail(f"{option} {item!r}: give NAME=SECONDS")
+    return out
+
+
+def equal_cpu(dirs: dict, pilots: list[str], process_cpu: list[str], threads: int) -> dict:
+    """Per drafter of `dirs` with a `--pilot NAME=SECONDS`: its steps, the CPU minutes they make
+    at the pilot's seconds per step, the training minutes it logged and, where given, its
+    process's CPU minutes."""
+    rates, used = named_seconds(pilots, "--pilot"), named_seconds(process_cpu, "--process-cpu")
+    rows = {}
+    for name, rate in rates.items():
+        if not dirs.get(name):
+            fail(f"--pilot {name}: the evaluate decoded no drafter of that name")
+        logged = json.loads((Path(dirs[name]).parent / "metrics.json").read_text())
+        steps = logged["total_steps"]
+        rows[name] = {"steps": steps, "pilot_s_per_step": rate, "cpu_min_given": steps * rate * threads / 60,
+                      "train_min_logged": sum(r["seconds"] for r in logged["throughput"]["ranks"]) * threads / 60,
+                      "tokens": logged["tokens_seen"], "process_cpu_min": used[name] / 60 if name in used else None}
+    return rows
+
+
 def brief(report: dict) -> dict:
     """A report without its per-answer rows (the main run keeps them; the tables need none)."""
     return {k: v for k, v in report.items() if k != "answers"}
@@ -134,6 +167,12 @@ def main() -> None:
     parser.add_argument("--heldout", type=Path, help="a greedy evaluate of the same drafters on held-out prompts")
     parser.add_argument("--heldout-command", default="")
     parser.add_argument("--train-threads", type=int, default=1, help="the torch threads the drafters trained with")
+    parser.add_argument("--name", default=NAME, help="the results file and BENCHMARKS section")
+    parser.add_argument("--equal-cpu", action="store_true", help="the drafters trained for equal CPU time (--pilot)")
+    parser.add_argument("--pilot", action="append", default=[], metavar="NAME=SECONDS",
+                        help="a drafter's seconds per step in its pilot run (--equal-cpu); repeatable")
+    parser.add_argument("--process-cpu", action="append", default=[], metavar="NAME=SECONDS",
+                        help="a drafter's training process CPU seconds (user + sys, start-up included); repeatable")
     args = parser.parse_args()
     report = run_file(args.run_dir, "eval/report.json")
     methods, rec = report["methods"], report["recommendation"]
@@ -155,7 +194,8 @@ def main() -> None:
     heldout = per_minute(run_file(args.heldout, "eval/report.json"), args.train_threads) if args.heldout else {}
     dirs = dict(report["settings"].get("drafter_dirs") or {})
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
-    write_results(NAME, {"command": args.command, "wall": args.wall, "heldout_command": args.heldout_command,
+    budget = equal_cpu(dirs, args.pilot, args.process_cpu, args.train_threads) if args.equal_cpu else {}
+    write_results(args.name, {"budget": budget, "command": args.command, "wall": args.wall, "heldout_command": args.heldout_command,
                          "train_threads": args.train_threads, "goals": goals, "heldout": heldout,
                          "trained": trained, "report": report,
                          "also": [{"command": c, "report": brief(r)} for c, r in zip(args.also_command, runs[1:])],
@@ -181,7 +221,19 @@ def main() -> None:
                          + "\n".join(f"| {n} | {r['tau']:.2f} [{r['tau_ci'][0]:.2f}, {r['tau_ci'][1]:.2f}] | "
                                      f"{r['train_cpu_min']:.0f} | {r['train_tokens']} | {r['gain_per_cpu_min']:.4f} |"
                                      for n, r in heldout.items()))
-    update_doc_section(NAME, f"""## Every drafter family, chains and trees: `{args.run_dir.name}` (SmolLM2, CPU)
+    budget_table = ""
+    if budget:
+        budget_table = ("\n\nTraining budget: each drafter trained for the steps that its pilot's seconds per step "
+                        "make the same CPU time (one torch thread each):\n\n"
+                        "| drafter | steps | pilot s/step | CPU min given | training min logged (wall) | "
+                        "process CPU min | tokens |\n"
+                        "|---|---:|---:|---:|---:|---:|---:|\n"
+                        + "\n".join(f"| {n} | {b['steps']} | {b['pilot_s_per_step']:.2f} | {b['cpu_min_given']:.1f} | "
+                                     f"{b['train_min_logged']:.1f} | "
+                                     f"{'-' if b['process_cpu_min'] is None else format(b['process_cpu_min'], '.1f')} | "
+                                     f"{b['tokens']} |" for n, b in budget.items()))
+    title = ("Drafters at equal training CPU minutes" if budget else "Every drafter family, chains and trees")
+    update_doc_section(args.name, f"""## {title}: `{args.run_dir.name}` (SmolLM2, CPU)
 
 Command: `{args.command}` ({args.wall}). Evaluation: {report['num_prompts']} MT-Bench first turns, greedy,
 k = {report['settings']['num_draft_tokens']}, {engine}, batch 1, methods interleaved per prompt.
@@ -193,7 +245,7 @@ k = {report['settings']['num_draft_tokens']}, {engine}, batch 1, methods interle
 Best k per method:
 {best_k_lines(report)}
 
-Recommendation (computed by the report): deploy **{rec['deploy']}**: {'; '.join(rec['reasons'])}.{also_section}{heldout_table}
+Recommendation (computed by the report): deploy **{rec['deploy']}**: {'; '.join(rec['reasons'])}.{also_section}{budget_table}{heldout_table}
 
 Goals of the trees issue and of the DFlash issue, from these runs:
 {goal_lines}
