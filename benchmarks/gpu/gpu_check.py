@@ -48,12 +48,12 @@ from typing import Callable
 
 from benchmarks.common import RESULTS, ROOT, fail, machine, run
 
-TRAIN_STEPS = {"train_batch1": 60, "train_batched": 20}  # a device-sized step is ~100x batch 1's tokens
+TRAIN_STEPS = {"train_batch1": 60, "train_batched": 20}  # a device-sized step holds many times batch 1's tokens
 EVAL_METHODS = "[plain,eagle3,ngram]"
 FLOAT32_PROMPTS = "4"  # the lossless reference in the slow static engine: a few prompts say whether it holds
 # seconds per step, start-up of each process included: the first training converts the built-in target
-# once, the bf16 evaluation compiles the target's graphs (eval.engine=auto; about 110 s of its limit on
-# an H200, benchmarks/results/gpu_check_nvidia_h200.json); together 9 minutes
+# once, the bf16 evaluation compiles the target's graphs (eval.engine=auto; its time: docs/BENCHMARKS.md
+# section gpu_check_nvidia_h200); together 9 minutes
 STEP_LIMITS_S = {"tests": 80, "train_batch1": 60, "train_batched": 90, "eval_bfloat16": 200, "eval_float32": 60,
                  "projection": 40, "vllm_tree": 10}
 STEPS = tuple(STEP_LIMITS_S)

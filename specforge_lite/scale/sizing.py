@@ -160,7 +160,7 @@ def device_memory(cfg: DictConfig) -> tuple[float | None, str]:
 
 
 # a batch sized to HEADROOM of a device leaves too little for the fragments that fixed-size segments
-# strand (make gpu-check's train_batched on an H200 ran out with 10.7 GiB reserved but unused)
+# strand (make gpu-check's train_batched ran out so; docs/BENCHMARKS.md section gpu_check_nvidia_h200)
 ALLOCATOR_SETTING = "expandable_segments:True"
 
 
