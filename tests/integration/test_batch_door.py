@@ -19,7 +19,7 @@ DOOR_CASES = [
     # a device this small holds only a few of the smoke recipe's sequences (scale/sizing.py)
     (["train.tokens_per_step=65536", "device_memory_gib=0.05"],
      "train.tokens_per_step=65536 needs 256 sequences of 256 tokens per rank per micro-batch on 1 rank(s) with "
-     "train.grad_accum=1; 51.2 MiB (device_memory_gib=0.05) holds 4: set train.grad_accum=64 or "
+     "train.grad_accum=1; 51.2 MiB (device_memory_gib=0.05) holds 3: set train.grad_accum=86 or "
      "train.tokens_per_step=auto"),
     (["train.peak_tflops=b300"], "train.peak_tflops='b300': not a positive TFLOP/s figure nor a known GPU"),
 ]
