@@ -131,12 +131,61 @@ def method_problems(eval_cfg) -> list[str]:
         elif label in names:
             problems.append(f"eval.extra_drafters: label {label!r} is a method name; pick another label")
         labels.append(label)
+    problems += draft_tokens_problems(eval_cfg, [*methods, *labels])
     # best k needs our engine's forward costs: an evaluate of vllm_* methods only ignores it
     if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in [*methods, *labels] \
             and engine_needed(eval_cfg):
         problems.append(f"eval.best_k_method={eval_cfg.best_k_method!r} is not one of eval.methods {methods}"
                         + (f" or eval.extra_drafters labels {labels}" if labels else ""))
     return problems
+
+
+# the chain methods whose k `eval.method_draft_tokens` may set: our engine's drafters and the
+# Hugging Face decoders that take a k (plain and hf_generate draft nothing; the serving engines
+# and the tree methods have one k, eval.num_draft_tokens, and one shape, eval.tree)
+def own_k_methods(eval_cfg) -> list[str]:
+    return [*ENGINE_DRAFTERS, *DRAFTERS, "hf_prompt_lookup", "hf_assisted", *labelled_drafters(eval_cfg)]
+
+
+def own_draft_tokens(eval_cfg) -> dict[str, int]:
+    """`eval.method_draft_tokens` entries METHOD:K as {method: k} (those that parse; the rest
+    are `draft_tokens_problems`)."""
+    out = {}
+    for item in eval_cfg.get("method_draft_tokens") or []:
+        method, _, k = str(item).partition(":")
+        if k.strip().isdigit():
+            out[method] = int(k)
+    return out
+
+
+def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
+    """`eval.method_draft_tokens`: METHOD:K items, each method once, one of this evaluate's that
+    takes its own k, each k an integer >= 1."""
+    problems, seen = [], []
+    for item in eval_cfg.get("method_draft_tokens") or []:
+        method, sep, k = str(item).partition(":")
+        where = f"eval.method_draft_tokens: {item!r}"
+        if not sep or not method or not k.strip().isdigit() or int(k) < 1:
+            problems.append(f"{where} should be METHOD:K with K an integer >= 1 (eval.method_draft_tokens=[dflash:1])")
+        elif method in seen:
+            problems.append(f"{where}: {method} appears twice")
+        elif method not in methods:
+            problems.append(f"{where}: {method} is not one of eval.methods {methods}")
+        elif method not in own_k_methods(eval_cfg):
+            problems.append(f"{where}: {method} drafts eval.num_draft_tokens (a k of its own is for our engine's "
+                            "drafters, ngram, untrained_draft, hf_prompt_lookup and hf_assisted)")
+        seen.append(method)
+    return problems
+
+
+def draft_tokens(eval_cfg, method: str) -> int:
+    """The k `method` drafts: its `eval.method_draft_tokens` entry, else eval.num_draft_tokens."""
+    return own_draft_tokens(eval_cfg).get(method, int(eval_cfg["num_draft_tokens"]))
+
+
+def widest_k(eval_cfg) -> int:
+    """The largest k any method of the evaluate drafts (the verify width less one it must hold)."""
+    return max([int(eval_cfg["num_draft_tokens"]), *own_draft_tokens(eval_cfg).values()])
 
 
 def run_order(eval_cfg) -> list[str]:

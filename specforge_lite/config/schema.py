@@ -155,6 +155,10 @@ class EvalConfig:
     methods: List[str] = field(default_factory=lambda: [
         "plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
     num_draft_tokens: int = checked(4, ge=1)  # k, the chain length (HF peers get the same k)
+    # METHOD:K, a k of its own for some of our engine's chain methods (each at its best k in one
+    # evaluate): eval.method_draft_tokens=[dflash:1,eagle3:1]; the others (vllm_*, llamacpp_*
+    # included) draft num_draft_tokens
+    method_draft_tokens: List[str] = field(default_factory=list)
     # the trees of the tree methods (ngram_tree, <drafter>_tree, <drafter>_mixed_tree, listed in
     # eval.methods beside their chains); null: chains only (tree methods are refused)
     tree: Optional[TreeConfig] = field(default_factory=TreeConfig)

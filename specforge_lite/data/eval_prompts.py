@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from specforge_lite import SpecforgeError
 from specforge_lite.artifact_io import read_json_object
 from specforge_lite.artifacts import samples_dir
+from specforge_lite.config.methods import widest_k
 from specforge_lite.data.chat import prompt_ids
 from specforge_lite.data.readers import (MT_BENCH_MEMBER, BadRecord, ReadStats, heldout_split, iter_json_array,
                                          iter_jsonl, package_file, read_conversations)
@@ -166,7 +167,7 @@ def positions_needed(tokenizer, prompt: dict, ecfg) -> int:
     (or a tree's nodes + 1, `eval.tree`)."""
     turns = len(prompt["turns"])
     ids = prompt_ids(tokenizer, conversation(prompt, [""] * (turns - 1), turns - 1))
-    widest = max(ecfg.num_draft_tokens, ecfg.tree.nodes if ecfg.get("tree") else 0)
+    widest = max(widest_k(ecfg), ecfg.tree.nodes if ecfg.get("tree") else 0)
     return len(ids) + turns * (ecfg.max_new_tokens + 16) + widest + 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specforge_lite.config.methods import own_draft_tokens, widest_k
 from specforge_lite.decoding.stats import bootstrap_settings, prompt_totals, speed_ratio_interval
 
 
@@ -17,17 +18,23 @@ def _with_interval(value, interval, unit: str = "") -> str:
     return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
+def k_text(settings) -> str:
+    """"k = 3", or "k = 3 (dflash 1, eagle3 1)" where eval.method_draft_tokens gives some methods their own k."""
+    mine = ", ".join(f"{method} {k}" for method, k in own_draft_tokens(settings).items())
+    return f"k = {settings['num_draft_tokens']}" + (f" ({mine})" if mine else "")
+
+
 def methods_table(report: dict) -> str:
     """One row per method: the table to paste into docs, with each method's bootstrap
     intervals and the prompts / tokens / target forwards behind its figures."""
-    k = report["settings"]["num_draft_tokens"]
+    k = widest_k(report["settings"])
     level = f"{bootstrap_settings(report['settings'])['level']:.0%}"
     lines = [f"| method | tau [{level} CI] | accept rate | " + " | ".join(f"a{i}" for i in range(1, k + 1))
              + f" | tokens/s | speedup [{level} CI] | prompts / tokens / forwards | identical to plain "
              "| draft / verify time | loop overhead ms/step |",
              "|---|---:|---:|" + "---:|" * k + "---:|---:|---:|:---:|---:|---:|"]
     for name, m in report["methods"].items():
-        alphas = m["per_position_acceptance"] or [None] * k
+        alphas = (m["per_position_acceptance"] + [None] * k)[:k]  # a method at a smaller k: "-" beyond it
         share = (f"{100 * m['draft_time_share']:.0f}% / {100 * m['verify_time_share']:.0f}%"
                  if m["draft_time_share"] is not None else "-")
         identical = identity_cell(m)
@@ -158,7 +165,9 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
     lossless = {n: m for n, m in methods.items() if m.get("lossless", m.get("identical_to_plain")) is not False}
     deploy = max(lossless, key=lambda n: lossless[n]["tokens_per_s"])
     best = lossless[deploy]
-    reasons = [f"{deploy}: highest measured speed, {best['tokens_per_s']:.1f} tokens/s "
+    # where methods drafted different k (eval.method_draft_tokens), the k to serve it with
+    at_k = f" at k = {best['k']}" if best.get("k") and report.get("settings", {}).get("method_draft_tokens") else ""
+    reasons = [f"{deploy}{at_k}: highest measured speed, {best['tokens_per_s']:.1f} tokens/s "
                f"({best['speedup']:.2f}x {plain}, tau {best['tau']:.2f})"]
     if deploy == plain:
         reasons.append(f"no drafter beats plain decoding ({plain}) on this machine and prompt set")
@@ -274,7 +283,7 @@ def render_markdown(report: dict) -> str:
         "# Speculative decoding evaluation", "",
         f"Target `{report['target']}` ({report['dtype']}, {report['device']}, {report['torch_threads']} threads); "
         f"{report['num_prompts']} prompts of `{report['dataset']}` ({report['num_answers']} answers), "
-        f"{s['max_new_tokens']} new tokens max, {mode}, k = {s['num_draft_tokens']}, batch 1, "
+        f"{s['max_new_tokens']} new tokens max, {mode}, {k_text(s)}, batch 1, "
         f"{s['warmup']} warm-up run(s) per method." + _engine_sentence(s.get("engine")), "",
         methods_table(report), "",
     ]
@@ -334,7 +343,7 @@ def write_plots(report: dict, out_dir: Path) -> list[str]:
                     marker="o", label=name)
     ax.set(xlabel="draft position i", ylabel="P(accepted | earlier accepted)", ylim=(0, 1.02),
            title="Acceptance by draft position")
-    ax.set_xticks(range(1, report["settings"]["num_draft_tokens"] + 1))
+    ax.set_xticks(range(1, widest_k(report["settings"]) + 1))
     ax.legend() if ax.lines else None
     names.append(_save(fig, out_dir, "acceptance_by_position.png"))
 

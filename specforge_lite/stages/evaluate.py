@@ -44,11 +44,11 @@ from specforge_lite.runtime.target_choice import TargetForward, build_target_eng
 from specforge_lite.decoding.choices import best_k_for, tree_fields
 from specforge_lite.decoding.metrics import costs_as_decoding_paid, measure_forward_costs, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
-from specforge_lite.decoding.report import recommend, render_markdown, write_plots
+from specforge_lite.decoding.report import k_text, recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.config.methods import (HF_METHODS, PLAIN, chain_methods, engine_needed, labelled_drafters,
-                                           run_order, tree_base)
+from specforge_lite.config.methods import (HF_METHODS, PLAIN, chain_methods, draft_tokens, engine_needed,
+                                           labelled_drafters, own_k_methods, run_order, tree_base, widest_k)
 from specforge_lite.config.registry import DRAFTERS, detect_drafter
 from specforge_lite.scale.accounting import record_no_target
 from specforge_lite.scale.sizing import check_stage
@@ -65,7 +65,6 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     """name -> decode(prompt_ids, max_new_tokens, seed) -> Generation, our drafters, and the
     target forward they decode with (`eval.engine`; `capacity`: positions its cache holds)."""
     ecfg = cfg.eval
-    k = ecfg.num_draft_tokens
     device = model.device
     drafters, assistant = {}, None
 
@@ -76,7 +75,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
         nonlocal assistant
         if assistant is None:
             assistant = load_untrained_draft(ecfg, model)
-            prepare_assistant(assistant, k)
+            prepare_assistant(assistant, draft_tokens(ecfg, "hf_assisted"))
         return assistant
 
     labelled = labelled_drafters(ecfg)
@@ -96,11 +95,12 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
     trees = ecfg.get("tree") and any(tree_base(name) for name in methods)
     target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,
-                                 layers, k + 1, tree_width=ecfg.tree.nodes + 1 if trees else 0)
+                                 layers, widest_k(ecfg) + 1, tree_width=ecfg.tree.nodes + 1 if trees else 0)
     if target.info["used"] == "compiled":  # the drafters' forwards through the same mechanism
         target.info["drafters_compile_s"], target.info["drafters_graph"] = {}, {}
         for name, drafter in drafters.items():
             if hasattr(drafter, "compile"):
+                k = draft_tokens(ecfg, name)
                 seconds = drafter.compile(k, target.engine.capacity)
                 how = getattr(drafter, "graph_source", None) or "compiled"
                 target.info["drafters_compile_s"][name] = seconds
@@ -113,13 +113,14 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
         if tree_base(name):  # eval.tree's trees from its chain method's drafter (mixed: n-gram's match beside)
             decoders[name] = tree_decoding(model, drafters, *tree_base(name), cfg, sampling, eos_ids, gen_for, target)
         elif name in drafters:
-            def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers)):
+            def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers),
+                       k=draft_tokens(ecfg, name)):
                 return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
             decoders[name] = decode
         elif name in HF_METHODS:
             extra = {}
             if name == "hf_prompt_lookup":
-                extra = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": ecfg.ngram_max}
+                extra = {"prompt_lookup_num_tokens": draft_tokens(ecfg, name), "max_matching_ngram_size": ecfg.ngram_max}
             elif name == "hf_assisted":
                 extra = {"assistant_model": shared_assistant()}
 
@@ -223,8 +224,8 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     capacity = cache_capacity(tokenizer, prompts, ecfg, model.config)
     decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity)
     out = stage_dir(cfg, "evaluate")  # once every input has loaded
-    log.info("evaluating %s on %d prompts of %s (k=%d, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
-             ecfg.num_draft_tokens, "greedy" if sampling.greedy else f"T={sampling.temperature}")
+    log.info("evaluating %s on %d prompts of %s (%s, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
+             k_text(ecfg), "greedy" if sampling.greedy else f"T={sampling.temperature}")
 
     # 1. warm-up: every method, untimed, on the first prompt
     first = prompt_ids(tokenizer, conversation(prompts[0], [], 0))
@@ -254,7 +255,7 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
-    widest = max([ecfg.num_draft_tokens] + [ecfg.tree.nodes for m in methods if tree_base(m)])  # best tree's too
+    widest = max([widest_k(ecfg)] + [ecfg.tree.nodes for m in methods if tree_base(m)])  # best tree's too
     costs = measure_forward_costs(model, context_len, widest + 1, ecfg.cost_repeats, runner=target.runner())
 
     entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)
@@ -339,7 +340,6 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
     """Our engine's `methods` table from its answers, the answer rows and the report fields
     our engine adds (its dtype and device, forward costs, best k)."""
     ecfg = cfg.eval
-    k = ecfg.num_draft_tokens
     greedy = ecfg.temperature == 0
     by_method = defaultdict(list)
     by_method_cat = defaultdict(lambda: defaultdict(list))
@@ -367,7 +367,9 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
     entries = {}
     for name in methods:
         rows = by_method[name]
-        entry = summarise([a["gen"] for a in rows], k if name in drafters else 0)
+        entry = summarise([a["gen"] for a in rows], draft_tokens(ecfg, name) if name in drafters else 0)
+        if name in drafters or name in own_k_methods(ecfg):
+            entry["k"] = draft_tokens(ecfg, name)
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
         entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
         entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts

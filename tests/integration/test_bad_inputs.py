@@ -95,6 +95,8 @@ RANGE_CASES = [
     ("evaluate", ["eval.max_new_tokens=0"], "eval.max_new_tokens=0: must be >= 1"),
     ("evaluate", ["eval.ngram_min=3", "eval.ngram_max=2"], "eval.ngram_min=3 is above eval.ngram_max=2"),
     ("evaluate", ["eval.methods=[plain,eagle4]"], "unknown ['eagle4']"),
+    ("evaluate", ["eval.methods=[plain,ngram]", "eval.method_draft_tokens=[ngram:0]"],
+     "eval.method_draft_tokens: 'ngram:0' should be METHOD:K"),
     ("sample", ["target.device=tpu"], "target.device='tpu': allowed: auto, cpu, cuda or cuda:N"),
     ("sample", ["sample.rank=2", "sample.world_size=2"], "the rank must be below the world size"),
     ("evaluate", ["eval.vllm.single_process=true", "eval.vllm.tensor_parallel_size=2"],

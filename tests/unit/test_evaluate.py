@@ -87,6 +87,39 @@ def test_jsonl_prompts_categories_and_second_turns(tmp_path):
     assert "writing" in (tmp_path / "eval" / "report.md").read_text()
 
 
+def test_methods_draft_their_own_k_in_one_evaluate(tmp_path):
+    """eval.method_draft_tokens gives ngram k=2 and untrained_draft k=1 beside hf_prompt_lookup's
+    eval.num_draft_tokens=3: each decodes, reports and estimates best k at its own k."""
+    dataset = write_prompts(tmp_path / "prompts.jsonl")
+    cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=2", "eval.max_turns=1",
+                   "eval.methods=[ngram,hf_prompt_lookup,untrained_draft]", "eval.truncate_layers=2",
+                   "eval.best_k_method=untrained_draft", "eval.num_draft_tokens=3",
+                   "eval.method_draft_tokens=[ngram:2,untrained_draft:1]")
+    evaluate.run(cfg)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    methods = report["methods"]
+    assert (methods["ngram"]["k"], methods["untrained_draft"]["k"], methods["hf_prompt_lookup"]["k"]) == (2, 1, 3)
+    assert len(methods["ngram"]["per_position_acceptance"]) == 2
+    assert len(methods["untrained_draft"]["per_position_acceptance"]) == 1
+    # a draft model fills its k but near the answer's end: about one draft a step here (three without the setting)
+    assert 0.5 < methods["untrained_draft"]["mean_draft_length"] <= 1.0
+    assert methods["ngram"]["mean_draft_length"] <= 2.0
+    assert [row["k"] for row in methods["untrained_draft"]["best_k"]["table"]] == [1]
+    assert all(m["identical_to_plain"] for m in methods.values())
+    markdown = (tmp_path / "eval" / "report.md").read_text()
+    assert "k = 3 (ngram 2, untrained_draft 1)" in markdown
+    # the acceptance table spans the widest k; a method at a smaller k shows "-" beyond it
+    assert "| a1 | a2 | a3 |" in markdown
+    assert [line for line in markdown.splitlines() if line.startswith("| untrained_draft |")][0].count(" - |") >= 2
+
+
+def test_a_k_of_its_own_is_checked_at_the_door(tmp_path):
+    for item, why in (("ngram:0", "integer >= 1"), ("ngram", "METHOD:K"), ("eagle3:1", "not one of eval.methods"),
+                      ("hf_generate:2", "drafts eval.num_draft_tokens")):
+        with pytest.raises(SpecforgeError, match=why):
+            evaluate.run(eval_cfg(tmp_path, "eval.methods=[ngram,hf_generate]", f"eval.method_draft_tokens=[{item}]"))
+
+
 def test_sampling_mode_reports_no_identity(tmp_path):
     dataset = write_prompts(tmp_path / "prompts.jsonl")
     cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=2", "eval.temperature=0.8",
