@@ -34,7 +34,8 @@ from pathlib import Path
 
 from benchmarks.common import fail, run, run_file, update_doc_section, write_results
 from benchmarks.records.record_compare import training_summary
-from specforge_lite.decoding.report import methods_table, trees_table
+from specforge_lite.config.methods import labelled_drafters
+from specforge_lite.decoding.report import k_text, methods_table, trees_table
 
 NAME = "eval_families_smollm2"
 CHAINS = ("eagle3", "medusa", "dflash", "peagle")
@@ -72,8 +73,9 @@ def tree_goals(methods: dict, recommendation: dict) -> dict:
     return goals
 
 
-def dflash_goals(methods: dict) -> dict:
-    dflash, eagle, ngram = methods.get("dflash"), methods.get("eagle3"), methods.get("ngram")
+def dflash_goals(methods: dict, name: str = "dflash") -> dict:
+    """The DFlash issue's goals for DFlash drafter `name` (the dflash method or an extra drafter's label)."""
+    dflash, eagle, ngram = methods.get(name), methods.get("eagle3"), methods.get("ngram")
     if not (dflash and eagle):
         return {}
     ratio = dflash["draft_ms_per_token"] / eagle["draft_ms_per_token"]
@@ -89,7 +91,7 @@ def dflash_goals(methods: dict) -> dict:
 def per_minute(heldout: dict, threads: int) -> dict:
     """Held-out tau, training CPU minutes and (tau - 1) per CPU minute of each drafter the
     held-out evaluate decoded (its drafter folder's train/metrics.json)."""
-    dirs = heldout["settings"].get("drafter_dirs") or {}
+    dirs = drafter_folders(heldout)
     rows = {}
     for name, m in heldout["methods"].items():
         metrics = Path(dirs[name]).parent / "metrics.json" if dirs.get(name) else None
@@ -100,6 +102,12 @@ def per_minute(heldout: dict, threads: int) -> dict:
         rows[name] = {"tau": m["tau"], "tau_ci": m.get("tau_ci"), "train_cpu_min": minutes,
                       "train_tokens": logged["tokens_seen"], "gain_per_cpu_min": (m["tau"] - 1) / minutes}
     return rows
+
+
+def drafter_folders(report: dict) -> dict:
+    """Method -> trained drafter folder of a report: eval.drafter_dirs and eval.extra_drafters labels."""
+    settings = report["settings"]
+    return {**(settings.get("drafter_dirs") or {}), **labelled_drafters(settings)}
 
 
 def named_seconds(items: list[str], option: str) -> dict:
@@ -139,9 +147,9 @@ def brief(report: dict) -> dict:
 def at_best_k(report: dict, others: list[tuple[str, dict]]) -> dict:
     """The first other run at another k, as the cards' results blocks show it (`benchmarks/docs.py`:
     `report_at_best_k`, `best_k_command`)."""
-    k = report["settings"]["num_draft_tokens"]
+    k = k_text(report["settings"])
     for command, other in others:
-        if other["settings"]["num_draft_tokens"] != k:
+        if k_text(other["settings"]) != k:
             return {"report_at_best_k": other, "best_k_command": command}
     return {}
 
@@ -171,9 +179,12 @@ def main() -> None:
     parser.add_argument("--equal-cpu", action="store_true", help="the drafters trained for equal CPU time (--pilot)")
     parser.add_argument("--pilot", action="append", default=[], metavar="NAME=SECONDS",
                         help="a drafter's seconds per step in its pilot run (--equal-cpu); repeatable")
+    parser.add_argument("--dflash", action="append", default=[], metavar="METHOD",
+                        help="a DFlash method whose goals are computed (default: dflash); repeatable")
     parser.add_argument("--process-cpu", action="append", default=[], metavar="NAME=SECONDS",
                         help="a drafter's training process CPU seconds (user + sys, start-up included); repeatable")
     args = parser.parse_args()
+    args.dflash = args.dflash or ["dflash"]
     report = run_file(args.run_dir, "eval/report.json")
     methods, rec = report["methods"], report["recommendation"]
 
@@ -181,7 +192,7 @@ def main() -> None:
         tree = r["settings"]["tree"]
         shape = "/".join(str(tree[k]) for k in ("depth", "branch", "nodes"))
         trees = any(m.get("tree") for m in r["methods"].values())
-        return f"k={r['settings']['num_draft_tokens']}" + (f", trees {shape}" if trees else "")
+        return k_text(r["settings"]).replace(" = ", "=") + (f", trees {shape}" if trees else "")
 
     if len(args.also_command) != len(args.also):
         fail("give one --also-command per --also")
@@ -189,10 +200,11 @@ def main() -> None:
     goals = {}
     for r in runs:
         goals[f"trees ({label(r)})"] = tree_goals(r["methods"], r["recommendation"])
-        goals[f"dflash ({label(r)})"] = dflash_goals(r["methods"])
+        for name in args.dflash:
+            goals[f"{name} ({label(r)})"] = dflash_goals(r["methods"], name)
     goals = {key: group for key, group in goals.items() if group}
     heldout = per_minute(run_file(args.heldout, "eval/report.json"), args.train_threads) if args.heldout else {}
-    dirs = dict(report["settings"].get("drafter_dirs") or {})
+    dirs = drafter_folders(report)
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
     budget = equal_cpu(dirs, args.pilot, args.process_cpu, args.train_threads) if args.equal_cpu else {}
     write_results(args.name, {"budget": budget, "command": args.command, "wall": args.wall, "heldout_command": args.heldout_command,
@@ -236,7 +248,7 @@ def main() -> None:
     update_doc_section(args.name, f"""## {title}: `{args.run_dir.name}` (SmolLM2, CPU)
 
 Command: `{args.command}` ({args.wall}). Evaluation: {report['num_prompts']} MT-Bench first turns, greedy,
-k = {report['settings']['num_draft_tokens']}, {engine}, batch 1, methods interleaved per prompt.
+{k_text(report['settings'])}, {engine}, batch 1, methods interleaved per prompt.
 
 {methods_table(report)}
 

@@ -37,3 +37,18 @@ def test_a_malformed_or_unknown_pilot_is_one_error_line(tmp_path):
         record_families.equal_cpu(dirs, ["eagle3=fast"], [], 1)
     with pytest.raises(SpecforgeError, match="--pilot peagle: the evaluate decoded no drafter of that name"):
         record_families.equal_cpu(dirs, ["peagle=3.5"], [], 1)
+
+
+def test_extra_drafter_labels_are_folders_and_dflash_goals_follow_the_named_method(tmp_path):
+    folder = drafter_dir(tmp_path, "d4", 665, 1800.0, 300000)
+    report = {"settings": {"drafter_dirs": {"eagle3": "e/train/drafter", "medusa": None},
+                           "extra_drafters": [f"dflash_b4:{folder}"]}}
+    assert record_families.drafter_folders(report) == {"eagle3": "e/train/drafter", "medusa": None, "dflash_b4": folder}
+    entry = lambda ms, speed, ci: {"draft_ms_per_token": ms, "speedup": speed, "speedup_ci": ci}  # noqa: E731
+    methods = {"eagle3": entry(1.8, 1.0, [0.95, 1.05]), "dflash_b4": entry(0.5, 1.1, [1.06, 1.14]),
+               "ngram": entry(0.02, 1.2, [1.1, 1.3])}
+    goals = record_families.dflash_goals(methods, "dflash_b4")
+    assert goals["draft_cost_per_token_le_third_of_eagle3"]["met"] is True  # 0.5 / 1.8 <= 1/3
+    assert goals["speedup_ahead_of_eagle3_apart"]["met"] is True
+    assert goals["stretch_ahead_of_ngram_apart"]["met"] is False
+    assert record_families.dflash_goals(methods, "dflash") == {}  # no such method in this run
