@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.doc_topics import order_benchmarks, slug
+from specforge_lite.decoding.report import k_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -89,8 +90,9 @@ def report_of(d: dict) -> dict | None:
 
 
 def report_table(report: dict) -> list[str]:
-    k = report.get("settings", {}).get("num_draft_tokens")
-    lines = [f"{report.get('num_prompts', '?')} MT-Bench first turns, greedy, batch 1, k = {k}, "
+    settings = report.get("settings", {})
+    k = k_text(settings) if "num_draft_tokens" in settings else "k = None"
+    lines = [f"{report.get('num_prompts', '?')} MT-Bench first turns, greedy, batch 1, {k}, "
              f"{report.get('dtype', '?')} on {report.get('device', '?')}, {report.get('torch_threads', '?')} "
              "torch threads; intervals: 95% bootstrap over prompts.", "",
              "| method | tau | tokens/s | speedup vs plain | output = plain |", "|---|---:|---:|---:|:---:|"]

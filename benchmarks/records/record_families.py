@@ -79,7 +79,9 @@ def dflash_goals(methods: dict, name: str = "dflash") -> dict:
     if not (dflash and eagle):
         return {}
     ratio = dflash["draft_ms_per_token"] / eagle["draft_ms_per_token"]
-    goals = {"draft_cost_per_token_le_third_of_eagle3": _goal(ratio, ratio <= 1 / 3, "DFlash / EAGLE-3 ms per drafted token"),
+    at_k = f" (k {dflash['k']} / {eagle['k']})" if dflash.get("k") and eagle.get("k") else ""
+    goals = {"draft_cost_per_token_le_third_of_eagle3": _goal(ratio, ratio <= 1 / 3,
+                                                              f"DFlash / EAGLE-3 ms per drafted token{at_k}"),
              "speedup_ahead_of_eagle3": _goal([dflash["speedup"], eagle["speedup"]], dflash["speedup"] > eagle["speedup"],
                                               "point estimates"),
              "speedup_ahead_of_eagle3_apart": _goal([dflash["speedup_ci"], eagle["speedup_ci"]], _apart(dflash, eagle))}
@@ -179,6 +181,8 @@ def main() -> None:
     parser.add_argument("--equal-cpu", action="store_true", help="the drafters trained for equal CPU time (--pilot)")
     parser.add_argument("--pilot", action="append", default=[], metavar="NAME=SECONDS",
                         help="a drafter's seconds per step in its pilot run (--equal-cpu); repeatable")
+    parser.add_argument("--train-command", action="append", default=[], metavar="COMMAND",
+                        help="a command that trained one of the drafters, listed with the budget; repeatable")
     parser.add_argument("--dflash", action="append", default=[], metavar="METHOD",
                         help="a DFlash method whose goals are computed (default: dflash); repeatable")
     parser.add_argument("--process-cpu", action="append", default=[], metavar="NAME=SECONDS",
@@ -208,7 +212,7 @@ def main() -> None:
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
     budget = equal_cpu(dirs, args.pilot, args.process_cpu, args.train_threads) if args.equal_cpu else {}
     write_results(args.name, {"budget": budget, "command": args.command, "wall": args.wall, "heldout_command": args.heldout_command,
-                         "train_threads": args.train_threads, "goals": goals, "heldout": heldout,
+                         "train_threads": args.train_threads, "train_commands": args.train_command, "goals": goals, "heldout": heldout,
                          "trained": trained, "report": report,
                          "also": [{"command": c, "report": brief(r)} for c, r in zip(args.also_command, runs[1:])],
                          **at_best_k(report, [(c, brief(r)) for c, r in zip(args.also_command, runs[1:])])})
@@ -244,6 +248,8 @@ def main() -> None:
                                      f"{b['train_min_logged']:.1f} | "
                                      f"{'-' if b['process_cpu_min'] is None else format(b['process_cpu_min'], '.1f')} | "
                                      f"{b['tokens']} |" for n, b in budget.items()))
+        if args.train_command:
+            budget_table += "\n\nTrained by:\n\n" + "\n".join(f"- `{c}`" for c in args.train_command)
     title = ("Drafters at equal training CPU minutes" if budget else "Every drafter family, chains and trees")
     update_doc_section(args.name, f"""## {title}: `{args.run_dir.name}` (SmolLM2, CPU)
 
