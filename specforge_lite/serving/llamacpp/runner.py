@@ -139,7 +139,14 @@ class LlamaCppRunner:
         self.close()
 
     def close(self) -> None:
-        self.server = None  # the server stops when the object is freed
+        """Stop the server (it stops when the object is freed), once its HTTP loop answers:
+        xllamacpp's destructor can miss a stop that comes before the loop listens and then waits
+        for it forever (seen when a refused draft closed the runner right after loading)."""
+        server, self.server = self.server, None
+        if server is not None:
+            wait_listening(server.listening_address)
+            del server
+
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         """Greedy decoding of exactly `max_new_tokens` tokens after `prompt_ids`."""
@@ -161,6 +168,21 @@ class LlamaCppRunner:
         return Completion(tokens=[int(t) for t in reply["tokens"]], seconds=float(timings["predicted_ms"]) / 1000,
                           wall_seconds=wall, drafted=int(timings.get("draft_n", 0)),
                           accepted=int(timings.get("draft_n_accepted", 0)))
+
+
+def wait_listening(address: str, timeout: float = 60.0) -> bool:
+    """Whether the llama.cpp server at `address` answers HTTP (any status) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{address}/health", timeout=5):
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answered: loading (503) or any other status
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 class captured_stderr:
