@@ -19,9 +19,11 @@ with `draft-dflash`, the distilled draft model with `draft-simple`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +33,8 @@ from pathlib import Path
 from specforge_lite import SpecforgeError
 from specforge_lite.config.methods import gguf_drafters
 
+log = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 60  # for the server to stop once freed
 INSTALL_HINT = "make llamacpp (or pip install '.[llamacpp]')"
 
 # method -> llama.cpp speculative type (None: plain decoding); a trained drafter's method and type
@@ -139,14 +143,21 @@ class LlamaCppRunner:
         self.close()
 
     def close(self) -> None:
-        """Stop the server (it stops when the object is freed), once its HTTP loop answers:
-        xllamacpp's destructor can miss a stop that comes before the loop listens and then waits
-        for it forever (seen when a refused draft closed the runner right after loading)."""
+        """Stop the server: it stops when the object is freed. Freed in a daemon thread, once its
+        HTTP loop answers: xllamacpp's destructor, run on the calling thread right after loading
+        (a refused draft closes the runner so), could miss the stop and wait forever; should a
+        stop still hang, the run goes on with a warning and the process's exit ends the server."""
         server, self.server = self.server, None
-        if server is not None:
-            wait_listening(server.listening_address)
-            del server
-
+        if server is None:
+            return
+        wait_listening(server.listening_address)
+        held = [server]
+        del server
+        stopper = threading.Thread(target=held.clear, name="llamacpp-stop", daemon=True)
+        stopper.start()
+        stopper.join(STOP_TIMEOUT_S)
+        if stopper.is_alive():
+            log.warning("llama.cpp's server did not stop within %d s; it ends with this process", STOP_TIMEOUT_S)
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         """Greedy decoding of exactly `max_new_tokens` tokens after `prompt_ids`."""
