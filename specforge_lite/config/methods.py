@@ -147,15 +147,16 @@ def own_k_methods(eval_cfg) -> list[str]:
     return [*ENGINE_DRAFTERS, *DRAFTERS, "hf_prompt_lookup", "hf_assisted", *labelled_drafters(eval_cfg)]
 
 
+def _method_k(item) -> tuple[str, int | None]:
+    """One `eval.method_draft_tokens` item METHOD:K as (method, k), k None where it is no integer >= 1."""
+    method, sep, k = str(item).partition(":")
+    return method, int(k) if sep and method and k.strip().isdigit() and int(k) >= 1 else None
+
+
 def own_draft_tokens(eval_cfg) -> dict[str, int]:
     """`eval.method_draft_tokens` entries METHOD:K as {method: k} (those that parse; the rest
     are `draft_tokens_problems`)."""
-    out = {}
-    for item in eval_cfg.get("method_draft_tokens") or []:
-        method, _, k = str(item).partition(":")
-        if k.strip().isdigit():
-            out[method] = int(k)
-    return out
+    return {method: k for method, k in map(_method_k, eval_cfg.get("method_draft_tokens") or []) if k is not None}
 
 
 def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
@@ -163,9 +164,9 @@ def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
     takes its own k, each k an integer >= 1."""
     problems, seen = [], []
     for item in eval_cfg.get("method_draft_tokens") or []:
-        method, sep, k = str(item).partition(":")
+        method, k = _method_k(item)
         where = f"eval.method_draft_tokens: {item!r}"
-        if not sep or not method or not k.strip().isdigit() or int(k) < 1:
+        if k is None:
             problems.append(f"{where} should be METHOD:K with K an integer >= 1 (eval.method_draft_tokens=[dflash:1])")
         elif method in seen:
             problems.append(f"{where}: {method} appears twice")

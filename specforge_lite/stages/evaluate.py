@@ -368,7 +368,7 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
     for name in methods:
         rows = by_method[name]
         entry = summarise([a["gen"] for a in rows], draft_tokens(ecfg, name) if name in drafters else 0)
-        if name in drafters or name in own_k_methods(ecfg):
+        if name in own_k_methods(ecfg):
             entry["k"] = draft_tokens(ecfg, name)
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
         entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
