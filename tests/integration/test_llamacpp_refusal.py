@@ -52,24 +52,31 @@ CLOSE_AT_ONCE = """
 from specforge_lite.serving.llamacpp.files import target_gguf
 from specforge_lite.serving.llamacpp.runner import LlamaCppRunner
 target, _ = target_gguf("builtin:tiny-llama")
-for _ in range(20):
+for _ in range(200):
     LlamaCppRunner(target, "llamacpp_plain", threads=1).start().close()
-print("closed 20")
+print("closed 200")
 """
 
 
 def test_a_runner_closed_right_after_loading_stops_its_server():
-    """A refused draft closes the runner with no request made. xllamacpp's destructor, run on the
-    calling thread then, could miss that stop and wait forever (it hung a whole test session);
-    `close` frees the server in a thread of its own once it answers. In a child process, so that
-    a regression fails here instead of hanging."""
+    """A refused draft closes the runner with no request made. xllamacpp's destructor could then
+    stop the task loop before it ran and wait for it forever (it hung a test session, and CI);
+    `close` frees the server once the loop has answered. In a child process, so that a regression
+    fails here instead of hanging."""
+    import os
     import subprocess
     import sys
 
     if not available():
         pytest.skip(f"xllamacpp is not installed ({INSTALL_HINT})")
+    # the lost stop is a race that busy cores make likely: one spinning process per core meanwhile
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
-        proc = subprocess.run([sys.executable, "-c", CLOSE_AT_ONCE], capture_output=True, text=True, timeout=240)
+        proc = subprocess.run([sys.executable, "-c", CLOSE_AT_ONCE], capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired:
         pytest.fail("closing llama.cpp runners right after loading hung")
-    assert proc.returncode == 0 and "closed 20" in proc.stdout, proc.stderr[-2000:]
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert proc.returncode == 0 and "closed 200" in proc.stdout, proc.stderr[-2000:]

@@ -23,7 +23,6 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +33,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.config.methods import gguf_drafters
 
 log = logging.getLogger(__name__)
-STOP_TIMEOUT_S = 60  # for the server to stop once freed
+LOOP_TIMEOUT_S = 60  # for the task loop to answer before the server is freed
 INSTALL_HINT = "make llamacpp (or pip install '.[llamacpp]')"
 
 # method -> llama.cpp speculative type (None: plain decoding); a trained drafter's method and type
@@ -115,6 +114,7 @@ class LlamaCppRunner:
         params.sampling.temp = 0.0
         params.sampling.top_k = 1
         params.warmup = True
+        params.endpoint_slots = True  # `close` waits for the task loop through it
         spec_type = METHODS[self.method]
         if spec_type is not None:
             params.speculative.types = [getattr(xl.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_{spec_type}")]
@@ -143,21 +143,16 @@ class LlamaCppRunner:
         self.close()
 
     def close(self) -> None:
-        """Stop the server: it stops when the object is freed. Freed in a daemon thread, once its
-        HTTP loop answers: xllamacpp's destructor, run on the calling thread right after loading
-        (a refused draft closes the runner so), could miss the stop and wait forever; should a
-        stop still hang, the run goes on with a warning and the process's exit ends the server."""
+        """Stop the server: it stops when the object is freed. xllamacpp's destructor tells the
+        task loop to stop and joins it while holding the GIL; a stop sent before that loop runs is
+        lost and the join never returns (a refused draft closes the runner right after loading).
+        So the server is freed only once its task loop has answered a request."""
         server, self.server = self.server, None
         if server is None:
             return
-        wait_listening(server.listening_address)
-        held = [server]
+        if not wait_task_loop(server.listening_address):
+            log.warning("llama.cpp's server did not answer within %d s; freeing it may hang", LOOP_TIMEOUT_S)
         del server
-        stopper = threading.Thread(target=held.clear, name="llamacpp-stop", daemon=True)
-        stopper.start()
-        stopper.join(STOP_TIMEOUT_S)
-        if stopper.is_alive():
-            log.warning("llama.cpp's server did not stop within %d s; it ends with this process", STOP_TIMEOUT_S)
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         """Greedy decoding of exactly `max_new_tokens` tokens after `prompt_ids`."""
@@ -181,19 +176,23 @@ class LlamaCppRunner:
                           accepted=int(timings.get("draft_n_accepted", 0)))
 
 
-def wait_listening(address: str, timeout: float = 60.0) -> bool:
-    """Whether the llama.cpp server at `address` answers HTTP (any status) within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+def wait_task_loop(address: str, timeout: float = None) -> bool:
+    """Whether the llama.cpp server at `address` answered `/slots` within `timeout` seconds:
+    that endpoint is served by the task loop, so an answer means the loop runs (`/health` is
+    answered by the HTTP thread alone, before the loop may have started)."""
+    deadline = time.monotonic() + (LOOP_TIMEOUT_S if timeout is None else timeout)
     while True:
         try:
-            with urllib.request.urlopen(f"{address}/health", timeout=5):
+            with urllib.request.urlopen(f"{address}/slots", timeout=5):
                 return True
-        except urllib.error.HTTPError:
-            return True  # it answered: loading (503) or any other status
+        except urllib.error.HTTPError as err:
+            if err.code != 503:  # 503: still loading; any other status came back through the loop
+                return True
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 class captured_stderr:
