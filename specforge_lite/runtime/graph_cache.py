@@ -11,7 +11,8 @@ ranges, the plain attributes of the modules (a chain's number of drafts) and the
 files, torch's version, the CPU capability, the thread count, the GEMM rows and whether
 products are autotuned. A later run with the same inputs loads it in seconds. A damaged or
 foreign file is compiled again, and at most KEEP_PER_LABEL packages of one label are kept
-(the least recently used go first).
+(the least recently used go first), more where one process uses more of them at once (an
+evaluate of several drafters of one kind): a process never evicts a package it has used.
 
 State a graph writes in place (KV caches) is not in the package: `compile_kept` turns a
 module's cache buffers into trailing inputs (`_StateInputs`), so the package holds the
@@ -133,11 +134,17 @@ class _StateInputs(nn.Module):
         return torch.func.functional_call(self.module, dict(zip(self.state, tensors)), inputs)
 
 
+# the packages this process has loaded or written: its own eviction leaves them alone
+_IN_USE: set[Path] = set()
+
+
 def _evict(folder: Path, label: str, keep: Path) -> None:
-    """Remove the least recently used packages of `label` beyond KEEP_PER_LABEL (never `keep`)."""
-    found = sorted((p for p in folder.glob(f"{label}-*.pt2") if p != keep),
+    """Remove the least recently used packages of `label` beyond KEEP_PER_LABEL; never `keep`
+    nor another package this process has used (they count towards the limit)."""
+    used = {p for p in _IN_USE | {keep} if p.parent == folder and p.name.startswith(f"{label}-")}
+    found = sorted((p for p in folder.glob(f"{label}-*.pt2") if p not in used),
                    key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in found[KEEP_PER_LABEL - 1:]:
+    for old in found[max(0, KEEP_PER_LABEL - len(used)):]:
         try:
             old.unlink()
             log.info("removed the compiled graph %s (more than %d of %s kept)", old.name, KEEP_PER_LABEL, label)
@@ -227,6 +234,8 @@ def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.Ex
         if path.is_file():
             try:
                 runner = torch._inductor.aoti_load_package(str(path))
+                if cache_dir is not None:
+                    _IN_USE.add(path)
                 try:
                     os.utime(path)  # recently used: evicted last
                 except OSError:  # a read-only folder: still usable
@@ -244,6 +253,7 @@ def kept_package(label: str, key: str, program_of: Callable[[], "torch.export.Ex
         runner = torch._inductor.aoti_load_package(str(path))
         if cache_dir is not None:
             log.info("kept the compiled graph %s (%.0f MB)", path, path.stat().st_size / 1e6)
+            _IN_USE.add(path)
             _evict(folder, label, path)
     return runner, time.perf_counter() - start, "compiled"
 

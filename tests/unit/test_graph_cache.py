@@ -25,6 +25,29 @@ def test_older_packages_of_a_label_are_evicted_first(tmp_path):
     assert left == sorted([*names[:keep - 1], names[-1], "target-00.pt2"])
 
 
+def test_a_process_never_evicts_the_packages_it_uses(tmp_path, monkeypatch):
+    """An evaluate of more drafters of one kind than KEEP_PER_LABEL keeps every graph it used
+    (it loads them all again next run); only packages it did not use make room."""
+    keep = graph_cache.KEEP_PER_LABEL
+    monkeypatch.setattr(graph_cache, "_IN_USE", set())
+    used = [tmp_path / f"dflash-chain-used{i}.pt2" for i in range(keep + 1)]
+    stale = [tmp_path / f"dflash-chain-stale{i}.pt2" for i in range(2)]
+    for age, path in enumerate(used + stale):  # the used ones are the oldest on disk
+        path.write_bytes(b"x")
+        os.utime(path, (1e9 + age * 100, 1e9 + age * 100))
+    graph_cache._IN_USE.update(used[:-1])
+    graph_cache._evict(tmp_path, "dflash-chain", used[-1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in used)
+    # with fewer in use, the newest unused ones fill the room left
+    graph_cache._IN_USE.clear()
+    for path in stale:
+        path.write_bytes(b"x")
+        os.utime(path, (2e9, 2e9))
+    graph_cache._evict(tmp_path, "dflash-chain", used[0])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == keep and used[0].name in left and all(p.name in left for p in stale)
+
+
 def test_key_follows_weights_facts_and_threads():
     w = torch.arange(6, dtype=torch.float32)
     base = graph_cache.graph_key({"a": 1}, [("w", w)], [graph_cache.__file__])
