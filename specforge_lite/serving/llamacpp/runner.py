@@ -176,7 +176,7 @@ class LlamaCppRunner:
                           accepted=int(timings.get("draft_n_accepted", 0)))
 
 
-def wait_task_loop(address: str, timeout: float = None) -> bool:
+def wait_task_loop(address: str, timeout: float | None = None) -> bool:
     """Whether the llama.cpp server at `address` answered `/slots` within `timeout` seconds:
     that endpoint is served by the task loop, so an answer means the loop runs (`/health` is
     answered by the HTTP thread alone, before the loop may have started)."""
