@@ -176,11 +176,11 @@ class LlamaCppRunner:
                           accepted=int(timings.get("draft_n_accepted", 0)))
 
 
-def wait_task_loop(address: str, timeout: float | None = None) -> bool:
+def wait_task_loop(address: str, timeout: float = LOOP_TIMEOUT_S) -> bool:
     """Whether the llama.cpp server at `address` answered `/slots` within `timeout` seconds:
     that endpoint is served by the task loop, so an answer means the loop runs (`/health` is
     answered by the HTTP thread alone, before the loop may have started)."""
-    deadline = time.monotonic() + (LOOP_TIMEOUT_S if timeout is None else timeout)
+    deadline = time.monotonic() + timeout
     while True:
         try:
             with urllib.request.urlopen(f"{address}/slots", timeout=5):
