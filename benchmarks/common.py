@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, NoReturn, TypeVar
 
-from benchmarks.doc_topics import order_benchmarks
+from benchmarks.doc_topics import order_benchmarks, read_results
 from benchmarks.docs import num, with_ci  # noqa: F401  (one formatter of a value and its interval, for all)
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import package_versions
@@ -105,12 +105,14 @@ def run_file(run_dir: Path, relative: str, command: str | None = None) -> dict:
     stage = MAKES.get(Path(relative).parts[0], "")
     path = needed(Path(run_dir) / relative, command or stage.format(run=run_dir)
                   + (" (with the overrides that made the run)" if stage and not command else ""))
-    return json.loads(path.read_text())
+    from specforge_lite.artifact_io import read_json_object
+
+    return read_json_object(path)  # a damaged file: one line naming it
 
 
 def load_results(name: str, command: str) -> dict:
-    """benchmarks/results/NAME.json, or an error naming the command that writes it."""
-    return json.loads(needed(RESULTS / f"{name}.json", command).read_text())
+    """benchmarks/results/NAME.json, or an error naming the command that writes it (or the damage)."""
+    return read_results(needed(RESULTS / f"{name}.json", command))
 
 
 # --- timing ------------------------------------------------------------------------------

@@ -7,11 +7,27 @@ replaces) plus the hand-written reading that follows it up to the next section.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
+
+
+def read_results(path: Path) -> dict:
+    """A results file's object; a damaged one (a bad merge, a truncated write) is one line naming
+    it, so `make docs` does not stop on a decoder's traceback that names no file."""
+    from specforge_lite import SpecforgeError
+    from specforge_lite.artifact_io import ArtifactError, read_json_object
+
+    path = Path(path)
+    try:
+        return read_json_object(path)
+    except ArtifactError as err:
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        problem = str(err).removeprefix(f"{err.path}: ")
+        raise SpecforgeError(f"results file {shown}: {problem}: restore it (git checkout -- {shown}) "
+                             "or run again the benchmark that writes it") from None
 
 OPEN = re.compile(r"^<!-- ([\w.\-]+) -->$", re.M)
 TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
@@ -62,7 +78,7 @@ def result_date(section: str) -> str:
     path = RESULTS / f"{RESULT_OF.get(section, section)}.json"
     if not path.exists():
         return ""
-    return str(json.loads(path.read_text()).get("date", ""))
+    return str(read_results(path).get("date", ""))
 
 
 def superseded(section: str) -> bool:

@@ -21,12 +21,11 @@ README and each docs/ guide carry their contents between `<!-- docs:contents -->
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
-from benchmarks.doc_topics import order_benchmarks, slug
+from benchmarks.doc_topics import order_benchmarks, read_results, slug
 from specforge_lite.decoding.report import k_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +49,7 @@ FIGURE = re.compile(
 
 
 def load(name: str) -> dict:
-    return json.loads((RESULTS / f"{name}.json").read_text())
+    return read_results(RESULTS / f"{name}.json")
 
 
 # --- formatting -------------------------------------------------------------------------
@@ -191,7 +190,7 @@ def gpu_rows(methods=("eagle3", "ngram")) -> list[str]:
     bf16 evaluation's speculative methods, with the identity verdicts; none where no such file exists."""
     rows = []
     for path in sorted(RESULTS.glob("gpu_check_*.json")):
-        d = json.loads(path.read_text())
+        d = read_results(path)
         step = d.get("steps", {}).get("eval_bfloat16", {})
         engine = (step.get("engine") or {}).get("used", "?")
         for method in methods:
@@ -301,7 +300,7 @@ def problems() -> list[str]:
 
     text = DOC.read_text() if DOC.exists() else ""
     for path in sorted(RESULTS.glob("gpu_check_*.json")):  # written here from the file the GPU machine hands back
-        block = f"<!-- {path.stem} -->\n{record_gpu_check.section(path.stem, json.loads(path.read_text()))}\n"
+        block = f"<!-- {path.stem} -->\n{record_gpu_check.section(path.stem, read_results(path))}\n"
         if block not in text:
             found.append(f"docs/BENCHMARKS.md: section {path.stem} does not match benchmarks/results/{path.name} "
                          "(make docs)")
@@ -331,5 +330,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """`main`, a damaged or missing results file (a `SpecforgeError`) printed as one line, exit 2."""
+    from specforge_lite import SpecforgeError
+
+    try:
+        return main(argv)
+    except SpecforgeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

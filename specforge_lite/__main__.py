@@ -95,6 +95,42 @@ def run_dir_problem(overrides: list[str]) -> str | None:
     return folder_problem(Path(given[-1]), "run_dir") if given and given[-1].strip() else None
 
 
+def unresolved(err: Exception, overrides: list[str]) -> str:
+    """The line for an interpolation Hydra could not resolve while it made the run's log folder
+    (hydra.run.dir is `${run_dir}/logs/...`), before any stage ran: it names run_dir and the value
+    given, not Hydra's own key."""
+    key = getattr(err, "full_key", None) or "run_dir"
+    if key == "hydra.run.dir" and not any(item.lstrip("+~").startswith(f"{key}=") for item in overrides):
+        key = "run_dir"
+    given = [item.split("=", 1)[1] for item in overrides if item.lstrip("+~").startswith(f"{key}=")]
+    shown = f"{key}={given[-1]!r}" if given else key
+    return (f"{shown}: cannot resolve its value ({str(err).splitlines()[0]}); write the path out, or interpolate a "
+            f"key the config has ({key}=runs/${{recipe_name}})")
+
+
+def unresolved_run_dir(stage: str, overrides: list[str]) -> str | None:
+    """Why the run's log folder cannot be named, or None. Hydra resolves it (`hydra.run.dir`,
+    under run_dir) before our door and reports an interpolation that does not resolve as a
+    traceback, so an override that interpolates (`${...}`) is tried here first; a config Hydra
+    cannot compose is left for Hydra to report in its own words."""
+    if not any("${" in item for item in overrides):
+        return None
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose(config_name="config", overrides=[f"stage={stage}", *overrides], return_hydra_config=True)
+    except Exception:
+        return None
+    try:
+        OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=True)
+    except InterpolationResolutionError as err:
+        return unresolved(err, overrides)
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     global _dispatched
     _dispatched = False
@@ -122,12 +158,22 @@ def main(argv: list[str] | None = None) -> None:
     from specforge_lite.config.schema import register_configs
 
     register_configs()
+    if message := unresolved_run_dir(stage, rest):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(USER_ERROR)
     if os.environ.get(DEBUG_ENV):
         os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_dispatch)
     sys.argv = [f"specforge_lite {stage}", f"stage={stage}", *rest]
+    from omegaconf.errors import InterpolationResolutionError
+
     try:
         task()
+    except InterpolationResolutionError as err:  # Hydra's own keys (its log folder), resolved before our door
+        if _dispatched or os.environ.get(DEBUG_ENV):
+            raise
+        print(f"error: {unresolved(err, rest)}", file=sys.stderr)
+        sys.exit(USER_ERROR)
     except SystemExit as done:
         # Hydra reports a config it cannot compose (unknown key, wrong type, bad override)
         # in its own words and exits with 1; that is the user's input too

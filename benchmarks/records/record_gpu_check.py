@@ -8,9 +8,8 @@ section from that file here (`make docs` runs it too):
 
 from __future__ import annotations
 
-import json
-
 from benchmarks.common import RESULTS, run, update_doc_section, with_ci
+from benchmarks.doc_topics import read_results
 
 COMMAND = "python -m benchmarks.records.record_gpu_check"
 
@@ -75,7 +74,7 @@ def section(slug: str, d: dict) -> str:
 
 def main() -> None:
     for path in sorted(RESULTS.glob("gpu_check_*.json")):
-        update_doc_section(path.stem, section(path.stem, json.loads(path.read_text())))
+        update_doc_section(path.stem, section(path.stem, read_results(path)))
         print(f"docs/BENCHMARKS.md: section {path.stem}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from specforge_lite import SpecforgeError
 from specforge_lite.config.registry import DRAFTERS, RENAMED
+from specforge_lite.config.schema import MAX_DRAFTS
 
 PLAIN = "plain"
 ENGINE_DRAFTERS = ("ngram", "untrained_draft")
@@ -87,11 +88,48 @@ def tree_problems(eval_cfg, target_config=None) -> list[str]:
     if tree is not None and tree.nodes < tree.depth:
         problems.append(f"eval.tree.nodes={tree.nodes} is below eval.tree.depth={tree.depth}: a tree of depth "
                         f"{tree.depth} needs at least {tree.depth} nodes")
+    problems += [p for p in (branch_problem(tree),) if p]
     context = getattr(target_config, "max_position_embeddings", None)
     if tree is not None and context and tree.nodes + 1 >= context:
         problems.append(f"eval.tree.nodes={tree.nodes}: the target has max_position_embeddings={context}, "
                         f"so a verify of nodes + 1 tokens must stay below {context}")
     return problems
+
+
+def branch_problem(tree) -> str | None:
+    """Work a tree's shape asks for beyond what its node budget can use (the budget itself is
+    bounded by MAX_DRAFTS, at its field): every node expands its top `branch` candidates, and no
+    node has more children than the tree has nodes."""
+    if tree is None or tree.branch <= tree.nodes:
+        return None
+    return (f"eval.tree.branch={tree.branch} is above eval.tree.nodes={tree.nodes}: no node of a tree of "
+            f"{tree.nodes} nodes has more children, so give at most {tree.nodes} (or more nodes, up to {MAX_DRAFTS})")
+
+
+def length_problems(eval_cfg, target_config) -> list[str]:
+    """Once the target's config is known: an answer of eval.max_new_tokens and one verify of the
+    widest step (k + 1 or a tree's nodes + 1) must leave the target's context a position for a
+    prompt (a longer one would skip every prompt after loading everything)."""
+    context = getattr(target_config, "max_position_embeddings", None)
+    tree = eval_cfg.get("tree")
+    widest = max(widest_k(eval_cfg), tree.nodes if tree is not None and any(map(tree_base, eval_cfg.methods)) else 0)
+    limit = (context or 0) - widest - 2
+    if not context or eval_cfg.max_new_tokens <= limit:
+        return []
+    return [length_problem(eval_cfg.max_new_tokens, context, widest + 1, max(limit, 0))]
+
+
+def length_problem(max_new_tokens: int, context: int, width: int, limit: int) -> str:
+    return (f"eval.max_new_tokens={max_new_tokens}: the target has max_position_embeddings={context}, and an "
+            f"answer and one verify of {width} tokens must leave a position for the prompt: give at most {limit}")
+
+
+def no_methods(methods: list[str]) -> str | None:
+    """An empty `eval.methods` leaves evaluate nothing to measure, nor an engine to measure it on."""
+    if methods:
+        return None
+    return (f"eval.methods=[] lists no method: give at least one (eval.methods=[plain] times plain decoding "
+            f"alone); known: {', '.join(known())}")
 
 
 def known() -> list[str]:
@@ -112,6 +150,7 @@ def method_problems(eval_cfg) -> list[str]:
     """Every problem of `eval.methods`, `eval.extra_drafters` and `eval.best_k_method`."""
     problems, names = [], known()
     methods = list(eval_cfg.methods)
+    problems += [p for p in (no_methods(methods),) if p]
     for method in methods:
         if method in RENAMED:
             problems.append(f"eval.methods: {method} was renamed: untrained_draft (a draft model used as it is) or "
@@ -169,11 +208,14 @@ def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
         if k is None:
             problems.append(f"{where} should be METHOD:K with K an integer >= 1 (eval.method_draft_tokens=[dflash:1])")
         elif method in seen:
-            problems.append(f"{where}: {method} appears twice")
-        elif method not in methods:
-            problems.append(f"{where}: {method} is not one of eval.methods {methods}")
+            problems.append(f"{where}: {method!r} appears twice")
+        elif method not in methods:  # repr: a stray space ('ngram :2') is seen
+            problems.append(f"{where}: {method!r} is not one of eval.methods {methods}")
+        elif k > MAX_DRAFTS:
+            problems.append(f"{where}: k={k} is above {MAX_DRAFTS}, the most drafts one step verifies (evaluate "
+                            "times a target forward at every width up to it)")
         elif method not in own_k_methods(eval_cfg):
-            problems.append(f"{where}: {method} drafts eval.num_draft_tokens (a k of its own is for our engine's "
+            problems.append(f"{where}: {method!r} drafts eval.num_draft_tokens (a k of its own is for our engine's "
                             "drafters, ngram, untrained_draft, hf_prompt_lookup and hf_assisted)")
         seen.append(method)
     return problems

@@ -122,13 +122,23 @@ def _drafter_dirs_schema():
 DrafterDirs = _drafter_dirs_schema()
 
 
+# The most drafts one step verifies (a chain's k, a tree's nodes): evaluate times a target forward
+# at every verify width up to it (eval.cost_repeats rounds of each, for best k), a cost that grows
+# with its square, and our engine keeps a verify graph of that width. EAGLE-2's and SGLang's trees
+# and vLLM's chains stay below it.
+MAX_DRAFTS = 64
+DRAFTS_NOTE = ("the drafts one step verifies; evaluate times a target forward at every width up to it, "
+               "see docs/TROUBLESHOOTING.md")
+
+
 @dataclass
 class TreeConfig:
     """`eval.tree.*`: the draft trees of the `*_tree` methods (`decoding/tree.py`). Defaults:
     SGLang's EAGLE-2/EAGLE-3 ones (5 steps, top-4 branches, 8 verified tokens)."""
     depth: int = checked(5, ge=1)  # drafts along one root path at most
-    branch: int = checked(4, ge=1)  # children expanded per node (EAGLE-2's top-k)
-    nodes: int = checked(8, ge=1)  # nodes verified per step, at least depth, below the target's context
+    branch: int = checked(4, ge=1)  # children expanded per node (EAGLE-2's top-k), at most nodes
+    # nodes verified per step, at least depth, below the target's context
+    nodes: int = checked(8, ge=1, le=MAX_DRAFTS, note=DRAFTS_NOTE)
 
 
 @dataclass
@@ -154,7 +164,8 @@ class EvalConfig:
     # `plain` is always run (the speedup baseline and the reference output).
     methods: List[str] = field(default_factory=lambda: [
         "plain", "ngram", "untrained_draft", "hf_generate", "hf_prompt_lookup", "hf_assisted"])
-    num_draft_tokens: int = checked(4, ge=1)  # k, the chain length (HF peers get the same k)
+    # k, the chain length (HF peers get the same k)
+    num_draft_tokens: int = checked(4, ge=1, le=MAX_DRAFTS, note=DRAFTS_NOTE)
     # METHOD:K, a k of its own for some of our engine's chain methods (each at its best k in one
     # evaluate): eval.method_draft_tokens=[dflash:1,eagle3:1]; the others (vllm_*, llamacpp_*
     # included) draft num_draft_tokens

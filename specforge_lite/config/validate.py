@@ -29,7 +29,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.artifacts import STAGE_DIRS, folder_problem, samples_dir
 from specforge_lite.config.stages import COMMANDS, SAMPLE, runs
-from specforge_lite.config.methods import VLLM_METHODS, method_problems, tree_problems
+from specforge_lite.config.methods import VLLM_METHODS, length_problems, method_problems, tree_problems
 from specforge_lite.serving.llamacpp import checks as llamacpp_checks
 from specforge_lite.config.registry import DRAFTERS, sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
@@ -80,8 +80,8 @@ def validate_for_target(cfg: DictConfig) -> None:
     target_config = load_target_config(cfg.target, weights=cfg.stage != "export")
     if COMMANDS[cfg.stage].builds_drafter:  # checked against the target's config
         validate_config(cfg, target_config)
-    if runs(cfg.stage, "evaluate"):  # a tree's node budget against the target's context
-        _refuse(tree_problems(cfg.eval, target_config))
+    if runs(cfg.stage, "evaluate"):  # a tree's node budget and the answers' length against the target's context
+        _refuse(tree_problems(cfg.eval, target_config) + length_problems(cfg.eval, target_config))
     # the other models a stage will load: paths resolved now (a missing one fails at once)
     if COMMANDS[cfg.stage].builds_drafter and cfg.drafter.get("student"):
         resolve_target_path(cfg.drafter.student, "drafter.student")
@@ -111,8 +111,8 @@ def _walk(node: DictConfig, prefix: str, problems: list[str], target_config: Any
             continue
         try:
             value = node[name]
-        except Exception as err:  # an interpolation that does not resolve
-            problems.append(f"{full}: cannot resolve its value ({err})")
+        except Exception as err:  # an interpolation that does not resolve: omegaconf's first line
+            problems.append(f"{full}: cannot resolve its value ({str(err).splitlines()[0]})")
             continue
         if isinstance(value, DictConfig):
             _walk(value, f"{full}.", problems, target_config)

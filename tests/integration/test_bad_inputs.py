@@ -97,6 +97,11 @@ RANGE_CASES = [
     ("evaluate", ["eval.methods=[plain,eagle4]"], "unknown ['eagle4']"),
     ("evaluate", ["eval.methods=[plain,ngram]", "eval.method_draft_tokens=[ngram:0]"],
      "eval.method_draft_tokens: 'ngram:0' should be METHOD:K"),
+    # a stray space is shown (the item's method in quotes), and an empty method list refused
+    ("evaluate", ["eval.methods=[plain,ngram]", "eval.best_k_method=ngram", "eval.method_draft_tokens=['ngram :2']"],
+     "eval.method_draft_tokens: 'ngram :2': 'ngram ' is not one of eval.methods ['plain', 'ngram']"),
+    ("evaluate", ["eval.methods=[]"], "eval.methods=[] lists no method: give at least one"),
+    ("run", ["eval.methods=[]"], "eval.methods=[] lists no method"),
     ("sample", ["target.device=tpu"], "target.device='tpu': allowed: auto, cpu, cuda or cuda:N"),
     ("sample", ["sample.rank=2", "sample.world_size=2"], "the rank must be below the world size"),
     ("evaluate", ["eval.vllm.single_process=true", "eval.vllm.tensor_parallel_size=2"],
@@ -120,6 +125,23 @@ def test_out_of_range_settings_are_refused_before_anything_runs(capsys, tmp_path
     code, err = cli(capsys, stage, *recipe, f"run_dir={tmp_path}", *overrides)
     assert_user_error(code, err, message)
     assert written(tmp_path) == set()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("run_dir={tmp}/${{nope}}", "run_dir='{tmp}/${{nope}}': cannot resolve its value (Interpolation key 'nope' not "
+                                "found); write the path out"),
+    ("recipe_name=${{nope}}", "run_dir: cannot resolve its value (Interpolation key 'nope' not found)"),
+    ("eval.max_new_tokens=${{nope}}", "eval.max_new_tokens: cannot resolve its value (Interpolation key 'nope' not "
+                                      "found)\n"),
+])
+def test_an_interpolation_that_does_not_resolve_is_one_line(capsys, tmp_path, override, message):
+    """`${...}` naming no key: in run_dir Hydra resolved it first (its log folder) and printed its
+    own traceback; anywhere it is one line naming the key, exit 2, nothing written."""
+    run_dir = [] if override.startswith(("run_dir", "recipe_name")) else [f"run_dir={tmp_path}"]
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", *run_dir, override.format(tmp=tmp_path))
+    assert_user_error(code, err, message.format(tmp=tmp_path))
+    assert len(err.strip().splitlines()) == 1, err
+    assert not any(tmp_path.iterdir()) if run_dir == [] else written(tmp_path) == set()
 
 
 def test_a_bad_gemm_rows_environment_setting_is_refused_at_the_door(capsys, tmp_path, monkeypatch):

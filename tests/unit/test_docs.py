@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from benchmarks import doc_topics, docs
 
 # eagle_smollm2's card before its figures were generated: a replaced run's numbers typed by hand
@@ -196,10 +198,15 @@ ENTRIES = {
     "specforge_lite/training/features.py": ["prepare", "_intact"],
     "specforge_lite/serving/llamacpp/files.py": ["target_gguf", "load_check"],
     "specforge_lite/serving/llamacpp/methods.py": ["check_drafted"],
+    "specforge_lite/config/methods.py": ["branch_problem", "length_problem", "no_methods"],
+    "specforge_lite/__main__.py": ["unresolved"],
+    "benchmarks/doc_topics.py": ["read_results"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)
 PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
-           ("specforge_lite/scale/launch.py", "128 + signal.SIGHUP")]
+           ("specforge_lite/scale/launch.py", "128 + signal.SIGHUP"),
+           ("specforge_lite/config/methods.py", "the most drafts one step verifies"),
+           ("specforge_lite/config/schema.py", "the drafts one step verifies; evaluate times a target forward")]
 
 
 def words(text: str) -> str:
@@ -250,3 +257,39 @@ def test_every_new_error_has_a_troubleshooting_entry():
     for path, phrase in PHRASES:
         assert phrase in (docs.ROOT / path).read_text(), f"{path} no longer says {phrase!r}: update PHRASES"
     assert "export/gguf is UNCHECKED" in TROUBLESHOOTING.read_text() and "128+N" in TROUBLESHOOTING.read_text()
+    for _, phrase in PHRASES[2:]:
+        assert words(phrase) in text, f"docs/TROUBLESHOOTING.md does not quote {phrase!r}"
+
+
+@pytest.mark.parametrize("name,damage", [("eval_eagle_smollm2", b'{"date": "2026-11-2'),
+                                         ("gpu_check_nvidia_h200", b"\xff\xfe not text")])
+def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, monkeypatch, capsys, name, damage):
+    """make docs (and --check) on a results file that is not JSON: one `error:` line naming the file,
+    exit 2, nothing written (it used to be a JSONDecodeError naming no file)."""
+    import shutil
+
+    from benchmarks import common
+    from benchmarks.records import record_gpu_check
+
+    results = tmp_path / "benchmarks" / "results"
+    shutil.copytree(docs.RESULTS, results)
+    (results / f"{name}.json").write_bytes(damage)
+    for module in (docs, doc_topics, common, record_gpu_check):
+        monkeypatch.setattr(module, "RESULTS", results)
+    readme = tmp_path / "README.md"  # what `make docs` would rewrite: a copy, the only file it reaches
+    original = docs.README.read_text()
+    readme.write_text(original)
+    for module in (docs, common):
+        monkeypatch.setattr(module, "DOC", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(docs, "README", readme)
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    monkeypatch.setattr(doc_topics, "ROOT", tmp_path)
+    monkeypatch.setattr(docs, "GUIDES", [])
+    monkeypatch.setattr(docs, "CARDS", [])
+    for argv in (["--check"], []):
+        assert docs.cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: results file benchmarks/results/{name}.json: "), err
+        assert "run again the benchmark that writes it" in err and "Traceback" not in err, err
+    assert readme.read_text() == original
+    assert not (tmp_path / "BENCHMARKS.md").exists()

@@ -172,12 +172,13 @@ def load_speculators_dir(directory: Path, target) -> DFlashDrafter:
 
 @torch.no_grad()
 def max_logit_difference(a: DFlashDrafter, b: DFlashDrafter) -> float:
-    """Largest |logit difference| over the blocks of random anchors on random inputs."""
-    device = a.fc.weight.device
+    """Largest |logit difference| over the blocks of random anchors on random inputs (made in
+    `a`'s dtype)."""
+    device, dtype = a.fc.weight.device, a.fc.weight.dtype
     gen = torch.Generator().manual_seed(0)
     t = 4 * a.config.block_size
     ids = torch.randint(0, a.config.vocab_size, (2, t), generator=gen).to(device)
-    aux = torch.randn(2, t, a.fc.weight.shape[1], generator=gen).to(device)
+    aux = torch.randn(2, t, a.fc.weight.shape[1], generator=gen).to(device, dtype)
     anchors, _ = select_anchors(torch.ones(2, t), 4, gen)
     valid = torch.ones(2, t, dtype=torch.bool, device=device)
     return float((a(ids, aux, anchors.to(device), valid) - b(ids, aux, anchors.to(device), valid)).abs().max())

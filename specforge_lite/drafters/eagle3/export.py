@@ -185,9 +185,10 @@ def check_weights(directory: Path, weights: dict, expected: dict, draft_vocab_si
             raise SpecforgeError(f"{where.parent.name}/{where.name}: d2t and t2d disagree")
 
 
-def build_loaded(config: dict, layer: dict, weights: dict, target) -> Eagle3Drafter:
-    """Our module from a checked folder's settings and weights, on the target's device. The
-    folder's `embed_tokens` is used when it has one (what vLLM serves), else the target's."""
+def build_loaded(config: dict, layer: dict, weights: dict, target, dtype: torch.dtype | None = None) -> Eagle3Drafter:
+    """Our module from a checked folder's settings and weights, on the target's device, in `dtype`
+    (None: the target's, what it is served in). The folder's `embed_tokens` is used when it has
+    one (what vLLM serves), else the target's."""
     from types import SimpleNamespace
 
     layer_config = llama_layer_config(layer)
@@ -206,13 +207,15 @@ def build_loaded(config: dict, layer: dict, weights: dict, target) -> Eagle3Draf
         weights["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
     weights.setdefault(FROZEN, target.get_input_embeddings().weight.detach().cpu().float())
     drafter.load_state_dict(weights, strict=True)
-    return drafter.to(device=target.device, dtype=target.dtype).eval()
+    return drafter.to(device=target.device, dtype=dtype or target.dtype).eval()
 
 
-def load_speculators_dir(directory: Path, target, strict: bool = True) -> Eagle3Drafter:
-    """Build our module from a speculators directory (checked first; `strict` for our own exports)."""
+def load_speculators_dir(directory: Path, target, strict: bool = True, dtype: torch.dtype | None = None
+                         ) -> Eagle3Drafter:
+    """Build our module from a speculators directory (checked first; `strict` for our own exports;
+    `dtype` as `build_loaded` takes it)."""
     config, weights = check_speculators_dir(directory, strict)
-    return build_loaded(config, config["transformer_layer_config"], weights, target)
+    return build_loaded(config, config["transformer_layer_config"], weights, target, dtype)
 
 
 def load_sglang_dir(directory: Path, target) -> Eagle3Drafter:
@@ -290,10 +293,12 @@ def write_sglang_dir(drafter: Eagle3Drafter, out: Path) -> None:
 
 @torch.no_grad()
 def max_logit_difference(a: Eagle3Drafter, b: Eagle3Drafter) -> float:
+    """Largest |logit difference| over the TTT steps of random inputs, made in `a`'s dtype (a
+    drafter loaded for a bf16 target computes in bf16)."""
     torch.manual_seed(0)
-    device = a.fc.weight.device
+    device, dtype = a.fc.weight.device, a.fc.weight.dtype
     ids = torch.randint(0, a.config.vocab_size, (2, 24), device=device)
-    aux = torch.randn(2, 24, 3 * a.config.hidden_size, device=device)
+    aux = torch.randn(2, 24, 3 * a.config.hidden_size, device=device, dtype=dtype)
     return max(float((x - y).abs().max()) for x, y in zip(a.ttt_forward(ids, aux, 3), b.ttt_forward(ids, aux, 3)))
 
 
@@ -306,7 +311,8 @@ def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: s
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     speculators_dir = out / "speculators"
     config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)
-    diff = max_logit_difference(drafter, load_speculators_dir(speculators_dir, target))
+    # reloaded in the trained drafter's dtype: a bf16 target's copy would differ by its rounding
+    diff = max_logit_difference(drafter, load_speculators_dir(speculators_dir, target, dtype=drafter.fc.weight.dtype))
     if diff != 0.0:
         raise SpecforgeError(f"{speculators_dir.name}: reloaded drafter differs from the trained one "
                              f"(max |dlogit| {diff})")

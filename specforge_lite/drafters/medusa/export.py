@@ -110,8 +110,10 @@ def load_vllm_dir(directory: Path, target) -> MedusaHeads:
 
 @torch.no_grad()
 def max_logit_difference(a: MedusaHeads, b: MedusaHeads) -> float:
+    """Largest |logit difference| of every head on random hidden states, made in `a`'s dtype."""
     torch.manual_seed(0)
-    hidden = torch.randn(2, 16, a.config.hidden_size, device=a.token_map.device)
+    weight = a.lm_heads[0].weight
+    hidden = torch.randn(2, 16, a.config.hidden_size, device=weight.device, dtype=weight.dtype)
     return max(float((x - y).abs().max()) for x, y in zip(a(hidden), b(hidden)))
 
 

@@ -173,11 +173,12 @@ def load_speculators_dir(directory: Path, target) -> PEagleDrafter:
 
 @torch.no_grad()
 def max_logit_difference(a: PEagleDrafter, b: PEagleDrafter) -> float:
-    """Largest |logit difference| over every depth of a drop-token layout of random inputs."""
-    device = a.fc.weight.device
+    """Largest |logit difference| over every depth of a drop-token layout of random inputs (made
+    in `a`'s dtype)."""
+    device, dtype = a.fc.weight.device, a.fc.weight.dtype
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, a.config.vocab_size, (2, 24), generator=gen).to(device)
-    aux = torch.randn(2, 24, 3 * a.config.hidden_size, generator=gen).to(device)
+    aux = torch.randn(2, 24, 3 * a.config.hidden_size, generator=gen).to(device, dtype)
     layout = [x.to(device) for x in drop_token_layout(torch.ones(2, 24), a.config.num_depths, 0.7, 0.2, gen)]
     return float((a(ids, aux, *layout) - b(ids, aux, *layout)).abs().max())
 
