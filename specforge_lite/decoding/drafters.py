@@ -104,6 +104,32 @@ class NgramDrafter:
         pass  # stateless beyond the committed tokens
 
 
+class ReplayDrafter:
+    """Proposes a known answer's next tokens (plain decoding's own answer to the same prompt). Its
+    speculative decode verifies at width k + 1 what plain decoded at width 1, so wherever the two
+    answers part, only the forward's width (its rounding) parted them: the evaluate's rounding
+    baseline (`identity.rounding_baseline`)."""
+
+    name = "plain_replay"
+    hidden_state_layers: tuple[int, ...] = ()
+    sequential = False
+
+    def __init__(self, num_prompt_tokens: int, answer: list[int]):
+        self.num_prompt_tokens, self.answer = num_prompt_tokens, list(answer)
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
+        done = len(ctx.token_ids) - self.num_prompt_tokens  # answer tokens committed so far
+        if ctx.token_ids[self.num_prompt_tokens:] != self.answer[:done]:
+            return DraftProposal([])  # parted from the answer: nothing left to replay
+        return DraftProposal(self.answer[done:done + k])
+
+    def accept(self, num_accepted: int) -> None:
+        pass
+
+
 # --------------------------------------------------------------------------- mixed trees
 
 class MixedTreeDrafter:
@@ -177,6 +203,12 @@ class DraftModelDrafter:
         self.runner, self.graph_source = engine.runner(), engine.graph_source
         self.reset()
         return seconds
+
+    def eager(self) -> None:
+        """Drop the compiled graphs: draft with the eager module from here on (evaluate's fallback
+        when the graphs accept nothing where the module does)."""
+        self.runner, self.graph_source = None, None
+        self.reset()
 
     def _next_logits(self, feed: list[int]) -> torch.Tensor:
         if self.runner is not None:

@@ -183,6 +183,23 @@ def judge(model, answers: list[dict], plain: str = "plain", ulps: float = ROUNDI
     reference.release()
 
 
+def rounding_baseline(model, answers: list[dict], width: int, ulps: float = ROUNDING_ULPS) -> dict:
+    """How much the machine's own rounding moves plain decoding, for the report to set the methods'
+    verdicts against: `answers` are {"ids", "plain", "again", "replayed"} per greedy prompt and turn
+    (plain's answer, plain decoded a second time, and plain's tokens re-verified at `width` by
+    `ReplayDrafter`). Returns the counts of each against plain (`summarise`'s, with each differing
+    answer's verdict by the same rule as the methods') and a sentence."""
+    reference = Fp32Reference(model)
+    out = {"dtype": str(model.dtype).removeprefix("torch."), "width": width}
+    for key, label in (("again", "plain decoded again"), ("replayed", f"plain's tokens re-verified at width {width}")):
+        verdicts = [verdict(reference, a["ids"], a["plain"], a[key], model.dtype, ulps)["verdict"] for a in answers]
+        out[key] = {**summarise(verdicts), "label": label}
+    reference.release()
+    out["text"] = (f"Rounding baseline ({out['dtype']}): {out['again']['label']}: {out['again']['text']}; "
+                   f"{out['replayed']['label']}: {out['replayed']['text']}.")
+    return out
+
+
 def entry_fields(answers: list[dict], greedy: bool) -> dict:
     """One method's identity fields of the evaluate report from its answers (as `judge` left
     them): `identical_to_plain` (every answer token for token), `identical_answers` ("n/N"),

@@ -231,3 +231,18 @@ def best_tree(alphas: Sequence[float | None], step_nodes: Sequence[int], depth: 
                      "expected_speedup": rate(tokens, step_s) / plain_rate, "measured": d == depth})
     best = max(rows, key=lambda r: r["expected_tokens_per_s"]) if rows else None
     return {"best": best, "plain_tokens_per_s": plain_rate, "table": rows}
+
+
+def our_conventions(boot) -> dict:
+    """How our engine's report counts, stated in every report (`boot`: eval.bootstrap)."""
+    return {
+        "tau": "tokens emitted by decoding forwards / decoding target forwards, bonus token included; "
+               "the prefill forward and its first token are excluded, so plain decoding = 1.00",
+        "per_position_acceptance": "P(draft position i accepted | positions < i accepted) over steps that "
+                                   "allowed >= i drafts; a position the drafter left empty counts as rejected",
+        "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
+        "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
+        "intervals": f"{boot.level:.0%} percentile bootstrap over prompts ({boot.resamples} resamples, seed "
+                     f"{boot.seed}): prompts drawn with replacement, all turns of a prompt together, the same "
+                     "prompts for every method (paired); tau and speedup recomputed on each resample as above",
+    }

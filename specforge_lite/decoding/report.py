@@ -116,10 +116,11 @@ def identity_notes(report: dict) -> list[str]:
     """The paragraph under the tables when an answer differs from plain's: what rounding means and
     whether a mismatch fails the report."""
     counted = {n: m["identity"] for n, m in report["methods"].items() if m.get("identity")}
+    baseline = report.get("rounding_baseline")  # what the machine's rounding alone does to plain
     if all(c["identical"] == c["answers"] for c in counted.values()):
         if any(m.get("identical_to_plain") is False for m in report["methods"].values()):  # an older report
             return ["Outputs differ from plain decoding in " + report.get("dtype", "?") + ".", ""]
-        return []
+        return [baseline["text"], ""] if baseline else []
     rule = next(iter(counted.values()))["rule"]
     text = (f"Greedy answers that differ from plain decoding's ({report.get('dtype', '?')}) are classified at their "
             f"first differing token; {rule} (a width-k verify forward rounds differently from k one-token forwards, "
@@ -127,6 +128,8 @@ def identity_notes(report: dict) -> list[str]:
     bad = [n for n, c in counted.items() if c["mismatch"]]
     text += (f" MISMATCH in {', '.join(bad)}: a token the target clearly did not choose; the report fails."
              if bad else " No mismatch: every difference is within rounding.")
+    if baseline:
+        text += " " + baseline["text"]
     return [text, ""]
 
 
@@ -263,13 +266,18 @@ def _engine_sentence(engine: dict | None) -> str:
         return ""
     how = f" (eval.engine={engine['requested']})" if engine.get("requested") != engine["used"] else ""
     text = f" Target forward: `{engine['used']}`{how}"
+    if dtype := engine.get("dtype"):  # target.dtype=auto on a CPU: measured, or why not
+        why = f": {dtype['reason']}" if dtype["requested"] == "auto" else ""
+        text += f" in {dtype['used']} (target.dtype={dtype['requested']}{why})"
     if engine["used"] == "compiled" and engine.get("compile_s") is not None:
         verb = "loaded from the graph cache" if engine.get("graph") == "loaded" else "compiled"
         text += f", its graphs {verb} in {engine['compile_s']:.1f} s before timing"
         if engine.get("autotune") is False:
             text += " (SPECFORGE_LITE_AUTOTUNE=0: inductor's default kernels, not autotuned ones)"
-    drafting = [f"{name} {'loaded' if engine.get('drafters_graph', {}).get(name) == 'loaded' else 'compiled'} "
-                f"in {seconds:.1f} s" for name, seconds in (engine.get("drafters_compile_s") or {}).items()]
+    graphs, fallback = engine.get("drafters_graph") or {}, engine.get("drafters_fallback") or {}
+    drafting = [f"{name} eager ({fallback[name]})" if name in fallback else
+                f"{name} {'loaded' if graphs.get(name) == 'loaded' else 'compiled'} in {seconds:.1f} s"
+                for name, seconds in (engine.get("drafters_compile_s") or {}).items()]
     if drafting:
         text += "; drafting graphs: " + ", ".join(drafting)
     return text + "."

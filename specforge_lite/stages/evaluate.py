@@ -38,11 +38,12 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, load_prompts, positions_needed,
                                              select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
-from specforge_lite.decoding import identity
+from specforge_lite.decoding import checks, identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
+from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
 from specforge_lite.decoding.choices import best_k_for, tree_fields
-from specforge_lite.decoding.metrics import costs_as_decoding_paid, measure_forward_costs, summarise
+from specforge_lite.decoding.metrics import costs_as_decoding_paid, measure_forward_costs, our_conventions, summarise
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import k_text, recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
@@ -218,6 +219,8 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     ecfg = cfg.eval
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
     model, tokenizer = load_target(cfg.target, path=path)
+    widest = max([widest_k(ecfg)] + [ecfg.tree.nodes for m in methods if tree_base(m)])  # best tree's too
+    model, dtype_choice = chosen_dtype(cfg.target, model, [1, widest + 1])
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
     prompts, too_long = fitting_prompts(tokenizer, prompts, ecfg, model.config)
@@ -227,11 +230,12 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     log.info("evaluating %s on %d prompts of %s (%s, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              k_text(ecfg), "greedy" if sampling.greedy else f"T={sampling.temperature}")
 
-    # 1. warm-up: every method, untimed, on the first prompt
-    first = prompt_ids(tokenizer, conversation(prompts[0], [], 0))
+    # 1. warm-up: every method, untimed, on the first prompt; a compiled drafter accepting nothing there
+    first, warm = prompt_ids(tokenizer, conversation(prompts[0], [], 0)), min(ecfg.warmup_tokens, ecfg.max_new_tokens)
     for _ in range(ecfg.warmup):
         for name in methods:
-            decoders[name](first, min(ecfg.warmup_tokens, ecfg.max_new_tokens), _seed(cfg.seed, "warmup"))
+            decoders[name](first, warm, _seed(cfg.seed, "warmup"))
+    checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"))
 
     # 2. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
@@ -251,16 +255,18 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
             replies.append(tokenizer.decode(plain, skip_special_tokens=True).strip())
 
     identity.judge(model, answers, PLAIN)  # greedy answers unlike plain's: bf16 rounding or a mismatch
+    baseline = sampling.greedy and checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg),
+                                                         ecfg.max_new_tokens, eos_ids, PLAIN) or None
 
     # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
-    widest = max([widest_k(ecfg)] + [ecfg.tree.nodes for m in methods if tree_base(m)])  # best tree's too
     costs = measure_forward_costs(model, context_len, widest + 1, ecfg.cost_repeats, runner=target.runner())
 
     entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)
     report = build_report(cfg, prompts, rows, entries, our_conventions(ecfg.bootstrap), **fields)
-    report["settings"]["engine"] = target.info
+    report["settings"]["engine"] = {**target.info, "dtype": dtype_choice}
+    report["rounding_baseline"] = baseline
     report["skipped"] = {"prompt_too_long": len(too_long), "ids": too_long} if too_long else {}
     served = ServedTarget(path, model.config, str(model.dtype).removeprefix("torch."), eos_ids, model, tokenizer)
     return out, report, served, requests, plain_tokens
@@ -319,20 +325,6 @@ def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries
                              for cat in categories},
         "best_k": None, "best_k_method": None,  # best k needs our engine's forward costs
         **fields, "answers": rows,
-    }
-
-
-def our_conventions(boot) -> dict:
-    return {
-        "tau": "tokens emitted by decoding forwards / decoding target forwards, bonus token included; "
-               "the prefill forward and its first token are excluded, so plain decoding = 1.00",
-        "per_position_acceptance": "P(draft position i accepted | positions < i accepted) over steps that "
-                                   "allowed >= i drafts; a position the drafter left empty counts as rejected",
-        "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
-        "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
-        "intervals": f"{boot.level:.0%} percentile bootstrap over prompts ({boot.resamples} resamples, seed "
-                     f"{boot.seed}): prompts drawn with replacement, all turns of a prompt together, the same "
-                     "prompts for every method (paired); tau and speedup recomputed on each resample as above",
     }
 
 

@@ -34,6 +34,7 @@ from specforge_lite.data.samples import (completed_shards, damaged_shards, remov
                                          write_shard)
 from specforge_lite.target.digest import target_files
 from specforge_lite.scale.sizing import check_stage
+from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.static_llama import unsupported_reason
 from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
 from specforge_lite.serving.vllm.sampler import VllmSampleBackend
@@ -83,6 +84,7 @@ def open_backend(cfg, log_path: Path):
         log.warning("sample.backend=auto: vLLM cannot sample %s (%s); sampling with the %s backend instead",
                     cfg.target.path, failure_reason(failed), name)
     model, tokenizer = load_target(cfg.target)
+    model, _ = chosen_dtype(cfg.target, model, [1, sample_cfg.batch_size])  # as evaluate chooses it
     if name in ("static", "compiled"):
         return StaticBackend(model, tokenizer, sample_cfg, compiled=name == "compiled"), tokenizer, name
     return HFBackend(model, tokenizer, sample_cfg), tokenizer, name

@@ -295,6 +295,7 @@ def run(cfg: DictConfig) -> None:
         global_positions = accelerator.reduce(counts.sum(), reduction="sum").clamp(min=1.0)
         for m, batch in enumerate(prepared):
             with strategy.accumulate(last=m == len(prepared) - 1), strategy.autocast():
+                in_drafter_dtype(batch, params[0].dtype)
                 loss, num, metrics = module.loss_and_metrics(drafter, batch, cfg)
                 # every strategy averages gradients over ranks; multiplying by world makes it a global sum
                 strategy.backward(loss * world / global_positions)
@@ -382,3 +383,14 @@ def save_atomically(final: Path, write) -> None:
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def in_drafter_dtype(batch: dict, dtype: torch.dtype) -> None:
+    """Without autocast (training in float32 on a CPU without native bf16) the drafter's products
+    need its own dtype: a bf16 target's features (`aux_hidden`, `last_hidden`) are cast to it.
+    Under autocast they stay as they are, and the products cast them (no float32 copy in memory)."""
+    for key in ("aux_hidden", "last_hidden"):
+        value = batch.get(key)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype \
+                and not torch.is_autocast_enabled(value.device.type):
+            batch[key] = value.to(dtype)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -185,7 +187,8 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
         write_sglang_dir(drafter, tmp_path / "sglang")
 
 
-def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path, dtype):
     """`compile(k)` (frozen graphs for the greedy chain and 1..k+1 new anchors; on a CPU two
     packages kept in the graph folder, which a later drafter loads) proposes what the eager
     drafter proposes, call for call; outgrowing the compiled cache falls back to eager
@@ -196,6 +199,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     drafter = tiny_drafter(tiny_target, 64, *VARIANTS[3])
     for param in drafter.parameters():  # a random readout gives near-ties; sharpen it
         param.data.mul_(3)
+    drafter = copy.deepcopy(drafter).to(dtype)  # a copy: the drafter may hold the session target's tensors
     eager, compiled = Eagle3DecodeDrafter(drafter, capacity=64), Eagle3DecodeDrafter(drafter, capacity=64)
     k = 3
     assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
@@ -206,7 +210,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     forbid_recompiles()  # the graphs built are the ones used
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (100,), generator=gen).tolist()
-    aux = torch.randn(1, 100, 3 * 64, generator=gen)
+    aux = torch.randn(1, 100, 3 * 64, generator=gen).to(dtype)
     layers = (1, 3, 4)
     calls, lo = [], 0
     for hi in [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]:  # prompt, then 1..4 new positions per step
@@ -215,4 +219,5 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
         calls.append((eager.propose(ctx, k).tokens, compiled.propose(ctx, k).tokens, loaded.propose(ctx, k).tokens))
         lo = hi
     assert all(a == b == c and len(a) == k for a, b, c in calls), calls
+    assert len({tuple(a) for a, _, _ in calls}) > 3  # the proposals follow the context
     assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache

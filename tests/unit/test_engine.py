@@ -325,3 +325,24 @@ def test_smollm2_greedy_speculative_is_identical_to_plain(smollm2_target):
         for drafter in (NgramDrafter(3), draft):
             gen = generate_speculative(model, drafter, ids, 24, 4, eos_ids=eos)
             assert gen.tokens == plain.tokens, (drafter.name, question["id"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_compiled_draft_model_drafts_like_the_eager_one(tiny_target, tmp_path, monkeypatch, dtype):
+    """The draft model's compiled static forward (`DraftModelDrafter.compile`, what the distilled
+    drafter and untrained_draft decode with) proposes what its eager module proposes, call for call,
+    in both dtypes; a two-layer copy of the target, so its drafts are accepted in part."""
+    import copy
+
+    monkeypatch.setenv("SPECFORGE_LITE_GRAPH_CACHE", str(tmp_path))
+    target = copy.deepcopy(tiny_target[0]).to(dtype)
+    draft = truncated_copy(target, 2)
+    eager, compiled = DraftModelDrafter(draft), DraftModelDrafter(draft)
+    assert compiled.compile(3, capacity=128) > 0 and compiled.runner is not None
+    accepted = 0
+    for ids in prompts(4, seed=2):
+        a = generate_speculative(target, eager, ids, 24, 3)
+        b = generate_speculative(target, compiled, ids, 24, 3)
+        assert a.tokens == b.tokens and a.draft_lengths == b.draft_lengths and a.accepted_lengths == b.accepted_lengths
+        accepted += sum(b.accepted_lengths)
+    assert accepted > 0

@@ -54,6 +54,25 @@ def test_cli_smoke_run_writes_report(tmp_path):
     assert exported["speculative_tokens"] == report["best_k"] and exported["strict_reload"] == "passed"
 
 
+def test_cli_smoke_run_with_a_bf16_target(tmp_path):
+    """Every stage with the target in bf16 (the default on GPUs): training casts the bf16 features
+    for the float32 drafter, evaluate reports the dtype it ran and the machine's rounding baseline,
+    and export's strict reload passes."""
+    run_cli("run", "+recipe=smoke", "target.dtype=bfloat16", f"run_dir={tmp_path}", check=True, timeout=600)
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["dtype"] == "bfloat16"
+    assert report["settings"]["engine"]["dtype"] == {"requested": "bfloat16", "used": "bfloat16",
+                                                     "reason": "target.dtype=bfloat16"}
+    assert all(entry["lossless"] for entry in report["methods"].values())
+    baseline = report["rounding_baseline"]
+    assert baseline["dtype"] == "bfloat16" and baseline["width"] == report["settings"]["num_draft_tokens"] + 1
+    assert baseline["again"]["answers"] == report["num_answers"] and baseline["again"]["mismatch"] == 0
+    markdown = (tmp_path / "eval" / "report.md").read_text()
+    assert "in bfloat16 (target.dtype=bfloat16)" in markdown and "Rounding baseline (bfloat16): " in markdown
+    exported = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert exported["strict_reload"] == "passed"
+
+
 def write_prompts(path):
     rows = [{"id": f"w{i}", "category": "writing", "turns": [f"Write about topic {i}.", "Shorter, please."]}
             for i in range(3)]
@@ -294,3 +313,40 @@ def test_report_names_the_target_forward_and_where_its_graphs_came_from():
                                 "autotune": False})
     assert untuned == (" Target forward: `compiled`, its graphs compiled in 20.0 s before timing "
                        "(SPECFORGE_LITE_AUTOTUNE=0: inductor's default kernels, not autotuned ones).")
+
+
+def test_compiled_drafting_that_accepts_nothing_falls_back_to_eager(tiny_target, tmp_path):
+    """A drafter whose compiled graphs accept nothing on the first prompt, while its eager module
+    accepts, drafts eagerly from then on and the report's engine line says why; a graph that is
+    fine is kept. The drafter: the target itself as a draft model (every eager draft accepted), its
+    compiled runner planted with a fault that makes every draft wrong."""
+    from specforge_lite.decoding import checks
+    from specforge_lite.decoding.drafters import DraftModelDrafter
+    from specforge_lite.decoding.engine import generate_speculative
+    from specforge_lite.decoding.report import _engine_sentence
+    from specforge_lite.decoding.verify import SamplingParams
+    import torch
+
+    model, _ = tiny_target
+    sampling = SamplingParams(0.0, 1.0)
+    drafters = {"good": DraftModelDrafter(model), "broken": DraftModelDrafter(model)}
+    for drafter in drafters.values():
+        assert drafter.compile(3, capacity=128) >= 0 and drafter.runner is not None
+    real = drafters["broken"].runner.forward
+    drafters["broken"].runner.forward = lambda feed, last_only=False: (-real(feed, last_only)[0], None)
+
+    def decoder(name):
+        return lambda ids, n, seed: generate_speculative(model, drafters[name], ids, n, 3, sampling, [],
+                                                          torch.Generator().manual_seed(seed))
+
+    decoders = {name: decoder(name) for name in drafters}
+    ids = list(range(5, 17))
+    assert sum(decoders["broken"](ids, 12, 0).accepted_lengths) == 0
+    info = {"used": "compiled", "requested": "compiled", "drafters_graph": {"good": "compiled", "broken": "compiled"},
+            "drafters_compile_s": {"good": 1.0, "broken": 1.0}}
+    checks.compiled_drafting(decoders, drafters, info, ids, 12, 0)
+    assert info["drafters_graph"] == {"good": "compiled", "broken": "eager"}
+    assert drafters["good"].runner is not None and drafters["broken"].runner is None
+    assert "accepted no draft" in info["drafters_fallback"]["broken"] and "good" not in info["drafters_fallback"]
+    assert sum(decoders["broken"](ids, 12, 0).accepted_lengths) > 0
+    assert "broken eager (its compiled drafting graphs accepted no draft" in _engine_sentence(info)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specforge_lite.decoding import engine, identity
-from specforge_lite.decoding.drafters import NgramDrafter
+from specforge_lite.decoding.drafters import NgramDrafter, ReplayDrafter
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.decoding.identity import (IDENTICAL, MISMATCH, ROUNDING, Fp32Reference, StepEvidence, classify,
                                               first_difference, ulp, within_rounding)
@@ -191,6 +191,29 @@ def test_evaluate_stage_reports_verdicts_and_fails_a_planted_bug_in_bf16(tmp_pat
     assert report["recommendation"]["deploy"] == "plain"
     markdown = (tmp_path / "eval" / "report.md").read_text()
     assert "| NO: " in markdown and "MISMATCH in ngram" in markdown
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rounding_baseline_replays_plain_at_width_k_plus_1(bf16_target, dtype):
+    """Plain decoded again is plain (decoding is deterministic on one machine); plain's own tokens
+    re-verified k + 1 at a time are accepted in k-token runs, and wherever the verify width rounds
+    them apart the verdict is rounding, never a mismatch."""
+    model = bf16_target if dtype == "bfloat16" else load_target(target_cfg("builtin:tiny-llama"))[0]
+    rows = []
+    for ids in _prompts(model.config.vocab_size, 6):
+        plain = generate_plain(model, ids, 24)
+        replayed = generate_speculative(model, ReplayDrafter(len(ids), plain.tokens), ids, 24, 3)
+        assert max(replayed.accepted_lengths) == 3  # the width-4 forwards keep plain's tokens
+        if replayed.tokens == plain.tokens:
+            assert replayed.num_forwards <= -(-(len(plain.tokens) - 1) // 4) + 1
+        rows.append({"ids": ids, "plain": plain.tokens, "again": generate_plain(model, ids, 24).tokens,
+                     "replayed": replayed.tokens})
+    baseline = identity.rounding_baseline(model, rows, 4)
+    assert baseline["dtype"] == dtype and baseline["width"] == 4
+    assert baseline["again"]["identical"] == 6 and baseline["replayed"]["mismatch"] == 0
+    assert baseline["replayed"]["identical"] + baseline["replayed"]["rounding"] == 6
+    assert baseline["text"].startswith(f"Rounding baseline ({dtype}): plain decoded again: 6/6: 6 identical")
+    assert "plain's tokens re-verified at width 4: " in baseline["text"]
 
 
 def test_cell_and_log_line_always_carry_the_counts():

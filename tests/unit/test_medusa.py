@@ -141,10 +141,17 @@ def test_save_load_round_trip(tiny_target, tmp_path):
     assert max_logit_difference(heads, medusa.load(tmp_path, model)) == 0.0
 
 
-def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles, tmp_path, dtype):
     """`compile(k)` makes the greedy read-out of k heads one graph (on a CPU a package a later
     drafter loads): the same drafts as eager heads (same accepted lengths, step for step),
-    output identical to plain decoding."""
+    output identical to plain decoding (in float32; in bf16 a wider verify forward may round a
+    near-tie the other way, so there the drafts alone are compared)."""
+    from specforge_lite.target.loading import load_target
+    from tests.conftest import target_cfg
+
+    if dtype == "bfloat16":
+        tiny_target = load_target(target_cfg("builtin:tiny-llama", dtype="bfloat16"))
     model, _ = tiny_target
     torch.manual_seed(3)
     heads = build(tiny_target, heads=4, layers=1)
@@ -163,7 +170,7 @@ def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles
         plain = generate_plain(model, prompt, 40)
         a = generate_speculative(model, eager, prompt, 40, 3)
         b = generate_speculative(model, compiled, prompt, 40, 3)
-        assert a.tokens == b.tokens == plain.tokens
+        assert a.tokens == b.tokens and (a.tokens == plain.tokens or dtype == "bfloat16")
         assert a.accepted_lengths == b.accepted_lengths
         accepted += sum(b.accepted_lengths)
     assert accepted > 0
@@ -173,4 +180,4 @@ def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles
     two.compile(2, cache_dir=tmp_path)
     assert two.graph_source == "compiled" and len(list(tmp_path.iterdir())) == 2
     spec = generate_speculative(model, two, prompt, 40, 2)
-    assert spec.tokens == plain.tokens and max(spec.draft_lengths) == 2
+    assert (spec.tokens == plain.tokens or dtype == "bfloat16") and max(spec.draft_lengths) == 2

@@ -3,6 +3,7 @@ lossless greedy decoding, the target's law when sampling, save / load and the sp
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 
@@ -236,7 +237,8 @@ def test_greedy_decoding_is_identical_to_plain(tiny_target):
     assert accepted > 0  # depth 0 starts as the target's read-out: some drafts are accepted
 
 
-def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path, dtype):
     """`compile(k)` (one frozen graph for 1..k+1 new anchors with their k - 1 mask rows and
     the read-out; on a CPU a package kept in the graph folder, which a later drafter loads)
     proposes what the eager drafter proposes, call for call, greedy and sampled; outgrowing
@@ -246,6 +248,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     drafter = tiny_drafter(tiny_target, randomise=0.3)
     for param in drafter.parameters():  # a random readout gives near-ties; sharpen it
         param.data.mul_(2)
+    drafter = copy.deepcopy(drafter).to(dtype)  # a copy: the drafter may hold the session target's tensors
     eager, compiled = PEagleDecodeDrafter(drafter, capacity=64), PEagleDecodeDrafter(drafter, capacity=64)
     k = 3
     assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
@@ -253,7 +256,7 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     loaded.compile(k, cache_dir=tmp_path)
     assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in tmp_path.iterdir()] == [["peagle", "rows"]]
     forbid_recompiles()  # the graphs built are the ones used
-    greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, 64)
+    greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, 64, dtype=dtype)
     assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
     assert len({tuple(a) for a, _, _ in greedy}) > 3  # the proposals follow the context
     assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache

@@ -141,6 +141,11 @@ class DFlashDecodeDrafter:
         self.graph, self.compiled_k = graph, k
         return seconds
 
+    def eager(self) -> None:
+        """Drop the compiled graphs: draft with the eager module from here on (evaluate's fallback
+        when the graphs accept nothing where the module does)."""
+        self.graph, self.compiled_k, self.graph_source = None, None, None
+
     def _rows(self, k: int) -> int:
         return k + 1 if self.drafter.config.causal else self.drafter.config.block_size
 

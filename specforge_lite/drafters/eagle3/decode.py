@@ -256,6 +256,11 @@ class Eagle3DecodeDrafter:
         self.graph_source = "loaded" if chain_how == anchors_how == "loaded" else "compiled"
         return chain_s + anchors_s
 
+    def eager(self) -> None:
+        """Drop the compiled graphs: draft with the eager module from here on (evaluate's fallback
+        when the graphs accept nothing where the module does)."""
+        self._chain_graph, self.compiled_k, self._anchor_graph, self.graph_source = None, None, None, None
+
     @torch.inference_mode()
     def propose_tree(self, ctx, depth: int, branch: int, nodes: int) -> DraftTree:
         """EAGLE-2's dynamic tree (`_dynamic_tree`), drafted eagerly; greedy and sampled

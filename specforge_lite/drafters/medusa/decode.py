@@ -59,6 +59,11 @@ class MedusaDecodeDrafter:
         self.graph, self.compiled_k = graph, k
         return seconds
 
+    def eager(self) -> None:
+        """Drop the compiled graphs: draft with the eager module from here on (evaluate's fallback
+        when the graphs accept nothing where the module does)."""
+        self.graph, self.compiled_k, self.graph_source = None, None, None
+
     def reset(self) -> None:
         pass
 

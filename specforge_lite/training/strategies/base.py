@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
+from specforge_lite.runtime.dtype_choice import native_bf16
 from specforge_lite.training.checkpoints import (
     check_written_by,
     read_plain,
@@ -25,11 +26,9 @@ log = logging.getLogger(__name__)
 
 
 def native_cpu_bf16() -> bool:
-    """Whether this CPU computes bf16 products natively (oneDNN's bf16 path: AVX-512 BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    """Whether this CPU computes bf16 products natively (AVX-512 BF16, AMX, Arm's BF16), as the
+    target's dtype choice reads it (oneDNN's own check also says yes where AVX-512 only emulates it)."""
+    return native_bf16()
 
 
 def mixed_precision(cfg: DictConfig) -> str:
