@@ -193,11 +193,43 @@ def paired_tau_difference(answers: list[dict], reference: list[dict], method: st
 
 # --- results -----------------------------------------------------------------------------
 
+def cpu_model() -> str:
+    """The CPU's model name and whether it computes bf16 natively (the target's dtype choice)."""
+    from specforge_lite.runtime.dtype_choice import native_bf16
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {'native bf16' if native_bf16() else 'no native bf16'}"
+
+
+def source_state() -> dict:
+    """The commit the results were measured at and whether the tree had changes beside it; on a
+    machine that got a copy without git (the GPU machine), $SPECFORGE_LITE_COMMIT if set."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return {"commit": commit, "tree_clean": not dirty}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": os.environ.get("SPECFORGE_LITE_COMMIT"), "tree_clean": None}
+
+
 def write_results(name: str, payload: dict) -> Path:
-    """benchmarks/results/NAME.json: the payload under the date, machine and package versions."""
+    """benchmarks/results/NAME.json: the payload under the date, machine (and its CPU), the commit
+    and whether the tree was clean, and the package versions."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
-               "versions": package_versions(), **payload}
+    payload = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "cpu": cpu_model(),
+               **source_state(), "versions": package_versions(), **payload}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

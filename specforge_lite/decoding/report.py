@@ -283,6 +283,16 @@ def _engine_sentence(engine: dict | None) -> str:
     return text + "."
 
 
+def flatness(ms_by_width: dict) -> str:
+    """' The widest forward costs N.NNx the one-token forward.' (empty below two widths): verifying
+    k + 1 tokens pays where this stays near 1 (docs/ENGINES.md)."""
+    widths = sorted(ms_by_width, key=int)
+    if len(widths) < 2 or not ms_by_width[widths[0]]:
+        return ""
+    return (f" The widest, t={widths[-1]}, costs {ms_by_width[widths[-1]] / ms_by_width[widths[0]]:.2f}x "
+            f"the one-token forward.")
+
+
 def render_markdown(report: dict) -> str:
     s = report["settings"]
     mode = "greedy" if s["temperature"] == 0 else f"sampling T={s['temperature']}, top-p={s['top_p']}"
@@ -317,6 +327,7 @@ def render_markdown(report: dict) -> str:
     out += ["", "## Best k", "",
             f"Target forward over t new tokens at context {costs['context_len']}: "
             + ", ".join(f"t={t}: {ms:.1f} ms" for t, ms in costs["ms_by_num_tokens"].items()) + "."
+            + flatness(costs["ms_by_num_tokens"])
             + (f" Best k prices them at what plain decoding paid a forward in this run ({costs['decoding_scale']:.2f}x "
                "the timing above)." if costs.get("decoding_scale", 1.0) != 1.0 else ""), ""]
     for name, m in report["methods"].items():

@@ -43,7 +43,8 @@ from specforge_lite.decoding.engine import generate_plain, generate_speculative,
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
 from specforge_lite.decoding.choices import best_k_for, tree_fields
-from specforge_lite.decoding.metrics import costs_as_decoding_paid, measure_forward_costs, our_conventions, summarise
+from specforge_lite.decoding.metrics import (COST_WIDTHS, costs_as_decoding_paid, measure_forward_costs,
+                                             our_conventions, summarise)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import k_text, recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
@@ -258,10 +259,13 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     baseline = sampling.greedy and checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg),
                                                          ecfg.max_new_tokens, eos_ids, PLAIN) or None
 
-    # 3. costs of a target forward over 1..k+1 tokens, for the best-k estimate
+    # 3. costs of a target forward over 1..k+1 tokens (the best-k estimate), and on to 16 where the
+    # cache has room: the curve that says whether a wider verify still costs what one token costs
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
-    costs = measure_forward_costs(model, context_len, widest + 1, ecfg.cost_repeats, runner=target.runner())
+    room = (target.engine.capacity if target.engine else model.config.max_position_embeddings) - context_len
+    top = max(widest + 1, min(COST_WIDTHS, room))
+    costs = measure_forward_costs(model, context_len, top, ecfg.cost_repeats, runner=target.runner())
 
     entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)
     report = build_report(cfg, prompts, rows, entries, our_conventions(ecfg.bootstrap), **fields)

@@ -350,3 +350,14 @@ def test_compiled_drafting_that_accepts_nothing_falls_back_to_eager(tiny_target,
     assert "accepted no draft" in info["drafters_fallback"]["broken"] and "good" not in info["drafters_fallback"]
     assert sum(decoders["broken"](ids, 12, 0).accepted_lengths) > 0
     assert "broken eager (its compiled drafting graphs accepted no draft" in _engine_sentence(info)
+
+
+def test_the_cost_curve_says_how_much_the_widest_forward_costs():
+    from specforge_lite.decoding.report import _engine_sentence, flatness
+
+    assert flatness({1: 10.0, 2: 10.5, 16: 13.0}) == " The widest, t=16, costs 1.30x the one-token forward."
+    assert flatness({"1": 20.0, "16": 50.0}).startswith(" The widest, t=16, costs 2.50x")
+    assert flatness({1: 10.0}) == ""
+    measured = {"requested": "auto", "used": "bfloat16", "reason": "the faster of the two on this CPU (...)"}
+    assert _engine_sentence({"requested": "static", "used": "static", "dtype": measured}) == (
+        " Target forward: `static` in bfloat16 (target.dtype=auto: the faster of the two on this CPU (...)).")
