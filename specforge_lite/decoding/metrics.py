@@ -82,13 +82,12 @@ def summarise(generations: Sequence[Generation], max_k: int = 0) -> dict:
     return out
 
 
-@torch.inference_mode()
 # widths every report times a target forward at (more where a method verifies more): the curve
-# shows whether verifying k + 1 tokens costs what one costs on this machine (issue: verify at the
-# cost of one token; docs/ENGINES.md)
+# shows whether verifying k + 1 tokens costs what one costs on this machine (docs/ENGINES.md)
 COST_WIDTHS = 16
 
 
+@torch.inference_mode()
 def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int = 3,
                           vocab_size: int | None = None, seed: int = 0, runner=None) -> dict[int, float]:
     """Median seconds of one target forward over t = 1..max_tokens new tokens after a
