@@ -209,11 +209,14 @@ def cpu_model() -> str:
 
 
 def source_state() -> dict:
-    """The commit the results were measured at and whether the tree had changes beside it; on a
-    machine that got a copy without git (the GPU machine), $SPECFORGE_LITE_COMMIT if set."""
+    """The commit the results were measured at and whether the tree had changes beside it;
+    $SPECFORGE_LITE_COMMIT where it is set (a copy of the working tree measured on another machine,
+    whose git folder may be older than its files)."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
+    if os.environ.get("SPECFORGE_LITE_COMMIT"):  # a copy of a working tree, measured elsewhere
+        return {"commit": os.environ["SPECFORGE_LITE_COMMIT"], "tree_clean": None}
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
