@@ -35,7 +35,8 @@ TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
 # (topic, sections in reading order); a section not listed goes to the first topic whose
 # prefixes it starts with, else to the last topic.
 TOPICS = [
-    ("Engine: the target's forward", ["engine_avx512", "engine_avx2", "engine_autotune"], ("engine",)),
+    ("Engine: the target's forward", ["engine_avx512", "engine_avx2", "engine_autotune", "dtype_choice_xeon_amx",
+                                      "dtype_choice_xeon_amx_16t"], ("engine", "dtype")),
     ("Sampling", ["sampling_budget", "sample_backends", "sampling", "batched_sampling"], ("sampl", "batched")),
     ("Training", ["demo_training", "learning_curve", "training", "training_target", "eagle3_options",
                   "eagle3_study", "sampled_vs_source",
