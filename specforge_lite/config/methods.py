@@ -18,6 +18,7 @@ from specforge_lite.config.schema import MAX_DRAFTS
 
 PLAIN = "plain"
 ENGINE_DRAFTERS = ("ngram", "untrained_draft")
+SUFFIX = "suffix"  # suffix decoding over the request and the target's samples (decoding/suffix.py)
 HF_METHODS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 
 
@@ -66,15 +67,30 @@ def tree_base(method: str) -> tuple[str, bool] | None:
     return None
 
 
+# <drafter>_hybrid: each step drafts from suffix lookup or the trained drafter, whichever pays
+# (decoding/hybrid.py)
+HYBRID = "_hybrid"
+
+
+def hybrid_methods() -> list[str]:
+    return [f"{name}{HYBRID}" for name in DRAFTERS]
+
+
+def hybrid_base(method: str) -> str | None:
+    """The trained drafter a hybrid method drafts with beside suffix lookup, or None."""
+    return method[:-len(HYBRID)] if method in hybrid_methods() else None
+
+
 def chain_methods(methods) -> list[str]:
-    """`methods` with each tree method replaced by the chain method it grows from (whose drafter it drafts with)."""
-    return list(dict.fromkeys((tree_base(m) or (m,))[0] for m in methods))
+    """`methods` with each tree or hybrid method replaced by the chain method it grows from (whose
+    drafter it drafts with)."""
+    return list(dict.fromkeys(hybrid_base(m) or (tree_base(m) or (m,))[0] for m in methods))
 
 
 def tree_problems(eval_cfg, target_config=None) -> list[str]:
     """`eval.tree` against the methods that use it (and, once known, the target's context)."""
     problems, tree = [], eval_cfg.get("tree")
-    chains = [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *HF_METHODS]
+    chains = [PLAIN, *ENGINE_DRAFTERS, SUFFIX, *DRAFTERS, *HF_METHODS]
     trees = [m for m in eval_cfg.methods if tree_base(m)]
     for method in trees:
         base = tree_base(method)[0]
@@ -134,7 +150,8 @@ def no_methods(methods: list[str]) -> str | None:
 
 def known() -> list[str]:
     """Every method name, in the order `--help` and error messages list them."""
-    return [PLAIN, *ENGINE_DRAFTERS, *DRAFTERS, *tree_methods(), *HF_METHODS, *VLLM_METHODS, *LLAMACPP_METHODS]
+    return [PLAIN, *ENGINE_DRAFTERS, SUFFIX, *DRAFTERS, *tree_methods(), *hybrid_methods(), *HF_METHODS,
+            *VLLM_METHODS, *LLAMACPP_METHODS]
 
 
 def labelled_drafters(eval_cfg) -> dict[str, str]:
@@ -183,7 +200,8 @@ def method_problems(eval_cfg) -> list[str]:
 # Hugging Face decoders that take a k (plain and hf_generate draft nothing; the serving engines
 # and the tree methods have one k, eval.num_draft_tokens, and one shape, eval.tree)
 def own_k_methods(eval_cfg) -> list[str]:
-    return [*ENGINE_DRAFTERS, *DRAFTERS, "hf_prompt_lookup", "hf_assisted", *labelled_drafters(eval_cfg)]
+    return [*ENGINE_DRAFTERS, SUFFIX, *DRAFTERS, *hybrid_methods(), "hf_prompt_lookup", "hf_assisted",
+            *labelled_drafters(eval_cfg)]
 
 
 def _method_k(item) -> tuple[str, int | None]:

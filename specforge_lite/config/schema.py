@@ -142,6 +142,20 @@ class TreeConfig:
 
 
 @dataclass
+class SuffixConfig:
+    """`eval.suffix.*`: suffix decoding (`suffix`) and the lookup half of `<drafter>_hybrid`
+    (decoding/suffix.py, decoding/hybrid.py). Defaults: Arctic Inference's (a draft grows to one
+    token per matched token and stops below a 0.1 running probability)."""
+    max_depth: int = checked(16, ge=1, le=64)  # the longest suffix matched, in tokens
+    factor: float = checked(1.0, gt=0.0)  # draft tokens per matched token (at most the method's k)
+    min_prob: float = checked(0.1, ge=0.0, lt=1.0)  # stop where the draft's running probability falls below
+    # the target's own answers in run_dir/samples as a second, global corpus beside each request's
+    # own tokens (refused when they were sampled from other weights); false: the request alone
+    samples: bool = True
+    max_corpus_tokens: int = checked(100000, ge=1)  # the samples' first answers up to this many tokens
+
+
+@dataclass
 class BootstrapConfig:
     # 95% intervals of tau and speedup in the evaluate report: prompts resampled with
     # replacement (all turns of a prompt together), the same prompts for every method
@@ -173,6 +187,7 @@ class EvalConfig:
     # the trees of the tree methods (ngram_tree, <drafter>_tree, <drafter>_mixed_tree, listed in
     # eval.methods beside their chains); null: chains only (tree methods are refused)
     tree: Optional[TreeConfig] = field(default_factory=TreeConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)  # suffix and <drafter>_hybrid
     temperature: float = checked(0.0, ge=0.0)  # 0 means greedy (outputs are then checked against plain)
     top_p: float = checked(1.0, gt=0.0, le=1.0)
     ngram_max: int = checked(3, ge=1)  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)

@@ -196,3 +196,11 @@ def conversation(prompt: dict, replies: list[str], turn: int) -> list[dict]:
     for i in range(turn):
         messages += [{"role": "user", "content": prompt["turns"][i]}, {"role": "assistant", "content": replies[i]}]
     return messages + [{"role": "user", "content": prompt["turns"][turn]}]
+
+
+def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
+    """KV-cache positions a static target engine needs for these prompts: the longest
+    conversation's user turns, each answer's max_new_tokens plus room for re-tokenising
+    it in the next turn, and one verification's k + 1; rounded up to 64."""
+    need = max(positions_needed(tokenizer, prompt, ecfg) for prompt in prompts)
+    return min(-(-need // 64) * 64, getattr(config, "max_position_embeddings", None) or need)

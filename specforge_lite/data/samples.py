@@ -163,3 +163,36 @@ def shard_rows(path: Path) -> int:
     if not parquet.schema_arrow.equals(SCHEMA, check_metadata=False):
         raise ArtifactError(path, "not a samples shard (its columns differ from the samples schema)")
     return parquet.metadata.num_rows
+
+
+def answer_corpus(samples_dir: Path, target_path: str, max_tokens: int) -> list[list[int]] | None:
+    """The target's own answers in a samples folder (each assistant turn's tokens, in shard order,
+    up to `max_tokens` in all), the corpus suffix decoding drafts from beside each request; None
+    where no samples were written. Samples drawn from other weights than `target_path`'s are
+    refused: their continuations are another model's."""
+    from specforge_lite.target.digest import target_files
+
+    meta_path = Path(samples_dir) / "meta.json"
+    if not meta_path.exists():
+        return None
+    made_by = (read_json_object(meta_path).get("fingerprint_keys") or {}).get("target_files")
+    now = json.loads(json.dumps(target_files(target_path), default=str))
+    if made_by != now:
+        raise SpecforgeError(f"eval.suffix.samples: the samples in {samples_dir} were drawn from other weights than "
+                             f"{target_path}'s; sample this target again (python -m specforge_lite sample ...) or set "
+                             "eval.suffix.samples=false")
+    answers, total = [], 0
+    for path in readable_shards(samples_dir):
+        table = pq.read_table(path, columns=["input_ids", "loss_mask"])
+        for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
+            turn: list[int] = []
+            for token, kept in zip(ids + [None], mask + [0]):  # a sentinel closes the last turn
+                if kept:
+                    turn.append(token)
+                elif turn:
+                    answers.append(turn)
+                    total += len(turn)
+                    turn = []
+                    if total >= max_tokens:
+                        return answers
+    return answers

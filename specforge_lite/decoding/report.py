@@ -139,6 +139,7 @@ SERVING_NOTES = {
     "untrained_draft": "an untrained draft model: distil it first (make distill)",
     "hf_prompt_lookup": "Hugging Face prompt lookup is ngram drafting; serve it as vLLM's `ngram` method",
     "hf_assisted": "Hugging Face assisted generation with a draft model; serve the draft as vLLM `draft_model`",
+    "suffix": "vLLM serves suffix decoding as `method: suffix` (arctic-inference; its corpus: the answers it served)",
 }
 
 
@@ -191,6 +192,9 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
         reasons.append(f"the gain of {fastest_speculative} over plain decoding is not clear: the "
                        f"{_level(report)} interval of its speedup, {_interval(gain_ci)}, includes 1.00")
     notes = {**SERVING_NOTES, **(notes or {})}
+    for name in (n for n in lossless if n.endswith("_hybrid")):  # decoding/hybrid.py: our engine's own
+        notes[name] = (f"{name} is served by our engine only: vLLM serves suffix decoding (`method: suffix`) and "
+                       f"the {name[:-len('_hybrid')]} drafter, each alone")
     alternatives = []
     if speculative:
         top_tau = max(speculative, key=lambda n: speculative[n]["tau"])
@@ -284,13 +288,11 @@ def _engine_sentence(engine: dict | None) -> str:
 
 
 def flatness(ms_by_width: dict) -> str:
-    """' The widest forward costs N.NNx the one-token forward.' (empty below two widths): verifying
-    k + 1 tokens pays where this stays near 1 (docs/ENGINES.md)."""
+    """What the widest forward costs over one token (verifying k + 1 tokens pays where it stays near 1)."""
     widths = sorted(ms_by_width, key=int)
     if len(widths) < 2 or not ms_by_width[widths[0]]:
         return ""
-    return (f" The widest, t={widths[-1]}, costs {ms_by_width[widths[-1]] / ms_by_width[widths[0]]:.2f}x "
-            f"the one-token forward.")
+    return f" The widest, t={widths[-1]}, costs {ms_by_width[widths[-1]] / ms_by_width[widths[0]]:.2f}x the one-token forward."
 
 
 def render_markdown(report: dict) -> str:

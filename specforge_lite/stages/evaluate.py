@@ -33,13 +33,16 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, atomic_write_text, stage_dir, write_provenance
+from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
-from specforge_lite.data.eval_prompts import (conversation, fitting_prompts, load_prompts, positions_needed,
+from specforge_lite.data.samples import answer_corpus
+from specforge_lite.data.eval_prompts import (cache_capacity, conversation, fitting_prompts, load_prompts,
                                              select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
 from specforge_lite.decoding import checks, identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
+from specforge_lite.decoding.hybrid import HybridDrafter
+from specforge_lite.decoding.suffix import lookup_factory
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
 from specforge_lite.decoding.choices import best_k_for, tree_fields
@@ -49,8 +52,9 @@ from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import k_text, recommend, render_markdown, write_plots
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.config.methods import (HF_METHODS, PLAIN, chain_methods, draft_tokens, engine_needed,
-                                           labelled_drafters, own_k_methods, run_order, tree_base, widest_k)
+from specforge_lite.config.methods import (HF_METHODS, PLAIN, SUFFIX, chain_methods, draft_tokens, engine_needed,
+                                           hybrid_base, labelled_drafters, own_k_methods, run_order, tree_base,
+                                           widest_k)
 from specforge_lite.config.registry import DRAFTERS, detect_drafter
 from specforge_lite.scale.accounting import record_no_target
 from specforge_lite.scale.sizing import check_stage
@@ -80,9 +84,14 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
             prepare_assistant(assistant, draft_tokens(ecfg, "hf_assisted"))
         return assistant
 
-    labelled = labelled_drafters(ecfg)
+    labelled, scfg, lookup = labelled_drafters(ecfg), ecfg.suffix, None
+    if SUFFIX in methods or any(map(hybrid_base, methods)):  # the target's own answers, indexed once
+        lookup = lookup_factory(scfg, scfg.samples and answer_corpus(samples_dir(cfg), cfg.target.path,
+                                                                     scfg.max_corpus_tokens))
     for name in chain_methods(methods):  # every drafter first (a tree method's too): the engine serves their layers
-        if name in BUILTIN or name in DRAFTERS or name in labelled:
+        if name == SUFFIX:
+            drafters[name] = lookup()
+        elif name in BUILTIN or name in DRAFTERS or name in labelled:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())
             elif name in BUILTIN:
@@ -114,7 +123,9 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     for name in methods:
         if tree_base(name):  # eval.tree's trees from its chain method's drafter (mixed: n-gram's match beside)
             decoders[name] = tree_decoding(model, drafters, *tree_base(name), cfg, sampling, eos_ids, gen_for, target)
-        elif name in drafters:
+        elif hybrid_base(name):  # its drafter shared with the chain method, and its own lookup
+            drafters[name] = HybridDrafter(drafters[hybrid_base(name)], lookup())
+        if name in drafters:
             def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers),
                        k=draft_tokens(ecfg, name)):
                 return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
@@ -237,6 +248,8 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
         for name in methods:
             decoders[name](first, warm, _seed(cfg.seed, "warmup"))
     checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"))
+    for drafter in drafters.values():  # a hybrid's counts of which source drafted: the timed runs only
+        getattr(drafter, "clear_sources", lambda: None)()
 
     # 2. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
@@ -304,14 +317,6 @@ def prepare_alone(cfg: DictConfig, engine: Engine, prompts: list[dict], path: st
     return out, target, requests, prompts, notes
 
 
-def cache_capacity(tokenizer, prompts: list[dict], ecfg, config) -> int:
-    """KV-cache positions a static target engine needs for these prompts: the longest
-    conversation's user turns, each answer's max_new_tokens plus room for re-tokenising
-    it in the next turn, and one verification's k + 1; rounded up to 64."""
-    need = max(positions_needed(tokenizer, prompt, ecfg) for prompt in prompts)
-    return min(-(-need // 64) * 64, getattr(config, "max_position_embeddings", None) or need)
-
-
 def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries: dict, conventions: dict,
                  **fields) -> dict:
     """The evaluate report, whichever engine measured its `methods` (`entries`, from the answer
@@ -375,6 +380,8 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
             s = summarise(gens)
             entry["per_category"][cat] = {"tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
                                           "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
+        if hasattr(drafters.get(name), "sources"):  # a hybrid: the steps each source drafted, the tokens kept
+            entry["sources"] = drafters[name].sources
         if name in drafters:
             entry["best_k"] = best_k_for(entry, drafters[name], paid, answer_shape, plain)
         elif tree_base(name):

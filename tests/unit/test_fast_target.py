@@ -142,7 +142,7 @@ def test_cache_capacity_covers_every_turn(tiny_target):
 
     from specforge_lite.data.chat import prompt_ids
     from specforge_lite.data.eval_prompts import conversation as _messages
-    from specforge_lite.stages.evaluate import cache_capacity
+    from specforge_lite.data.eval_prompts import cache_capacity
 
     model, tokenizer = tiny_target
     prompts = [{"id": "a", "category": "x", "system": None, "turns": ["hello there", "and again " * 20]},

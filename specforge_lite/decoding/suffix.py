@@ -1,0 +1,183 @@
+"""Suffix decoding: drafts from the longest earlier occurrence of the context's suffix, in the request
+itself and in a corpus of the target's own earlier answers (the samples the sample stage wrote).
+
+Where n-gram lookup proposes what followed the latest match of at most a few tokens, suffix
+decoding matches as long a suffix as it can (up to `max_depth` tokens) and, among all the places
+that suffix occurred, follows the most frequent continuation token by token: each token's
+probability is its share of the continuations still matching, and the draft stops where the
+product of those shares falls below `min_prob` or at `factor` times the match's length (a long
+match earns a long draft). The score of a draft is the sum of those running products, the
+number of its tokens the target is expected to keep; between the request's own draft and the
+corpus's the higher score wins. (Suffix decoding as Arctic Inference describes it: a per-request
+tree and a global one, the draft length adapted to the match; written here over sorted suffixes
+and an incremental n-gram index instead of explicit trees.)
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from specforge_lite.contract import DraftContext, DraftProposal
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = -1  # between corpus sequences: never matched, never drafted
+
+
+@dataclass(frozen=True)
+class SuffixDraft:
+    """A draft, the length of the match it grew from and its score (expected tokens kept)."""
+
+    tokens: list[int]
+    match_len: int = 0
+    score: float = 0.0
+    source: str = "none"
+
+
+def follow(array: np.ndarray, starts: np.ndarray, k: int, min_prob: float) -> tuple[list[int], float]:
+    """The most frequent continuation, token by token, from the corpus positions `starts` (the
+    index of the token after each occurrence of the match): (tokens, score = sum of the running
+    products of each token's share of the continuations still matching)."""
+    tokens, cumulative, score = [], 1.0, 0.0
+    for _ in range(k):
+        starts = starts[starts < len(array)]
+        following = array[starts]
+        following = following[following != SEPARATOR]
+        if not len(following):
+            break
+        values, counts = np.unique(following, return_counts=True)
+        best = int(np.argmax(counts))
+        cumulative *= counts[best] / len(following)
+        if cumulative < min_prob:
+            break
+        token = int(values[best])
+        tokens.append(token)
+        score += cumulative
+        starts = starts[array[starts] == token] + 1
+    return tokens, score
+
+
+def draft_length(match_len: int, k: int, factor: float) -> int:
+    return max(1, min(k, math.ceil(factor * match_len)))
+
+
+class CorpusIndex:
+    """Sorted suffixes (their first `max_depth` tokens) of a corpus of token sequences: the longest
+    suffix of a context found in it and where it occurred, by binary search."""
+
+    def __init__(self, sequences: Iterable[Sequence[int]], max_depth: int = 16):
+        flat: list[int] = []
+        for seq in sequences:
+            flat.extend(int(t) for t in seq)
+            flat.append(SEPARATOR)
+        self.array = np.asarray(flat, dtype=np.int64)
+        self.max_depth = max_depth
+        n = len(self.array)
+        padded = np.concatenate([self.array, np.full(max_depth, SEPARATOR, dtype=np.int64)])
+        self.rows = np.stack([padded[d:d + n] for d in range(max_depth)], axis=1) if n else \
+            np.zeros((0, max_depth), dtype=np.int64)
+        keep = self.rows[:, 0] != SEPARATOR if n else np.zeros(0, dtype=bool)
+        starts = np.nonzero(keep)[0]
+        order = np.lexsort(self.rows[starts].T[::-1]) if len(starts) else starts
+        self.starts = starts[order]  # suffix start positions, in lexicographic order of their heads
+        self.keys = [tuple(row) for row in self.rows[self.starts].tolist()]
+
+    @property
+    def num_tokens(self) -> int:
+        return int((self.array != SEPARATOR).sum())
+
+    def occurrences(self, pattern: Sequence[int]) -> np.ndarray:
+        """Start positions of `pattern` (at most max_depth tokens) in the corpus."""
+        key = tuple(int(t) for t in pattern)
+        lo = bisect.bisect_left(self.keys, key)
+        hi = bisect.bisect_left(self.keys, key + (math.inf,))
+        return self.starts[lo:hi]
+
+    def draft(self, context: Sequence[int], k: int, factor: float, min_prob: float) -> SuffixDraft:
+        """The corpus's draft for `context`: its longest suffix found (at most max_depth tokens)."""
+        for length in range(min(self.max_depth, len(context)), 0, -1):
+            starts = self.occurrences(context[-length:])
+            if len(starts):
+                tokens, score = follow(self.array, starts + length, draft_length(length, k, factor), min_prob)
+                if tokens:
+                    return SuffixDraft(tokens, length, score, "corpus")
+        return SuffixDraft([])
+
+
+class RequestIndex:
+    """The request's own tokens (prompt and answer so far), indexed as they arrive: every n-gram
+    of up to `max_depth` tokens maps to the positions that followed it."""
+
+    def __init__(self, max_depth: int = 16):
+        self.max_depth = max_depth
+        self.ids: list[int] = []
+        self.after: dict[tuple[int, ...], list[int]] = {}
+
+    def extend(self, ids: Sequence[int]) -> None:
+        """Index `ids` (the whole context, of which the already indexed part is a prefix)."""
+        start = len(self.ids)
+        self.ids.extend(int(t) for t in ids[start:])
+        for end in range(max(start - 1, 0), len(self.ids) - 1):  # an n-gram ending at `end` continues at end + 1
+            for n in range(1, min(self.max_depth, end + 1) + 1):
+                self.after.setdefault(tuple(self.ids[end + 1 - n:end + 1]), []).append(end + 1)
+
+    def draft(self, k: int, factor: float, min_prob: float) -> SuffixDraft:
+        array = np.asarray(self.ids, dtype=np.int64)
+        for length in range(min(self.max_depth, len(self.ids)), 0, -1):
+            starts = self.after.get(tuple(self.ids[-length:]))
+            if starts:
+                tokens, score = follow(array, np.asarray(starts, dtype=np.int64),
+                                       draft_length(length, k, factor), min_prob)
+                if tokens:
+                    return SuffixDraft(tokens, length, score, "request")
+        return SuffixDraft([])
+
+
+class SuffixDrafter:
+    """`suffix`: the better-scoring of the request's own draft and the corpus's (the target's
+    earlier answers; an empty corpus drafts from the request alone). Deterministic (no q)."""
+
+    name = "suffix"
+    hidden_state_layers: tuple[int, ...] = ()
+    sequential = False
+
+    def __init__(self, corpus: CorpusIndex | None = None, max_depth: int = 16, factor: float = 1.0,
+                 min_prob: float = 0.1):
+        self.corpus, self.max_depth, self.factor, self.min_prob = corpus, max_depth, factor, min_prob
+        self.last = SuffixDraft([])
+        self.reset()
+
+    def reset(self) -> None:
+        self.request = RequestIndex(self.max_depth)
+
+    def best(self, ctx: DraftContext, k: int) -> SuffixDraft:
+        """The draft `propose` would make, with its match length, score and source."""
+        if k == 0:
+            return SuffixDraft([])
+        self.request.extend(ctx.token_ids)
+        drafts = [self.request.draft(k, self.factor, self.min_prob)]
+        if self.corpus is not None:
+            drafts.append(self.corpus.draft(ctx.token_ids, k, self.factor, self.min_prob))
+        return max(drafts, key=lambda d: (d.score, len(d.tokens)))
+
+    def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
+        self.last = self.best(ctx, k)
+        return DraftProposal(self.last.tokens[:k])
+
+    def accept(self, num_accepted: int) -> None:
+        pass  # the index follows the committed tokens
+
+
+def lookup_factory(scfg, answers: list[list[int]] | None) -> Callable[[], SuffixDrafter]:
+    """New `suffix` drafters with `eval.suffix`'s settings (`scfg`), one per method that drafts with
+    lookup, over one corpus of the target's `answers` indexed once (none: each request alone)."""
+    corpus = CorpusIndex(answers, scfg.max_depth) if answers else None
+    log.info("suffix decoding: %s", f"each request and {corpus.num_tokens} tokens of the target's sampled answers"
+             if corpus else "each request's own tokens (no samples of this target)")
+    return lambda: SuffixDrafter(corpus, scfg.max_depth, scfg.factor, scfg.min_prob)

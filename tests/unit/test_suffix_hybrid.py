@@ -1,0 +1,174 @@
+"""Suffix decoding (decoding/suffix.py) and the hybrid drafter (decoding/hybrid.py): hand-counted
+drafts, greedy identity with acceptances on the tiny target, a drafter's cache after skipped steps,
+the sampled law, and the samples corpus refused for other weights."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from specforge_lite import SpecforgeError
+from specforge_lite.contract import DraftContext
+from specforge_lite.decoding.engine import generate_plain, generate_speculative
+from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, HybridDrafter
+from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow
+from specforge_lite.decoding.verify import SamplingParams
+from tests.conftest import tokens_2_3_law
+
+
+def test_follow_takes_the_most_frequent_continuation_and_scores_it():
+    # 1 2 3 continues with 4 twice and 5 once; after 1 2 3 4 always 6
+    corpus = CorpusIndex([[1, 2, 3, 4, 6], [1, 2, 3, 5], [1, 2, 3, 4, 6]], max_depth=8)
+    assert corpus.occurrences([1, 2, 3]).size == 3 and corpus.occurrences([2, 3, 4]).size == 2
+    assert corpus.occurrences([7]).size == 0
+    draft = corpus.draft([9, 1, 2, 3], k=4, factor=1.0, min_prob=0.1)
+    assert draft.tokens == [4, 6] and draft.match_len == 3 and draft.source == "corpus"
+    assert draft.score == pytest.approx(2 / 3 + 2 / 3)  # running products 2/3, then 2/3 * 1
+    # the draft stops below min_prob, and at factor x the match's length
+    assert corpus.draft([1, 2, 3], 4, 1.0, min_prob=0.7).tokens == []
+    assert corpus.draft([3], 4, factor=1.0, min_prob=0.1).tokens == [4]
+    assert corpus.draft([3], 4, factor=2.0, min_prob=0.1).tokens == [4, 6]
+    # never across a sequence's end
+    assert corpus.draft([5], 4, 1.0, 0.1).tokens == []
+    tokens, score = follow(np.array([1, 2, -1, 1, 2]), np.array([1, 4]), 3, 0.0)
+    assert tokens == [2] and score == 1.0
+
+
+def test_the_request_index_matches_the_longest_suffix_as_tokens_arrive():
+    index = RequestIndex(max_depth=4)
+    index.extend([5, 6, 7, 8, 5, 6, 9, 5, 6])
+    draft = index.draft(k=3, factor=1.0, min_prob=0.0)  # 5 6 -> 7 once, 9 once: the tie goes to the smaller id
+    assert draft.match_len == 2 and draft.tokens == [7, 8] and draft.source == "request"
+    index.extend([5, 6, 7, 8, 5, 6, 9, 5, 6, 9])  # an extension of the same context
+    assert index.draft(3, 1.0, 0.0).tokens == [5, 6, 7] or index.draft(3, 1.0, 0.0).match_len >= 2
+
+
+def test_suffix_drafter_takes_the_better_scoring_source():
+    corpus = CorpusIndex([[1, 2, 3, 4]] * 5, max_depth=8)
+    drafter = SuffixDrafter(corpus, max_depth=8, factor=2.0, min_prob=0.1)
+    ctx = DraftContext(token_ids=[7, 1, 2, 3], num_prompt_tokens=4)
+    assert drafter.propose(ctx, 3).tokens == [4] and drafter.last.source == "corpus"
+    alone = SuffixDrafter(None, max_depth=8, factor=2.0)
+    ctx = DraftContext(token_ids=[1, 2, 3, 9, 1, 2, 3], num_prompt_tokens=7)
+    assert alone.propose(ctx, 3).tokens == [9, 1, 2] and alone.last.source == "request"
+
+
+def _prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts with repeats, so that lookup drafts and the drafts get verified."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        p = torch.randint(3, vocab, (12,), generator=g).tolist()
+        out.append(p + p[:6] + p)
+    return out
+
+
+def _eagle3(tiny_target):
+    from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
+    from tests.unit.test_eagle3 import VARIANTS, tiny_drafter
+
+    drafter = tiny_drafter(tiny_target, 64, *VARIANTS[0])
+    return Eagle3DecodeDrafter(drafter, capacity=256)
+
+
+def test_suffix_and_hybrid_decode_greedily_as_plain_with_both_sources_accepted(tiny_target):
+    model, _ = tiny_target
+    corpus_answers = [generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 4, seed=1)]
+    corpus = CorpusIndex(corpus_answers, max_depth=16)
+    hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.5)
+    accepted = Counter()
+    for ids in _prompts(model.config.vocab_size, 4, seed=1)[:2] + _prompts(model.config.vocab_size, 3, seed=2):
+        plain = generate_plain(model, ids, 24)
+        suffix = generate_speculative(model, SuffixDrafter(corpus), ids, 24, 3)
+        mixed = generate_speculative(model, hybrid, ids, 24, 3)
+        assert suffix.tokens == plain.tokens and mixed.tokens == plain.tokens
+        accepted["suffix"] += sum(suffix.accepted_lengths)
+    assert accepted["suffix"] > 0
+    assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
+    assert hybrid.sources[LOOKUP]["accepted"] > 0  # the corpus holds these answers: lookup is kept
+
+
+def test_a_drafter_after_skipped_steps_holds_what_a_drafter_of_every_step_holds(tiny_target):
+    """The hybrid hands the skipped steps' hidden states to EAGLE-3 at its next step: its cache of
+    committed anchors equals that of the same drafter drafting every step of the same answer."""
+    model, _ = tiny_target
+    ids = _prompts(model.config.vocab_size, 1, seed=3)[0]
+    plain = generate_plain(model, ids, 30)
+    corpus = CorpusIndex([plain.tokens[:12]], max_depth=16)  # lookup knows the answer's start only
+    hybrid, every = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0), _eagle3(tiny_target)
+    seen = {"hybrid": [], "every": []}  # context lengths at each drafter step (anchors up to length - 2)
+    for name, drafter in (("hybrid", hybrid.drafter), ("every", every)):
+        propose = drafter.propose
+        drafter.propose = lambda ctx, k, p=propose, log=seen[name]: (log.append((len(ctx.token_ids), k)), p(ctx, k))[1]
+    order = []
+    accept = hybrid.accept
+    hybrid.accept = lambda n: (order.append(hybrid.used), accept(n))[1]
+    a = generate_speculative(model, hybrid, ids, 30, 3)
+    b = generate_speculative(model, every, ids, 30, 3)
+    assert a.tokens == b.tokens == plain.tokens
+    assert LOOKUP in order and DRAFTER in order[order.index(LOOKUP):]  # a drafter step after skipped ones
+    written = min(max(n for n, k in seen[name] if k) for name in seen) - 1
+    assert written > len(ids)
+    cache_a, cache_b = hybrid.drafter.kv, every.kv
+    assert torch.allclose(cache_a.k[:, :, :written], cache_b.k[:, :, :written], atol=1e-5)
+    assert torch.allclose(cache_a.v[:, :, :written], cache_b.v[:, :, :written], atol=1e-5)
+    assert cache_a.k[:, :, :written].abs().sum() > 0
+
+
+def test_the_sampled_hybrid_keeps_the_target_law():
+    """Tokens 2 and 3 (the first speculative step, drafted by lookup from a corpus that predicts
+    them) of the real engine: chi-square against the target's exact law."""
+    from tests.unit.test_engine import tiny_llama
+
+    target, draft = tiny_llama(0), tiny_llama(1)
+    sampling, prompt, vocab = SamplingParams(0.8, 0.95), [1, 2, 3], 8
+    exact = tokens_2_3_law(target, prompt, sampling, vocab)
+    from specforge_lite.decoding.drafters import DraftModelDrafter
+
+    corpus = CorpusIndex([[1, 2, 3, 4, 5, 6]] * 4 + [[2, 3, 5, 5]], max_depth=8)
+    hybrid = HybridDrafter(DraftModelDrafter(draft), SuffixDrafter(corpus, factor=4.0), prior=0.0)
+    gen, n = torch.Generator().manual_seed(0), 4000
+    counts = Counter(tuple(generate_speculative(target, hybrid, prompt, 3, 2, sampling, (), gen).tokens[1:])
+                     for _ in range(n))
+    assert hybrid.sources[LOOKUP]["steps"] > 0
+    small = [cell for cell, p in exact.items() if n * p < 5]
+    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
+    expected = {cell: n * exact[cell] for cell in observed}
+    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
+    expected["pool"] = n * sum(exact[cell] for cell in small)
+    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
+    df = len(observed) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # 0.1% level
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+
+
+def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
+    """The sample stage's answers become the corpus; the same samples read for a target whose
+    weights differ are refused with one line."""
+    from safetensors.torch import load_file, save_file
+
+    from specforge_lite.data.samples import answer_corpus
+    from specforge_lite.target.loading import resolve_target_path
+    from tests.conftest import run_cli
+
+    run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", check=True)
+    samples = tmp_path / "run" / "samples"
+    answers = answer_corpus(samples, "builtin:tiny-llama", 10**6)
+    assert answers and all(answers) and sum(map(len, answers)) > 10
+    assert sum(map(len, answer_corpus(samples, "builtin:tiny-llama", 5))) < sum(map(len, answers))
+    other = tmp_path / "other"
+    shutil.copytree(resolve_target_path("builtin:tiny-llama"), other)
+    weights = next(other.glob("*.safetensors"))
+    tensors = load_file(weights)
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(SpecforgeError, match="drawn from other weights") as err:
+        answer_corpus(samples, str(other), 10**6)
+    assert len(str(err.value).splitlines()) == 1
+    assert answer_corpus(tmp_path / "nothing", "builtin:tiny-llama", 10) is None
