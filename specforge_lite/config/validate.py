@@ -10,7 +10,8 @@ pass adds what a type cannot say:
   a key that nothing reads is a setting silently ignored;
 - a few rules between fields (`cross_field_problems`);
 - once the target's own HF config is known (`validate_config(cfg, target_config)`), the
-  fields bounded by it (`below_target`, such as `drafter.aux_layer_ids` against its depth).
+  fields bounded by it (`below_target`, such as `drafter.aux_layer_ids` against its depth),
+  and what its family can run (`eval.engine`, `untrained_draft`).
 
 Every problem names the key, the value given and what is allowed; all are reported at once.
 """
@@ -69,7 +70,8 @@ def validate_for_target(cfg: DictConfig) -> None:
     """The second pass, before a stage writes anything: the folders and packages of this
     machine the stage needs (`environment_problems`); the target's folder is checked (its
     config.json and weight files, by name) and its config read; the stages that build a
-    drafter then check the fields bounded by it (such as aux layer ids against its depth)."""
+    drafter then check the fields bounded by it (such as aux layer ids against its depth), and
+    the stages that evaluate what its family can run (`engine_problem`, `draft_model_problem`)."""
     _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
     if cfg.stage == "train" and cfg.train.dry_run:
         return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
@@ -80,14 +82,65 @@ def validate_for_target(cfg: DictConfig) -> None:
     target_config = load_target_config(cfg.target, weights=cfg.stage != "export")
     if COMMANDS[cfg.stage].builds_drafter:  # checked against the target's config
         validate_config(cfg, target_config)
-    if runs(cfg.stage, "evaluate"):  # a tree's node budget and the answers' length against the target's context
-        _refuse(tree_problems(cfg.eval, target_config) + length_problems(cfg.eval, target_config))
+    if runs(cfg.stage, "evaluate"):  # what the target's family runs, a tree's budget and the answers' length
+        family = [engine_problem(cfg.eval, target_config), draft_model_problem(cfg.eval, target_config)]
+        _refuse([p for p in family if p] + tree_problems(cfg.eval, target_config)
+                + length_problems(cfg.eval, target_config))
     # the other models a stage will load: paths resolved now (a missing one fails at once)
     if COMMANDS[cfg.stage].builds_drafter and cfg.drafter.get("student"):
         resolve_target_path(cfg.drafter.student, "drafter.student")
     if runs(cfg.stage, "evaluate") and cfg.eval.untrained_draft_path and \
             {"untrained_draft", "hf_assisted"} & set(cfg.eval.methods):
         resolve_target_path(cfg.eval.untrained_draft_path, "eval.untrained_draft_path")
+
+
+def engine_problem(eval_cfg: DictConfig, target_config: Any) -> str | None:
+    """`eval.engine` against the target's family: static and compiled are our own forward,
+    which covers only some families (`static_llama.unsupported_reason`); refused here, before
+    sample and train, rather than when evaluate builds the forward after them."""
+    from specforge_lite.runtime.static_llama import unsupported_reason
+
+    reason = unsupported_reason(target_config)
+    if eval_cfg.engine not in ("static", "compiled") or not reason:
+        return None
+    kind = getattr(target_config, "model_type", None)
+    what = reason if reason.startswith("model_type") else f"model_type {kind!r} with {reason}"
+    return (f"eval.engine={eval_cfg.engine}: the static forward does not support {what}; "
+            "eval.engine=hf runs this target on transformers' forward (auto chooses it)")
+
+
+def draft_model_problem(eval_cfg: DictConfig, target_config: Any) -> str | None:
+    """`untrained_draft` with a draft model that has sliding-window layers: its draft loop keeps
+    transformers' own cache (decoding/drafters.py), whose sliding layers drop the positions
+    that leave the window, and the first rejected draft then cannot be rolled back. The draft
+    model is eval.untrained_draft_path, else the target's first layers (eval.truncate_layers)."""
+    if "untrained_draft" not in eval_cfg.methods:
+        return None
+    from specforge_lite.runtime.hf_runner import sliding_windows
+
+    if eval_cfg.untrained_draft_path:
+        from transformers import AutoConfig
+
+        from specforge_lite.target.loading import resolve_target_path
+
+        try:
+            config = AutoConfig.from_pretrained(resolve_target_path(eval_cfg.untrained_draft_path,
+                                                                    "eval.untrained_draft_path"))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # evaluate names a config it cannot read, with the setting
+        what = f"eval.untrained_draft_path={eval_cfg.untrained_draft_path}"
+        windowed = bool(sliding_windows(config))
+    else:
+        config, what = target_config, "the target's first layers"
+        keep = eval_cfg.truncate_layers or max(1, min(4, target_config.num_hidden_layers // 4))
+        types = getattr(target_config, "layer_types", None)
+        windowed = bool(sliding_windows(target_config)) and (types is None or "sliding_attention" in types[:keep])
+    if not windowed:
+        return None
+    return (f"eval.methods: untrained_draft: its draft model ({what}, model_type {config.model_type!r}) has "
+            "sliding-window layers, whose cache its draft loop cannot roll back after a rejected draft; "
+            "hf_assisted measures the same draft model, or name one without a sliding window in "
+            "eval.untrained_draft_path")
 
 
 # --------------------------------------------------------------------------- walking the schema

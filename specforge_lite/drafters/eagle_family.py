@@ -40,7 +40,7 @@ def target_fields(target_config, drafter_cfg) -> dict[str, Any]:
                 rms_norm_eps=target_config.rms_norm_eps,
                 rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
                 max_position_embeddings=target_config.max_position_embeddings,
-                hidden_act=target_config.hidden_act,
+                hidden_act="silu",  # the drafter's own SiLU-gated MLP (`_Layer`), whatever the target's
                 norm_before_residual=bool(drafter_cfg.norm_before_residual),
                 norm_before_fc=bool(drafter_cfg.norm_before_fc))
 

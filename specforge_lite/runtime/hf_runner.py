@@ -1,5 +1,11 @@
 """Hugging Face's own forward as a target runner: the model's dynamic KV cache, extended
-by each forward and cropped when drafts are rejected."""
+by each forward and cropped when drafts are rejected.
+
+Families with sliding-window layers (gpt-oss, Gemma 3, Mistral with its window) get a cache
+whose every layer keeps all past positions (`rollback_cache`): transformers' own sliding
+layers drop what falls out of the window, and a rejected draft then cannot be rolled back.
+The window itself is kept by the attention masks: the model builds them on a chain forward,
+and `window_masks` does on a tree forward."""
 
 from __future__ import annotations
 
@@ -14,6 +20,50 @@ def cache_kwargs(model, cache) -> dict:
     that renamed it (they warn on the old name), `past_key_values` before."""
     forward = getattr(model, "forward", model)
     return {"cache": cache} if "cache" in inspect.signature(forward).parameters else {"past_key_values": cache}
+
+
+def rollback_cache(config):
+    """A `DynamicCache` for `config` that `crop_cache` can take back to any length: its
+    sliding-window layers are full ones (the model's masks still apply each window), the
+    others (full attention, and whatever else the family has) are transformers' own."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
+                    for layer in cache.layers]
+    return cache
+
+
+def sliding_windows(config) -> dict[str, int]:
+    """{layer type: window} for the layers of `config` that attend over a sliding window:
+    gpt-oss' and Gemma 3's `sliding_attention` layers, or every layer of a family that has
+    a window and no layer types (Mistral; Qwen2 only with `use_sliding_window`)."""
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return {}
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return {"": int(window)}  # no layer types: the model applies its window to every layer
+    return {"sliding_attention": int(window)} if "sliding_attention" in types else {}
+
+
+def window_masks(config, mask: torch.Tensor, positions: torch.Tensor):
+    """A tree forward's boolean `mask` [t, length + t] as the model's forward takes it: one
+    mask, or {layer type: mask} where some layers see only a sliding window. A tree row at
+    position p then also loses the keys at positions p - window and before, as it would in
+    plain decoding (the cache slots before `length` hold positions 0.., the tree's rows
+    `positions`); a 4D mask passed whole would reach every layer unwindowed."""
+    windows = sliding_windows(config)
+    if not windows:
+        return mask
+    length = mask.shape[1] - mask.shape[0]
+    keys = torch.cat([torch.arange(length, device=positions.device), positions])
+    within = {kind: mask & (keys[None, :] > positions[:, None] - window) for kind, window in windows.items()}
+    if "" in within:
+        return within[""]
+    return {"full_attention": mask, **within}
 
 
 def crop_cache(cache, keep: int) -> None:
@@ -34,18 +84,15 @@ class TargetRunner:
     """
 
     def __init__(self, model, hidden_state_layers: Iterable[int] = ()):
-        from transformers import DynamicCache
-
         self.model = model
         self.device = model.device
         self.layers = tuple(hidden_state_layers)
-        self._cache_cls = DynamicCache
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.cache = None
 
     def reset(self) -> None:
-        self.cache = self._cache_cls(config=self.model.config)
+        self.cache = rollback_cache(self.model.config)
 
     @property
     def length(self) -> int:
@@ -76,11 +123,16 @@ class TargetRunner:
         cache at slots length .. length + t - 1 (`keep_rows` then keeps a path of them).
         Returns logits [t, V] and the declared hidden states {layer: [1, t, H]}."""
         dtype = self.model.get_output_embeddings().weight.dtype
-        blocked = torch.zeros(mask.shape, dtype=dtype, device=self.device)
-        blocked.masked_fill_(~mask.to(self.device), torch.finfo(dtype).min)  # additive: eager and sdpa read it
+
+        def additive(seen: torch.Tensor) -> torch.Tensor:  # eager and sdpa both read it
+            blocked = torch.zeros(seen.shape, dtype=dtype, device=self.device)
+            return blocked.masked_fill_(~seen.to(self.device), torch.finfo(dtype).min)[None, None]
+
+        masks = window_masks(self.model.config, mask.to(self.device), positions.to(self.device))
+        masks = {kind: additive(m) for kind, m in masks.items()} if isinstance(masks, dict) else additive(masks)
         kwargs = {"output_hidden_states": list(self.layers)} if self.layers else {}
         out = self.model(input_ids=torch.tensor([token_ids], device=self.device),
-                         position_ids=positions.to(self.device)[None], attention_mask=blocked[None, None],
+                         position_ids=positions.to(self.device)[None], attention_mask=masks,
                          use_cache=True, **cache_kwargs(self.model, self.cache), **kwargs)
         return out.logits[0], {layer: out.hidden_states[layer] for layer in self.layers}
 

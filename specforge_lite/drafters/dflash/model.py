@@ -72,7 +72,7 @@ class DFlashConfig:
                    mask_token_id=int(mask_token_id), rms_norm_eps=target_config.rms_norm_eps,
                    rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
                    max_position_embeddings=target_config.max_position_embeddings,
-                   hidden_act=target_config.hidden_act)
+                   hidden_act="silu")  # its own SiLU-gated MLP, whatever the target's activation
 
     def to_dict(self) -> dict:
         return asdict(self)
