@@ -193,7 +193,19 @@ def method_problems(eval_cfg) -> list[str]:
             and engine_needed(eval_cfg):
         problems.append(f"eval.best_k_method={eval_cfg.best_k_method!r} is not one of eval.methods {methods}"
                         + (f" or eval.extra_drafters labels {labels}" if labels else ""))
+    elif eval_cfg.best_k_method is not None and engine_needed(eval_cfg):
+        problems += [p for p in (best_k_problem(eval_cfg.best_k_method, [*methods, *labels], eval_cfg),) if p]
     return problems
+
+
+def best_k_problem(method: str, methods: list[str], eval_cfg) -> str | None:
+    """Best k is estimated from a chain's per-position acceptance in our engine: a tree method,
+    plain decoding or another engine's method has none (the report would say best k = None)."""
+    chains = [m for m in methods if m in own_k_methods(eval_cfg) and m not in HF_METHODS]
+    if method in chains:
+        return None
+    return (f"eval.best_k_method={method!r} has no best k: it is estimated for a chain method our engine "
+            f"drafts with ({', '.join(chains) or 'none in this evaluate'}); name one of those, or null")
 
 
 # the chain methods whose k `eval.method_draft_tokens` may set: our engine's drafters and the

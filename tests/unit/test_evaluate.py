@@ -361,3 +361,18 @@ def test_the_cost_curve_says_how_much_the_widest_forward_costs():
     measured = {"requested": "auto", "used": "bfloat16", "reason": "the faster of the two on this CPU (...)"}
     assert _engine_sentence({"requested": "static", "used": "static", "dtype": measured}) == (
         " Target forward: `static` in bfloat16 (target.dtype=auto: the faster of the two on this CPU (...)).")
+
+
+def test_best_k_method_must_be_a_chain_of_our_engine(tmp_path):
+    """A tree method, plain or a Hugging Face decoder has no per-position chain acceptance to
+    estimate best k from: refused at the door instead of a report saying best k = None."""
+    from specforge_lite.config.methods import method_problems
+
+    for method in ("ngram_tree", "plain", "hf_prompt_lookup"):
+        cfg = eval_cfg(tmp_path, "eval.methods=[plain,ngram,ngram_tree,hf_prompt_lookup]",
+                       f"eval.best_k_method={method}")
+        problems = method_problems(cfg.eval)
+        assert len(problems) == 1 and problems[0].startswith(f"eval.best_k_method='{method}' has no best k"), problems
+        assert "(ngram)" in problems[0]
+    assert not method_problems(eval_cfg(tmp_path, "eval.methods=[plain,ngram,suffix]",
+                                        "eval.best_k_method=suffix").eval)
