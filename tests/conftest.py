@@ -164,6 +164,22 @@ def tokens_2_3_law(target, prompt: list[int], sampling, vocab: int) -> Counter:
     return exact
 
 
+def assert_same_law(counts, exact: dict, n: int) -> None:
+    """Pearson's chi-square of `n` observed draws (`counts`) against the `exact` law, cells with an
+    expected count below 5 pooled: fails at the 0.1% level (Wilson-Hilferty's critical value)."""
+    import math
+
+    small = [cell for cell, p in exact.items() if n * p < 5]
+    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
+    expected = {cell: n * exact[cell] for cell in observed}
+    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
+    expected["pool"] = n * sum(exact[cell] for cell in small)
+    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
+    df = len(observed) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+
+
 # a 7-token prompt, then what verifications commit (1..4 positions), then jumps a compiled graph
 # does not take (the prompt of a longer turn), the last past a 64-slot cache
 COMMITS = [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]

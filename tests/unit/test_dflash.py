@@ -19,7 +19,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dflash
 from specforge_lite.drafters.dflash.model import anchor_block_mask, block_positions, select_anchors
 from specforge_lite.drafters.dflash.train import dpace_weights, exp_decay_weights
-from tests.conftest import drive_compiled_drafting, tokens_2_3_law
+from tests.conftest import assert_same_law, drive_compiled_drafting, tokens_2_3_law
 
 AUX = [1, 3, 4]
 H = 64
@@ -262,15 +262,7 @@ def test_sampling_keeps_the_target_law():
     n = 1000
     counts = Counter(tuple(generate_speculative(target, drafter, prompt, 3, 2, sampling, (), gen).tokens[1:])
                      for _ in range(n))
-    small = [cell for cell, p in exact.items() if n * p < 5]
-    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
-    expected = {cell: n * exact[cell] for cell in observed}
-    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
-    expected["pool"] = n * sum(exact[cell] for cell in small)
-    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
-    df = len(observed) - 1
-    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # 0.1% level
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+    assert_same_law(counts, exact, n)
     assert sum(counts.values()) == n and len(counts) > 10
 
 

@@ -15,7 +15,7 @@ from specforge_lite.decoding.drafters import DraftModelDrafter, NgramDrafter, tr
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.decoding.metrics import best_k, expected_tokens_per_step, per_position_acceptance, summarise
-from tests.conftest import tokens_2_3_law
+from tests.conftest import assert_same_law, tokens_2_3_law
 
 
 @pytest.fixture(scope="module")
@@ -220,16 +220,7 @@ def test_speculative_sampling_has_the_target_law():
     n = 4000
     counts = Counter(tuple(generate_speculative(target, drafter, prompt, 3, 2, sampling, (), gen).tokens[1:])
                      for _ in range(n))
-    # Pearson chi-square, cells with expected count < 5 pooled
-    small = [cell for cell, p in exact.items() if n * p < 5]
-    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
-    expected = {cell: n * exact[cell] for cell in observed}
-    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
-    expected["pool"] = n * sum(exact[cell] for cell in small)
-    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
-    df = len(observed) - 1
-    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # 0.1% level
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+    assert_same_law(counts, exact, n)
     # and the law is not trivial: the draft disagrees with the target often
     assert sum(counts.values()) == n and len(counts) > 10
 

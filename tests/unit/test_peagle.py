@@ -4,7 +4,6 @@ lossless greedy decoding, the target's law when sampling, save / load and the sp
 from __future__ import annotations
 
 import copy
-import math
 from collections import Counter
 
 import pytest
@@ -17,7 +16,7 @@ from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import eagle3, peagle
 from specforge_lite.drafters.peagle.model import depth_keep, drop_token_layout, parallel_attention_mask
-from tests.conftest import drive_compiled_drafting, tokens_2_3_law
+from tests.conftest import assert_same_law, drive_compiled_drafting, tokens_2_3_law
 
 AUX = [1, 3, 4]
 
@@ -285,15 +284,7 @@ def test_sampling_keeps_the_target_law():
     n = 3000
     counts = Counter(tuple(generate_speculative(target, drafter, prompt, 3, 2, sampling, (), gen).tokens[1:])
                      for _ in range(n))
-    small = [cell for cell, p in exact.items() if n * p < 5]
-    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
-    expected = {cell: n * exact[cell] for cell in observed}
-    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
-    expected["pool"] = n * sum(exact[cell] for cell in small)
-    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
-    df = len(observed) - 1
-    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # 0.1% level
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+    assert_same_law(counts, exact, n)
     assert sum(counts.values()) == n and len(counts) > 10
 
 

@@ -4,7 +4,6 @@ the sampled law, and the samples corpus refused for other weights."""
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections import Counter
 
@@ -18,7 +17,7 @@ from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, HybridDrafter
 from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow
 from specforge_lite.decoding.verify import SamplingParams
-from tests.conftest import tokens_2_3_law
+from tests.conftest import assert_same_law, tokens_2_3_law
 
 
 def test_follow_takes_the_most_frequent_continuation_and_scores_it():
@@ -136,15 +135,7 @@ def test_the_sampled_hybrid_keeps_the_target_law():
     counts = Counter(tuple(generate_speculative(target, hybrid, prompt, 3, 2, sampling, (), gen).tokens[1:])
                      for _ in range(n))
     assert hybrid.sources[LOOKUP]["steps"] > 0
-    small = [cell for cell, p in exact.items() if n * p < 5]
-    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
-    expected = {cell: n * exact[cell] for cell in observed}
-    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
-    expected["pool"] = n * sum(exact[cell] for cell in small)
-    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
-    df = len(observed) - 1
-    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # 0.1% level
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+    assert_same_law(counts, exact, n)
 
 
 def test_the_samples_corpus_comes_from_this_target_only(tmp_path):

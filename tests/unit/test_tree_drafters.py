@@ -24,7 +24,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dflash, medusa, peagle
 from tests.unit import test_dflash, test_medusa, test_peagle
 from tests.unit.test_engine import prompts
-from tests.conftest import tokens_2_3_law
+from tests.conftest import assert_same_law, tokens_2_3_law
 
 
 # --------------------------------------------------------------------------- the construction
@@ -219,15 +219,7 @@ def test_sampled_peagle_trees_keep_the_target_law():
         out = generate_tree(target, drafter, prompt, 4, shape, sampling, (), gen)
         counts[tuple(out.tokens[1:3])] += 1
         deep += out.accepted_lengths[0] == 2
-    small = [cell for cell, p in exact.items() if n * p < 5]
-    observed = {cell: counts.get(cell, 0) for cell in exact if cell not in small}
-    expected = {cell: n * exact[cell] for cell in observed}
-    observed["pool"] = sum(counts.get(cell, 0) for cell in small)
-    expected["pool"] = n * sum(exact[cell] for cell in small)
-    stat = sum((observed[c] - expected[c]) ** 2 / expected[c] for c in observed if expected[c] > 0)
-    df = len(observed) - 1
-    critical = df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3  # 0.1% level
-    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (df {df})"
+    assert_same_law(counts, exact, n)
     assert sum(counts.values()) == n and len(counts) > 10 and deep > 0  # whole paths were accepted too
 
 
