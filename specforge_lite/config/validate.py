@@ -71,7 +71,7 @@ def validate_for_target(cfg: DictConfig) -> None:
     machine the stage needs (`environment_problems`); the target's folder is checked (its
     config.json and weight files, by name) and its config read; the stages that build a
     drafter then check the fields bounded by it (such as aux layer ids against its depth), and
-    the stages that evaluate what its family can run (`engine_problem`, `draft_model_problem`)."""
+    the stages that evaluate what its family can run (`engine_problem`)."""
     _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
     if cfg.stage == "train" and cfg.train.dry_run:
         return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
@@ -83,7 +83,7 @@ def validate_for_target(cfg: DictConfig) -> None:
     if COMMANDS[cfg.stage].builds_drafter:  # checked against the target's config
         validate_config(cfg, target_config)
     if runs(cfg.stage, "evaluate"):  # what the target's family runs, a tree's budget and the answers' length
-        family = [engine_problem(cfg.eval, target_config), draft_model_problem(cfg.eval, target_config)]
+        family = [engine_problem(cfg.eval, target_config)]
         _refuse([p for p in family if p] + tree_problems(cfg.eval, target_config)
                 + length_problems(cfg.eval, target_config))
     # the other models a stage will load: paths resolved now (a missing one fails at once)
@@ -108,42 +108,6 @@ def engine_problem(eval_cfg: DictConfig, target_config: Any) -> str | None:
     return (f"eval.engine={eval_cfg.engine}: the static forward does not support {what}; "
             "eval.engine=hf runs this target on transformers' forward (auto chooses it)")
 
-
-def draft_model_problem(eval_cfg: DictConfig, target_config: Any) -> str | None:
-    """`untrained_draft` with a draft model that has sliding-window layers: its draft loop keeps
-    transformers' own cache (decoding/drafters.py), whose sliding layers drop the positions
-    that leave the window, and the first rejected draft then cannot be rolled back. The draft
-    model is eval.untrained_draft_path, else the target's first layers (eval.truncate_layers)."""
-    if "untrained_draft" not in eval_cfg.methods:
-        return None
-    from specforge_lite.runtime.hf_runner import sliding_windows
-
-    if eval_cfg.untrained_draft_path:
-        from transformers import AutoConfig
-
-        from specforge_lite.target.loading import resolve_target_path
-
-        try:
-            config = AutoConfig.from_pretrained(resolve_target_path(eval_cfg.untrained_draft_path,
-                                                                    "eval.untrained_draft_path"))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # evaluate names a config it cannot read, with the setting
-        what = f"eval.untrained_draft_path={eval_cfg.untrained_draft_path}"
-        windowed = bool(sliding_windows(config))
-    else:
-        config, what = target_config, "the target's first layers"
-        keep = eval_cfg.truncate_layers or max(1, min(4, target_config.num_hidden_layers // 4))
-        types = getattr(target_config, "layer_types", None)
-        windowed = bool(sliding_windows(target_config)) and (types is None or "sliding_attention" in types[:keep])
-    if not windowed:
-        return None
-    return (f"eval.methods: untrained_draft: its draft model ({what}, model_type {config.model_type!r}) has "
-            "sliding-window layers, whose cache its draft loop cannot roll back after a rejected draft; "
-            "hf_assisted measures the same draft model, or name one without a sliding window in "
-            "eval.untrained_draft_path")
-
-
-# --------------------------------------------------------------------------- walking the schema
 
 def _walk(node: DictConfig, prefix: str, problems: list[str], target_config: Any) -> None:
     schema = OmegaConf.get_type(node)

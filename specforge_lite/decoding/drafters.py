@@ -20,7 +20,7 @@ from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa
 from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.runtime.fast_engine import FastEngine
-from specforge_lite.runtime.hf_runner import cache_kwargs, crop_cache
+from specforge_lite.runtime.hf_runner import cache_kwargs, crop_cache, rollback_cache
 from specforge_lite.runtime.static_llama import unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -179,12 +179,10 @@ class DraftModelDrafter:
         self.reset()
 
     def reset(self) -> None:
-        from transformers import DynamicCache
-
         if self.runner is not None:  # the static cache of `compile`
             self.runner.reset()
         else:
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = rollback_cache(self.model.config)  # sliding-window layers keep every position
         self.cached = 0  # tokens in self.cache (a prefix of the committed tokens)
         self.last_k = 0
         self.base = 0

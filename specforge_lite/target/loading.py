@@ -27,6 +27,7 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.scale.accounting import record_target
 from specforge_lite.artifact_io import ArtifactError, read_json, read_json_object, safetensors_header
+from specforge_lite.target.model_types import check_model_type
 
 log = logging.getLogger(__name__)
 
@@ -285,26 +286,6 @@ def load_target_config(target_cfg, weights: bool = True, path: str | None = None
         return AutoConfig.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise SpecforgeError(f"target.path={target_cfg.path!r}: cannot read its config ({_first_line(err)})") from None
-
-
-def check_model_type(path: Path, target_cfg) -> None:
-    """A local target whose model_type transformers does not know: only the folder's own code
-    (config.json's `auto_map`) defines it, and that code runs only where the user allows it
-    (`target.trust_remote_code`); without such code nothing can build it. A known model_type
-    runs transformers' own class, whatever `auto_map` says."""
-    from transformers import CONFIG_MAPPING, __version__
-
-    config = read_json_object(path / "config.json")
-    kind = config["model_type"]
-    if kind in CONFIG_MAPPING or (config.get("auto_map") and target_cfg.trust_remote_code):
-        return
-    if config.get("auto_map"):
-        raise SpecforgeError(f"target.path={target_cfg.path!r}: model_type {kind!r} is defined by code in the folder "
-                             f"(config.json auto_map), not by transformers {__version__}; read that code, then set "
-                             "target.trust_remote_code=true to run it")
-    raise SpecforgeError(f"target.path={target_cfg.path!r}: transformers {__version__} does not know model_type "
-                         f"{kind!r} and the folder has no code for it (no auto_map in config.json); a newer "
-                         "transformers may know it")
 
 
 def _first_line(err: Exception) -> str:

@@ -200,8 +200,8 @@ ENTRIES = {
     "specforge_lite/serving/llamacpp/methods.py": ["check_drafted"],
     "specforge_lite/config/methods.py": ["branch_problem", "length_problem", "no_methods", "best_k_problem"],
     "specforge_lite/__main__.py": ["unresolved"],
-    "specforge_lite/config/validate.py": ["engine_problem", "draft_model_problem"],
-    "specforge_lite/target/loading.py": ["check_model_type"],
+    "specforge_lite/config/validate.py": ["engine_problem"],
+    "specforge_lite/target/model_types.py": ["check_model_type"],
     "benchmarks/doc_topics.py": ["read_results"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)

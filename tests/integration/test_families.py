@@ -1,0 +1,158 @@
+"""Targets of other families (tests/families.py: Qwen3, Qwen3-MoE, gpt-oss, Mistral with its
+window, Gemma 3) through the stages, and what the door refuses for them (issue 53).
+
+A family is one entry of `FAMILIES`; each test here is parametrised over them. None of them is
+covered by the static forward, so evaluate runs them on transformers' forward, whose cache the
+runner keeps whole for sliding-window layers (runtime/hf_runner.py `rollback_cache`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+from tests.families import FAMILIES, WINDOW, family_target  # noqa: F401  (a fixture)
+from tests.integration.test_bad_inputs import assert_user_error, cli, written
+
+# every stage at its smallest: a few conversations, a few steps, one held-out prompt timed once
+SMALL = ["data.max_samples=4", "sample.max_new_tokens=8", "train.max_steps=2", "train.checkpoint_every=0",
+         "eval.warmup=0", "eval.cost_repeats=1", "eval.plots=false", "eval.bootstrap.resamples=100"]
+# smoke's methods (untrained_draft: the target's first layers, sliding ones included), plus a tree,
+# whose verify forward takes per-layer-type masks
+METHODS = "eval.methods=[plain,eagle3,eagle3_tree,ngram,untrained_draft,hf_generate,hf_prompt_lookup,hf_assisted]"
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """The CLI runs one torch thread: these products are too small to share, and two threads
+    spinning beside the rest of the suite made every stage several times slower."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_stage_runs_each_family_on_transformers_forward(family, family_target, tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli("run", "+recipe=smoke", f"target.path={family_target(family)}", f"run_dir={run_dir}",
+            "eval.engine=auto", METHODS, *SMALL, check=True)
+    assert json.loads((run_dir / "samples" / "meta.json").read_text())["complete"] is True
+    assert (run_dir / "train" / "drafter" / "model.safetensors").exists()
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    engine = report["settings"]["engine"]
+    assert engine["used"] == "hf" and "the static forward does not support" in engine["fallback"], engine
+    assert set(report["methods"]) == set(METHODS.split("[")[1].rstrip("]").split(","))
+    assert {m: e["identical_to_plain"] for m, e in report["methods"].items()} == \
+        {m: True for m in report["methods"]}, report["methods"]
+    export = json.loads((run_dir / "export" / "export.json").read_text())
+    assert export["drafter"] == "eagle3" and export["strict_reload"] == "passed", export
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_runner_rolls_back_chains_and_trees_past_the_window(family, family_target):
+    """Drafts rejected after the context outgrew the sliding window, a tree verify and the path
+    it keeps: every logit as the whole sequence's forward gives it (the cache and the tree's
+    masks keep each layer's window; transformers' own sliding cache could not be cropped)."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from specforge_lite.runtime.hf_runner import TargetRunner, sliding_windows
+
+    model = AutoModelForCausalLM.from_pretrained(family_target(family), dtype=torch.float32).eval()
+    windowed = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=model.config).layers)
+    assert windowed == bool(sliding_windows(model.config))  # the families with a window are the ones tested for it
+    ids = torch.randint(0, 256, (3 * WINDOW,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        whole = model(torch.tensor([ids])).logits[0]
+        runner = TargetRunner(model, [1])
+        runner.reset()
+        n = WINDOW // 2
+        logits, _ = runner.forward(ids[:n])
+        seen = [(logits, whole[:n])]
+        while n < 2 * WINDOW:  # the right token and two wrong drafts, cropped back
+            logits, _ = runner.forward([ids[n], 300, 301])
+            seen.append((logits[:1], whole[n:n + 1]))
+            runner.crop(n + 1)
+            n += 1
+        # rows: 0 = the right token, 1 = a wrong sibling, 2 = the right child of row 0
+        base = runner.length
+        mask = torch.zeros(3, base + 3, dtype=torch.bool)
+        mask[:, :base] = True
+        mask[0, base] = mask[1, base + 1] = mask[2, base] = mask[2, base + 2] = True
+        logits, _ = runner.forward_tree([ids[n], 299, ids[n + 1]], torch.tensor([n, n, n + 1]), mask)
+        seen += [(logits[0], whole[n]), (logits[2], whole[n + 1])]
+        runner.keep_rows(base, [0, 2])
+        logits, _ = runner.forward(ids[n + 2:n + 4])
+        seen.append((logits, whole[n + 2:n + 4]))
+    assert max(float((a - b).abs().max()) for a, b in seen) < 1e-4
+
+
+# --------------------------------------------------------------------------- the door
+
+def test_a_family_without_the_static_forward_asked_for_it_is_one_line_before_any_work(family_target, tmp_path):
+    """The issue's own run: a real interpreter, the smoke recipe (eval.engine=static) on Qwen3-MoE."""
+    proc = run_cli("run", "+recipe=smoke", f"target.path={family_target('qwen3_moe')}", f"run_dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["error: invalid setting: eval.engine=static: the static forward does not support model_type "
+                     "'qwen3_moe' (the static forward covers llama, mistral, qwen2); eval.engine=hf runs this "
+                     "target on transformers' forward (auto chooses it)"], proc.stderr
+    assert written(tmp_path) == set()
+
+
+DOOR_CASES = [
+    ("gpt_oss", ["evaluate", "eval.engine=compiled", "eval.methods=[plain,eagle3]"],
+     "eval.engine=compiled: the static forward does not support model_type 'gpt_oss'"),
+    ("mistral", ["run", "eval.engine=static", "eval.methods=[plain,eagle3]"],
+     "eval.engine=static: the static forward does not support model_type 'mistral' with a sliding attention window"),
+]
+
+
+@pytest.mark.parametrize("family,args,message", DOOR_CASES, ids=[c[0] for c in DOOR_CASES])
+def test_what_a_family_cannot_run_is_refused_at_the_door(capsys, family_target, tmp_path, family, args, message):
+    stage, *overrides = args
+    code, err = cli(capsys, stage, "+recipe=smoke", f"target.path={family_target(family)}", f"run_dir={tmp_path}",
+                    *overrides)
+    assert_user_error(code, err, message)
+    assert len(err.strip().splitlines()) == 1, err
+    assert written(tmp_path) == set()
+
+
+def _retyped(source, folder, auto_map: bool):
+    """A copy of a family's folder whose model_type transformers does not know, with or without
+    code of its own (config.json `auto_map`; the code would fail if it ever ran)."""
+    import shutil
+
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "tiny_custom"
+    if auto_map:
+        config["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig",
+                              "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+        (folder / "configuration_custom.py").write_text("raise RuntimeError('remote code ran')\n")
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("auto_map,message", [
+    (True, "model_type 'tiny_custom' is defined by code in the folder (config.json auto_map), not by transformers"),
+    (False, "does not know model_type 'tiny_custom' and the folder has no code for it"),
+], ids=["remote_code", "unknown"])
+def test_a_model_type_that_needs_remote_code_is_refused_unless_allowed(capsys, family_target, tmp_path, auto_map,
+                                                                       message):
+    from specforge_lite.target.model_types import check_model_type
+    from tests.conftest import target_cfg
+
+    folder = _retyped(family_target("qwen3"), tmp_path / "custom", auto_map)
+    run_dir = tmp_path / "run"
+    code, err = cli(capsys, "sample", "+recipe=smoke", f"target.path={folder}", f"run_dir={run_dir}")
+    assert_user_error(code, err, message)
+    assert len(err.strip().splitlines()) == 1, err
+    assert written(run_dir) == set()
+    if auto_map:  # allowed, the door lets transformers run the folder's code
+        check_model_type(folder, target_cfg(str(folder), trust_remote_code=True))
+    # a model_type transformers knows keeps its own class, whatever auto_map says
+    known = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**known, "model_type": "qwen3"}))
+    check_model_type(folder, target_cfg(str(folder)))
