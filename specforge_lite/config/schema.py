@@ -144,8 +144,8 @@ class TreeConfig:
 @dataclass
 class SuffixConfig:
     """`eval.suffix.*`: suffix decoding (`suffix`) and the lookup half of `<drafter>_hybrid`
-    (decoding/suffix.py, decoding/hybrid.py). Defaults: Arctic Inference's (a draft grows to one
-    token per matched token and stops below a 0.1 running probability)."""
+    (decoding/suffix.py, decoding/hybrid.py). By default a draft grows by one token per matched
+    token and stops below a 0.1 running probability."""
     max_depth: int = checked(16, ge=1, le=64)  # the longest suffix matched, in tokens
     factor: float = checked(1.0, gt=0.0)  # draft tokens per matched token (at most the method's k)
     min_prob: float = checked(0.1, ge=0.0, lt=1.0)  # stop where the draft's running probability falls below

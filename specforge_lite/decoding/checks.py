@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def plain_rounding(model, target, plain, answers: list[dict], k: int, max_new_tokens: int, eos_ids: list[int],
-                   plain_name: str = "plain") -> dict:
+                   plain_name: str = "plain", reference: identity.Fp32Reference | None = None) -> dict:
     """The rounding baseline of this machine and dtype (`identity.rounding_baseline`): every plain
     answer decoded a second time, and its tokens re-verified k + 1 at a time, as a speculative
     method's verify forwards see them (`ReplayDrafter`)."""
@@ -26,20 +26,22 @@ def plain_rounding(model, target, plain, answers: list[dict], k: int, max_new_to
         replayed = generate_speculative(model, ReplayDrafter(len(ids), tokens), ids, max_new_tokens, k,
                                         SamplingParams(0.0, 1.0), eos_ids, None, runner).tokens
         rows.append({"ids": ids, "plain": tokens, "again": again, "replayed": replayed})
-    baseline = identity.rounding_baseline(model, rows, k + 1)
+    baseline = identity.rounding_baseline(model, rows, k + 1, reference=reference)
     log.info("%s", baseline["text"])
     return baseline
 
 
 def compiled_drafting(decoders: dict, drafters: dict, info: dict, ids: list[int], max_new_tokens: int,
-                      seed: int) -> None:
+                      seed: int, decoded: dict | None = None) -> None:
     """A drafter whose compiled graphs accept no draft on the first prompt while its eager module
     does is a compile gone wrong, not a weak drafter (a bf16 graph once drafted nothing the target
     kept, and the report called it lossless): it drafts eagerly from then on, and `info` (the
-    report's settings.engine) says so under `drafters_graph` and `drafters_fallback`."""
+    report's settings.engine) says so under `drafters_graph` and `drafters_fallback`. `decoded`: the
+    warm-up's own answers to that prompt by method, read instead of decoding it again."""
     graphs = info.get("drafters_graph") or {}
     for name in [n for n in graphs if n in decoders and hasattr(drafters.get(n), "eager")]:
-        if sum(decoders[name](ids, max_new_tokens, seed).accepted_lengths):
+        first = (decoded or {}).get(name) or decoders[name](ids, max_new_tokens, seed)
+        if sum(first.accepted_lengths):
             continue
         drafter = drafters[name]
         compiled = dict(vars(drafter))

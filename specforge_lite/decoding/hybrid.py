@@ -105,3 +105,10 @@ class HybridDrafter:
             self.kept += num_accepted
             self.steps += 1
             self.drafter.accept(num_accepted)
+
+
+def clear_sources(drafters) -> None:
+    """Zero the source counts of the hybrids among `drafters` (after a warm-up)."""
+    for drafter in drafters:
+        if isinstance(drafter, HybridDrafter):
+            drafter.clear_sources()

@@ -166,12 +166,15 @@ def verdict(reference: Fp32Reference, prompt_ids: Sequence[int], plain: Sequence
     return classify(plain, other, evidence, dtype, ulps)
 
 
-def judge(model, answers: list[dict], plain: str = "plain", ulps: float = ROUNDING_ULPS) -> None:
+def judge(model, answers: list[dict], plain: str = "plain", ulps: float = ROUNDING_ULPS,
+          reference: Fp32Reference | None = None) -> None:
     """Sets `answer["verdict"]` (a `classify` dict) on every greedy answer of the evaluate stage:
     answers are dicts with "prompt", "turn", "method", "gen" (a Generation), "identical" (None
     when sampled: left without a verdict) and "ids" (the prompt's token ids); plain's answer to
-    the same prompt and turn is the reference. The float32 copy lives only while this runs."""
-    reference = Fp32Reference(model)
+    the same prompt and turn is the reference. The float32 copy lives only while this runs, unless
+    the caller passes its `reference` (and releases it once its other verdicts are made)."""
+    own = reference is None
+    reference = reference or Fp32Reference(model)
     plain_tokens = {(a["prompt"]["id"], a["turn"]): a["gen"].tokens for a in answers if a["method"] == plain}
     for a in answers:
         if a["identical"] is None:
@@ -180,21 +183,25 @@ def judge(model, answers: list[dict], plain: str = "plain", ulps: float = ROUNDI
         a["verdict"] = (classify(theirs, a["gen"].tokens, None, model.dtype, ulps) if a["identical"]
                         else {**verdict(reference, a["ids"], theirs, a["gen"].tokens, model.dtype, ulps),
                               "reference_dtype": reference.dtype})
-    reference.release()
+    if own:
+        reference.release()
 
 
-def rounding_baseline(model, answers: list[dict], width: int, ulps: float = ROUNDING_ULPS) -> dict:
+def rounding_baseline(model, answers: list[dict], width: int, ulps: float = ROUNDING_ULPS,
+                      reference: Fp32Reference | None = None) -> dict:
     """How much the machine's own rounding moves plain decoding, for the report to set the methods'
     verdicts against: `answers` are {"ids", "plain", "again", "replayed"} per greedy prompt and turn
     (plain's answer, plain decoded a second time, and plain's tokens re-verified at `width` by
     `ReplayDrafter`). Returns the counts of each against plain (`summarise`'s, with each differing
     answer's verdict by the same rule as the methods') and a sentence."""
-    reference = Fp32Reference(model)
+    own = reference is None
+    reference = reference or Fp32Reference(model)
     out = {"dtype": str(model.dtype).removeprefix("torch."), "width": width}
     for key, label in (("again", "plain decoded again"), ("replayed", f"plain's tokens re-verified at width {width}")):
         verdicts = [verdict(reference, a["ids"], a["plain"], a[key], model.dtype, ulps)["verdict"] for a in answers]
         out[key] = {**summarise(verdicts), "label": label}
-    reference.release()
+    if own:
+        reference.release()
     out["text"] = (f"Rounding baseline ({out['dtype']}): {out['again']['label']}: {out['again']['text']}; "
                    f"{out['replayed']['label']}: {out['replayed']['text']}.")
     return out

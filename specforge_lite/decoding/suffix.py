@@ -80,13 +80,11 @@ class CorpusIndex:
         self.max_depth = max_depth
         n = len(self.array)
         padded = np.concatenate([self.array, np.full(max_depth, SEPARATOR, dtype=np.int64)])
-        self.rows = np.stack([padded[d:d + n] for d in range(max_depth)], axis=1) if n else \
-            np.zeros((0, max_depth), dtype=np.int64)
-        keep = self.rows[:, 0] != SEPARATOR if n else np.zeros(0, dtype=bool)
-        starts = np.nonzero(keep)[0]
-        order = np.lexsort(self.rows[starts].T[::-1]) if len(starts) else starts
+        heads = np.stack([padded[d:d + n] for d in range(max_depth)], axis=1)  # each suffix's first tokens
+        starts = np.nonzero(self.array != SEPARATOR)[0]
+        order = np.lexsort(heads[starts].T[::-1]) if len(starts) else starts
         self.starts = starts[order]  # suffix start positions, in lexicographic order of their heads
-        self.keys = [tuple(row) for row in self.rows[self.starts].tolist()]
+        self.keys = [tuple(row) for row in heads[self.starts].tolist()]
 
     @property
     def num_tokens(self) -> int:

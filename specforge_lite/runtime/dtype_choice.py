@@ -1,9 +1,9 @@
 """Which dtype a CPU target decodes in when `target.dtype=auto`: float32 unless the CPU computes
 bf16 natively, in which case both are timed here and the faster one is kept.
 
-Whether bf16 pays is the machine's to say: CPUs without bf16 instructions emulate it and run
-several times slower than float32, while bf16 dot-product or matrix units (AVX512-BF16, AMX,
-Arm's BF16) can run a forward in half the time (docs/BENCHMARKS.md, section `dtype_choice`).
+Whether bf16 pays is the machine's to say: CPUs without bf16 instructions emulate it, while
+with bf16 dot-product or matrix units (AVX512-BF16, AMX, Arm's BF16) it depends on the width and
+the thread count (docs/BENCHMARKS.md, sections `dtype_choice_xeon_amx` and `dtype_choice_xeon_amx_16t`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from specforge_lite.runtime.target_choice import _median_forward_s
 
 log = logging.getLogger(__name__)
 
-# /proc/cpuinfo flags of the instructions that compute bf16 products natively
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+# /proc/cpuinfo flags of the instructions that compute bf16 products natively (x86; Arm's is `bf16`)
+X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def cpu_flags() -> set[str]:
@@ -46,7 +46,7 @@ def native_bf16() -> bool:
     flags = cpu_flags()
     if platform.machine().lower() in ("aarch64", "arm64"):
         return "bf16" in flags
-    return any(flag in flags for flag in BF16_FLAGS[:2])
+    return any(flag in flags for flag in X86_BF16_FLAGS)
 
 
 def _forward_ms(model, widths: list[int], repeats: int) -> dict[int, float]:

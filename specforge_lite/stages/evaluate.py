@@ -41,7 +41,7 @@ from specforge_lite.data.eval_prompts import (cache_capacity, conversation, fitt
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
 from specforge_lite.decoding import checks, identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
-from specforge_lite.decoding.hybrid import HybridDrafter
+from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
 from specforge_lite.decoding.suffix import lookup_factory
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
@@ -244,12 +244,11 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
 
     # 1. warm-up: every method, untimed, on the first prompt; a compiled drafter accepting nothing there
     first, warm = prompt_ids(tokenizer, conversation(prompts[0], [], 0)), min(ecfg.warmup_tokens, ecfg.max_new_tokens)
+    warmed = {}
     for _ in range(ecfg.warmup):
-        for name in methods:
-            decoders[name](first, warm, _seed(cfg.seed, "warmup"))
-    checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"))
-    for drafter in drafters.values():  # a hybrid's counts of which source drafted: the timed runs only
-        getattr(drafter, "clear_sources", lambda: None)()
+        warmed = {name: decoders[name](first, warm, _seed(cfg.seed, "warmup")) for name in methods}
+    checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"), warmed)
+    clear_sources(drafters.values())  # a hybrid counts which source drafted in the timed runs only
 
     # 2. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
@@ -268,12 +267,13 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
             plain = [t for t in gens[PLAIN].tokens if t not in eos_ids]
             replies.append(tokenizer.decode(plain, skip_special_tokens=True).strip())
 
-    identity.judge(model, answers, PLAIN)  # greedy answers unlike plain's: bf16 rounding or a mismatch
+    reference = identity.Fp32Reference(model)  # one float32 copy: the verdicts (rounding/mismatch), the baseline
+    identity.judge(model, answers, PLAIN, reference=reference)
     baseline = sampling.greedy and checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg),
-                                                         ecfg.max_new_tokens, eos_ids, PLAIN) or None
+                                                         ecfg.max_new_tokens, eos_ids, PLAIN, reference) or None
+    reference.release()
 
-    # 3. costs of a target forward over 1..k+1 tokens (the best-k estimate), and on to 16 where the
-    # cache has room: the curve that says whether a wider verify still costs what one token costs
+    # 3. a target forward's cost over 1..k+1 tokens (best k), and on to 16 where the cache has room
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
     room = (target.engine.capacity if target.engine else model.config.max_position_embeddings) - context_len
