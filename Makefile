@@ -59,8 +59,8 @@ llamacpp: setup  ## llama.cpp in-process for the llamacpp_* methods (xllamacpp, 
 demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_smollm2)
 	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)
 
-test: setup  ## run the whole test suite (TEST_WORKERS processes side by side, a test file each)
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+test: setup  ## run the whole test suite (TEST_WORKERS processes side by side, a test file each; the 15 slowest listed)
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(ARGS)
 
 test-vllm: setup vllm  ## the vLLM tests only (they fail, not skip, when vLLM is missing)
 	SPECFORGE_LITE_REQUIRE_VLLM=1 $(PY) -m pytest -q -ra -m vllm $(ARGS)
@@ -97,12 +97,12 @@ bench:  ## list the benchmarks (group, module, what it measures); run one with p
 	@$(if $(wildcard $(PY)),$(PY),python3) -m benchmarks --list
 
 docs:  ## recipe cards' results blocks, README's results at a glance, docs/BENCHMARKS.md by topic
-	$(PY) -m benchmarks.docs
+	$(PY) -m specforge_lite docs
 
 # no `setup` prerequisite: a GPU machine runs it with its own torch (make gpu-check PY=python3);
 # docs/GPU_CHECK.md says what it runs and what it writes
 gpu-check:  ## on a CUDA machine, <= 9 min: GPU tests, demo training, bf16/fp32 eval, projections (elsewhere: one line)
-	$(PY) -m benchmarks.gpu.gpu_check $(ARGS)
+	$(PY) -m specforge_lite gpu-check $(ARGS)
 
 clean:  ## remove run outputs (keeps .venv, .venv-vllm and the model cache)
 	rm -rf runs outputs

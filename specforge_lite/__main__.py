@@ -9,13 +9,17 @@ import traceback
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.config.stages import COMMANDS
+from specforge_lite.stage_table import COMMANDS
 from specforge_lite.scale.launch import follow_launcher
 
 USAGE = """usage: python -m specforge_lite STAGE [+recipe=NAME] [key=value ...] [--cfg job]
+       python -m specforge_lite COMMAND [--help | its options]
 
 stages:
 {stages}
+
+commands (no Hydra config; `COMMAND --help` lists their options):
+{tools}
 
 examples:
   python -m specforge_lite sample +recipe=eagle_smollm2 data.max_samples=32
@@ -42,14 +46,15 @@ _dispatched = False  # set once Hydra has composed the config and handed it to u
 def _usage() -> str:
     stages = "\n".join(f"  {s.name:<9} {s.help}" + (f" (runs/<recipe>/{s.folder})" if s.folder else "")
                        for s in COMMANDS.values())
+    tools = "\n".join(f"  {name:<9} {help}" for name, help in TOOLS.items())
     recipes = ", ".join(sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))) or "(none found)"
-    return USAGE.format(stages=stages, recipes=recipes)
+    return USAGE.format(stages=stages, tools=tools, recipes=recipes)
 
 
 def _dispatch(cfg) -> None:
     global _dispatched
     _dispatched = True
-    from specforge_lite.artifacts import folder_error
+    from specforge_lite.run_folders import folder_error
     from specforge_lite.stages import run_stage
 
     try:
@@ -63,6 +68,25 @@ def _dispatch(cfg) -> None:
             traceback.print_exc()
         print(f"error: {message}", file=sys.stderr)
         sys.exit(USER_ERROR)
+
+
+# commands that are no stage: they take their own options and run before Hydra composes anything
+TOOLS = {"docs": "write the figures of the recipe cards, README and docs/BENCHMARKS.md from benchmarks/results",
+         "gpu-check": "on one CUDA GPU: GPU tests, demo training, bf16/fp32 evaluation, projections, recorded"}
+
+
+def run_tool(name: str, argv: list[str]) -> int:
+    """A command of TOOLS with its own options; a SpecforgeError (a damaged results file, an unknown
+    step) is one `error:` line and exit status 2, as for a stage."""
+    from specforge_lite.records import docs, gpu_check  # they import torch: loaded for these commands only
+
+    try:
+        return {"docs": docs.main, "gpu-check": gpu_check.main}[name](argv)
+    except SpecforgeError as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return USER_ERROR
 
 
 # command-line spellings of earlier versions -> what to write now
@@ -89,7 +113,7 @@ def renamed(overrides: list[str]) -> str | None:
 def run_dir_problem(overrides: list[str]) -> str | None:
     """Why a `run_dir=` given on the command line cannot be written, or None: checked before
     Hydra, which makes its log folder there first."""
-    from specforge_lite.artifacts import folder_problem
+    from specforge_lite.run_folders import folder_problem
 
     given = [item.split("=", 1)[1] for item in overrides if item.lstrip("+").startswith("run_dir=")]
     return folder_problem(Path(given[-1]), "run_dir") if given and given[-1].strip() else None
@@ -139,8 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         print(_usage())
         sys.exit(0 if argv else 2)
     stage, rest = argv[0], argv[1:]
+    if stage in TOOLS:
+        sys.exit(run_tool(stage, rest))
     if stage not in COMMANDS:
-        print(f"error: unknown stage {stage!r}; choose one of: {', '.join(COMMANDS)}\n", file=sys.stderr)
+        print(f"error: unknown stage {stage!r}; choose one of: {', '.join([*COMMANDS, *TOOLS])}\n", file=sys.stderr)
         print(_usage(), file=sys.stderr)
         sys.exit(2)
     if not CONF_DIR.is_dir():
@@ -155,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import hydra
 
-    from specforge_lite.config.schema import register_configs
+    from specforge_lite.drafters.registry import register_configs
 
     register_configs()
     if message := unresolved_run_dir(stage, rest):

@@ -3,9 +3,10 @@
     python -m benchmarks.records.record_compare runs/compare_smollm2 --command "make compare" --wall "..."
 
 Copies the method table and the recommendation of `RUN/eval/report.json`, a training
-summary of every trained drafter it compared (from their `metrics.json`), and the goals
-of the Medusa / distillation issue computed from the report: distilled tau at least 30%
-above the same student untrained, Medusa tau >= 2.0.
+summary of every trained drafter it compared (from their `metrics.json`), and the verdicts on
+the goals of the Medusa / distillation issue (the distilled student's tau over the same student
+untrained, Medusa's tau) and of the EAGLE-3 issue: the entry of benchmarks/goals.yaml named after
+the results file (eval_RUN), else `eval_compare_smollm2`.
 """
 
 from __future__ import annotations
@@ -17,17 +18,10 @@ from pathlib import Path
 from benchmarks.common import run, run_file, update_doc_section, write_results
 from specforge_lite.decoding.report import methods_table
 from specforge_lite.drafters.common import drafter_info
+from specforge_lite.records import goals as issue_goals
+from specforge_lite.records.runs import training_summary
 
-
-def training_summary(drafter_dir: Path) -> dict | None:
-    metrics = drafter_dir.parent / "metrics.json"
-    if not metrics.exists():
-        return None
-    history = json.loads(metrics.read_text())["history"]
-    last = history[-1]
-    return {"dir": str(drafter_dir), "steps": last["step"], "tokens": last.get("tokens_seen"),
-            "final_loss": last["loss"], "final_simulated_tau": last["simulated_tau"], "acc": last["acc"],
-            "tokens_per_s": last["tokens_per_s"], "target_share": last["target_share"]}
+GOALS = "eval_compare_smollm2"  # the goals.yaml entry of a results file that has none of its own
 
 
 def main() -> None:
@@ -36,6 +30,7 @@ def main() -> None:
     parser.add_argument("--command", required=True, help="the command that made the evaluation")
     parser.add_argument("--wall", default="", help="wall time of that command, as measured")
     parser.add_argument("--note", default="", help="one more sentence for the section (how the drafters were trained)")
+    parser.add_argument("--goals", help=f"the benchmarks/goals.yaml entry to check (default: eval_RUN's, else {GOALS})")
     args = parser.parse_args()
     report = run_file(args.run_dir, "eval/report.json")
     methods = report["methods"]
@@ -45,15 +40,8 @@ def main() -> None:
         if method in methods and not dirs.get(method) and drafter_info(own).get("drafter") == kind:
             dirs[method] = str(own)
     trained = {m: training_summary(Path(d)) for m, d in dirs.items() if d and m in methods}
-    goals = {}
-    if "distilled" in methods and "untrained_draft" in methods:
-        gain = methods["distilled"]["tau"] / methods["untrained_draft"]["tau"] - 1
-        goals["distilled_tau_gain_ge_30pct"] = {"value": gain, "met": gain >= 0.30}
-    if "medusa" in methods:
-        goals["medusa_tau_ge_2.0"] = {"value": methods["medusa"]["tau"], "met": methods["medusa"]["tau"] >= 2.0}
-    if "eagle3" in methods:
-        goals["eagle3_tau_ge_2.5"] = {"value": methods["eagle3"]["tau"], "met": methods["eagle3"]["tau"] >= 2.5}
     name = args.run_dir.name
+    goals = issue_goals.check(issue_goals.goals_of(args.goals or f"eval_{name}", GOALS), report)
     write_results(f"eval_{name}", {"command": args.command, "wall": args.wall, "goals": goals,
                                    "trained": trained, "report": report})
     rec = report["recommendation"]
@@ -61,7 +49,7 @@ def main() -> None:
         f"- `{m}` ({s['dir']}): {s['steps']} steps, final simulated tau {s['final_simulated_tau']:.2f}, "
         f"step/head-0 accuracy {s['acc'][0]:.2f}, {s['tokens_per_s']:.0f} training tokens/s"
         for m, s in trained.items() if s)
-    goal_lines = "\n".join(f"- {k}: {v['value']:.2f} -> {'met' if v['met'] else 'NOT met'}" for k, v in goals.items())
+    goal_lines = "\n".join(issue_goals.lines(goals))
     update_doc_section(f"eval_{name}", f"""## Side by side: `{name}` (every drafter kind on SmolLM2, CPU)
 
 Command: `{args.command}` ({args.wall} wall on this machine). {args.note}
@@ -80,7 +68,7 @@ Trained drafters:
 Goals of the Medusa / distillation issue and of the EAGLE-3 issue, from this run:
 {goal_lines}
 """)
-    print(json.dumps(goals))
+    print(json.dumps(goals, default=str))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,10 @@
 RUN/eval/report.json is one evaluate at the demo's settings (its prompts, k, engine) of every
 trained drafter's chain and tree methods beside plain and n-gram. Recorded from it: the
 method and trees tables, each method's best k (DFlash: the drafts read out of its block),
-and the goals of the trees issue and of the DFlash issue, computed here:
-- trees: each tree's (tau - 1) at least 1.3x its chain's; the mixed tree (EAGLE-3 + n-gram)
-  ahead of n-gram with speedup intervals apart; the report recommending it;
-- DFlash: drafting ms per proposed token at most 1/3 of EAGLE-3's chain; its speedup ahead of
-  EAGLE-3's and, the stretch, of n-gram's (point and intervals apart).
+and the verdicts on the goals of the trees issue (each tree's tau against its chain's, the mixed
+tree of EAGLE-3 and n-gram against n-gram, the report recommending it) and of the DFlash issue
+(its drafting cost per token and its speedup against EAGLE-3's and n-gram's): the entry of
+benchmarks/goals.yaml named after the results file, else `eval_families_smollm2`.
 Each RUN2 (--also, repeatable) is another evaluate on the same prompts with another tree
 shape or k (a tree that fits the chain's verify width, the drafters at their best k): its
 tables, its trees goals and its DFlash goals are recorded too; the first at another k is the
@@ -33,112 +32,11 @@ import json
 from pathlib import Path
 
 from benchmarks.common import fail, run, run_file, update_doc_section, write_results
-from benchmarks.records.record_compare import training_summary
-from specforge_lite.config.methods import labelled_drafters
 from specforge_lite.decoding.report import k_text, methods_table, trees_table
+from specforge_lite.records import goals as issue_goals
+from specforge_lite.records.runs import drafter_folders, equal_cpu, per_minute, training_summary
 
 NAME = "eval_families_smollm2"
-CHAINS = ("eagle3", "medusa", "dflash", "peagle")
-
-
-def _apart(a: dict, b: dict) -> bool:
-    """a's speedup interval wholly above b's."""
-    return bool(a.get("speedup_ci") and b.get("speedup_ci")) and a["speedup_ci"][0] > b["speedup_ci"][1]
-
-
-def _rounded(value):
-    """Floats to 2 decimals, inside lists too (for the doc's goal lines)."""
-    if isinstance(value, float):
-        return round(value, 2)
-    return [_rounded(v) for v in value] if isinstance(value, list) else value
-
-
-def _goal(value, met: bool, note: str = "") -> dict:
-    return {"value": value, "met": bool(met), **({"note": note} if note else {})}
-
-
-def tree_goals(methods: dict, recommendation: dict) -> dict:
-    goals = {}
-    for chain in ("ngram", *CHAINS):
-        tree, base = methods.get(f"{chain}_tree"), methods.get(chain)
-        if tree and base and base["tau"] > 1:
-            ratio = (tree["tau"] - 1) / (base["tau"] - 1)
-            goals[f"{chain}_tree_gain_ge_1.3x"] = _goal(ratio, ratio >= 1.3, "tree (tau - 1) / chain (tau - 1)")
-    mixed, ngram = methods.get("eagle3_mixed_tree"), methods.get("ngram")
-    if mixed and ngram:
-        goals["mixed_tree_ahead_of_ngram_apart"] = _goal(
-            [mixed["speedup_ci"], ngram["speedup_ci"]], _apart(mixed, ngram), "speedup intervals: mixed tree, ngram")
-        goals["demo_recommends_mixed_tree"] = _goal(recommendation["deploy"],
-                                                    recommendation["deploy"] == "eagle3_mixed_tree")
-    return goals
-
-
-def dflash_goals(methods: dict, name: str = "dflash") -> dict:
-    """The DFlash issue's goals for DFlash drafter `name` (the dflash method or an extra drafter's label)."""
-    dflash, eagle, ngram = methods.get(name), methods.get("eagle3"), methods.get("ngram")
-    if not (dflash and eagle):
-        return {}
-    ratio = dflash["draft_ms_per_token"] / eagle["draft_ms_per_token"]
-    at_k = f" (k {dflash['k']} / {eagle['k']})" if dflash.get("k") and eagle.get("k") else ""
-    goals = {"draft_cost_per_token_le_third_of_eagle3": _goal(ratio, ratio <= 1 / 3,
-                                                              f"DFlash / EAGLE-3 ms per drafted token{at_k}"),
-             "speedup_ahead_of_eagle3": _goal([dflash["speedup"], eagle["speedup"]], dflash["speedup"] > eagle["speedup"],
-                                              "point estimates"),
-             "speedup_ahead_of_eagle3_apart": _goal([dflash["speedup_ci"], eagle["speedup_ci"]], _apart(dflash, eagle))}
-    if ngram:
-        goals["stretch_ahead_of_ngram_apart"] = _goal([dflash["speedup_ci"], ngram["speedup_ci"]], _apart(dflash, ngram))
-    return goals
-
-
-def per_minute(heldout: dict, threads: int) -> dict:
-    """Held-out tau, training CPU minutes and (tau - 1) per CPU minute of each drafter the
-    held-out evaluate decoded (its drafter folder's train/metrics.json)."""
-    dirs = drafter_folders(heldout)
-    rows = {}
-    for name, m in heldout["methods"].items():
-        metrics = Path(dirs[name]).parent / "metrics.json" if dirs.get(name) else None
-        if metrics is None or not metrics.exists():
-            continue
-        logged = json.loads(metrics.read_text())
-        minutes = sum(r["seconds"] for r in logged["throughput"]["ranks"]) * threads / 60
-        rows[name] = {"tau": m["tau"], "tau_ci": m.get("tau_ci"), "train_cpu_min": minutes,
-                      "train_tokens": logged["tokens_seen"], "gain_per_cpu_min": (m["tau"] - 1) / minutes}
-    return rows
-
-
-def drafter_folders(report: dict) -> dict:
-    """Method -> trained drafter folder of a report: eval.drafter_dirs and eval.extra_drafters labels."""
-    settings = report["settings"]
-    return {**(settings.get("drafter_dirs") or {}), **labelled_drafters(settings)}
-
-
-def named_seconds(items: list[str], option: str) -> dict:
-    """`NAME=SECONDS` items as {name: seconds}; a malformed one stops with one line."""
-    out = {}
-    for item in items:
-        name, _, seconds = item.partition("=")
-        try:
-            out[name] = float(seconds)
-        except ValueError:
-            fail(f"{option} {item!r}: give NAME=SECONDS")
-    return out
-
-
-def equal_cpu(dirs: dict, pilots: list[str], process_cpu: list[str], threads: int) -> dict:
-    """Per drafter of `dirs` with a `--pilot NAME=SECONDS`: its steps, the CPU minutes they make
-    at the pilot's seconds per step, the training minutes it logged and, where given, its
-    process's CPU minutes."""
-    rates, used = named_seconds(pilots, "--pilot"), named_seconds(process_cpu, "--process-cpu")
-    rows = {}
-    for name, rate in rates.items():
-        if not dirs.get(name):
-            fail(f"--pilot {name}: the evaluate decoded no drafter of that name")
-        logged = json.loads((Path(dirs[name]).parent / "metrics.json").read_text())
-        steps = logged["total_steps"]
-        rows[name] = {"steps": steps, "pilot_s_per_step": rate, "cpu_min_given": steps * rate * threads / 60,
-                      "train_min_logged": sum(r["seconds"] for r in logged["throughput"]["ranks"]) * threads / 60,
-                      "tokens": logged["tokens_seen"], "process_cpu_min": used[name] / 60 if name in used else None}
-    return rows
 
 
 def brief(report: dict) -> dict:
@@ -147,7 +45,7 @@ def brief(report: dict) -> dict:
 
 
 def at_best_k(report: dict, others: list[tuple[str, dict]]) -> dict:
-    """The first other run at another k, as the cards' results blocks show it (`benchmarks/docs.py`:
+    """The first other run at another k, as the cards' results blocks show it (`records/docs.py`:
     `report_at_best_k`, `best_k_command`)."""
     k = k_text(report["settings"])
     for command, other in others:
@@ -184,7 +82,8 @@ def main() -> None:
     parser.add_argument("--train-command", action="append", default=[], metavar="COMMAND",
                         help="a command that trained one of the drafters, listed with the budget; repeatable")
     parser.add_argument("--dflash", action="append", default=[], metavar="METHOD",
-                        help="a DFlash method whose goals are computed (default: dflash); repeatable")
+                        help="a DFlash method whose goals are checked (default: dflash); repeatable")
+    parser.add_argument("--goals", help=f"the benchmarks/goals.yaml entry to check (default: NAME's, else {NAME})")
     parser.add_argument("--process-cpu", action="append", default=[], metavar="NAME=SECONDS",
                         help="a drafter's training process CPU seconds (user + sys, start-up included); repeatable")
     args = parser.parse_args()
@@ -201,11 +100,12 @@ def main() -> None:
     if len(args.also_command) != len(args.also):
         fail("give one --also-command per --also")
     runs = [report] + [run_file(d, "eval/report.json") for d in args.also]
+    entry = issue_goals.goals_of(args.goals or args.name, NAME)
     goals = {}
-    for r in runs:
-        goals[f"trees ({label(r)})"] = tree_goals(r["methods"], r["recommendation"])
+    for r in runs:  # the trees issue's goals once per run, the DFlash issue's once per run and DFlash method
+        goals[f"trees ({label(r)})"] = issue_goals.check(entry.get("trees", {}), r)
         for name in args.dflash:
-            goals[f"{name} ({label(r)})"] = dflash_goals(r["methods"], name)
+            goals[f"{name} ({label(r)})"] = issue_goals.check(entry.get("dflash", {}), r, dflash=name)
     goals = {key: group for key, group in goals.items() if group}
     heldout = per_minute(run_file(args.heldout, "eval/report.json"), args.train_threads) if args.heldout else {}
     dirs = drafter_folders(report)
@@ -219,9 +119,8 @@ def main() -> None:
     engine = report["settings"].get("engine") or {}
     engine = (f"{engine.get('used')} target forward (tree verify width {engine.get('tree_width')}), "
               f"drafters {', '.join(f'{n} {h}' for n, h in (engine.get('drafters_graph') or {}).items()) or 'eager'}")
-    goal_lines = "\n".join(f"- {issue}: {key}: {json.dumps(_rounded(g['value']))} -> {'met' if g['met'] else 'NOT met'}"
-                           + (f" ({g['note']})" if g.get("note") else "")
-                           for issue, group in goals.items() for key, g in group.items())
+    goal_lines = "\n".join(line.replace("- ", f"- {issue}: ", 1)
+                           for issue, group in goals.items() for line in issue_goals.lines(group))
     also_section = ""
     for command, also in zip(args.also_command, runs[1:]):
         arec = also["recommendation"]
@@ -265,7 +164,7 @@ Best k per method:
 
 Recommendation (computed by the report): deploy **{rec['deploy']}**: {'; '.join(rec['reasons'])}.{also_section}{budget_table}{heldout_table}
 
-Goals of the trees issue and of the DFlash issue, from these runs:
+Goals of the trees issue and of the DFlash issue (benchmarks/goals.yaml), from these runs:
 {goal_lines}
 """)
     print(json.dumps(goals, default=str))

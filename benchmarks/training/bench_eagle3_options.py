@@ -36,6 +36,7 @@ from torch import nn
 
 from benchmarks.common import (asks_help, choose, compose_config, fail, needed, run, timed, update_doc_section,
                                write_results)
+from specforge_lite.drafters.registry import drafter_module
 
 OUT = Path("runs/bench_eagle3_options")
 HELD_SAMPLED, HELD_SOURCE = 16, 24
@@ -50,7 +51,7 @@ def features(out: Path = OUT, cfg=None, compute: torch.dtype | None = None) -> N
     stage's target_autocast does), kept in `out`/features.pt with the rows and the held-out split."""
     from specforge_lite.training.features import collate, target_hidden
     from specforge_lite.stages.train import ensure_samples, training_rows
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
     cfg = cfg if cfg is not None else compose([])
     ensure_samples(cfg)
@@ -84,8 +85,7 @@ def reinit_random(drafter, seed: int) -> None:
 def tally(drafter, batches, cfg) -> dict:
     """Teacher-forced per-step accuracy and simulated tau (1 + mean run of correct steps, bonus
     included) of `drafter` over prepared batches."""
-    from specforge_lite.drafters import eagle3
-
+    eagle3 = drafter_module("eagle3")
     totals = {"correct": None, "total": None, "chain": None}
     with torch.no_grad():
         for batch in batches:
@@ -99,9 +99,9 @@ def tally(drafter, batches, cfg) -> dict:
 def teacher_forced(drafter, target, tokenizer, rows: list[dict], cfg, batch_size: int = 4) -> dict:
     """`tally` over token rows (`input_ids`, `loss_mask`), their features from the target's forward
     in its weights' dtype (as decoding computes them)."""
-    from specforge_lite.drafters import eagle3
     from specforge_lite.training.features import collate, target_hidden
 
+    eagle3 = drafter_module("eagle3")
     drafter.eval()
     prepare, batches = eagle3.batch_preparer(drafter, target), []
     aux_ids = eagle3.target_layers(drafter)
@@ -115,13 +115,13 @@ def teacher_forced(drafter, target, tokenizer, rows: list[dict], cfg, batch_size
 
 
 def train_variant(name: str, opts: dict, out: Path = OUT) -> None:
-    from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
     from specforge_lite.training.features import collate
     from specforge_lite.training.optim import build_optimizer
     from specforge_lite.stages.train import lr_at, plan_batches
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
+    eagle3 = drafter_module("eagle3")
     lr, bs = float(opts.get("lr", 1e-3)), int(opts.get("bs", 4))
     cfg = compose([f"train.lr={lr}", f"drafter.ttt_steps={int(opts.get('ttt', 3))}",
                    *[c for c in opts.get("cfg", "").split(",") if c]])

@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.common import (ROOT, asks_help, choose, compose_config, fail, needed, paired_tau_difference, run,
                                run_cli, run_file, timed, update_doc_section, with_ci, write_results)
+from specforge_lite.drafters.registry import drafter_module
 from specforge_lite.training.feature_formats import (FORMATS, GROUP_SIZE, TOP_K, bytes_per_token, dequantize,
                                             quantize, sparse_teacher_logits)
 
@@ -58,7 +59,7 @@ def train(formats: list[str]) -> None:
 
 def hidden_size(name: str) -> int:
     if CONFIGS[name] is None:
-        from specforge_lite.target.loading import sizing_config
+        from specforge_lite.targets.loading import sizing_config
 
         return sizing_config("builtin:smollm2-135m-instruct").hidden_size
     return json.loads((ROOT / "specforge_lite" / "assets" / "configs" / CONFIGS[name]).read_text())["hidden_size"]
@@ -93,12 +94,12 @@ def teacher_error(last: torch.Tensor, approx: torch.Tensor, draft_head: torch.Te
 
 
 def measure() -> None:
-    from specforge_lite.drafters import eagle3
     from specforge_lite.drafters.vocab import count_tokens
     from specforge_lite.training.features import FeatureCache, cache_key, collate, draft_vocab_targets, target_hidden
     from specforge_lite.stages.train import training_rows
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
+    eagle3 = drafter_module("eagle3")
     torch.manual_seed(0)
     cfg = compose_config(["stage=train", *overrides("bf16")])
     target, tokenizer = load_target(cfg.target)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from benchmarks.common import (DOC, asks_help, choose, compose_config, fail, load_results, run, run_cli, run_file,
                                update_doc_section, with_ci, write_results)
+from specforge_lite.drafters.registry import drafter_module
+from specforge_lite.records import goals as issue_goals
 
 OUT = Path("runs/bench_learning_curve")  # relative: run from the repository's root, like every benchmark
 SAMPLES = Path("runs/smollm2/samples")  # the demo recipe's samples_dir
@@ -115,8 +117,7 @@ def onpolicy() -> None:
     from benchmarks.training.bench_eagle3_options import teacher_forced
     from specforge_lite.data.chat import prompt_ids
     from specforge_lite.data.eval_prompts import read_eval_prompts, select_prompts
-    from specforge_lite.drafters import eagle3
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
     cfg = demo_config()
     target, tokenizer = load_target(cfg.target)
@@ -127,6 +128,7 @@ def onpolicy() -> None:
             answer = target.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):]
         rows.append({"input_ids": ids + answer.tolist(), "loss_mask": [0] * len(ids) + [1] * len(answer)})
     scores = {}
+    eagle3 = drafter_module("eagle3")
     for name, folder in decoded_drafters():
         scores[name] = teacher_forced(eagle3.load(Path(folder), target), target, tokenizer, rows, cfg)
         print(name, scores[name], flush=True)
@@ -182,10 +184,12 @@ def record(sampling_min: float) -> None:
                         "train_s": v["curve"][-1]["train_s"]}
     # the tau needed, at the costs of the longest-trained new drafter (every new drafter has the same shapes)
     last = next(m for m in ("new4-e4", "new-e2", "new1-e1") if m in methods)
-    goal = {"plain_x1.3": needed_tau(methods[last], methods["plain"], 1.3),
+    wanted = issue_goals.goals_of("learning_curve")["speedup_over_plain"]["at_least"]  # benchmarks/goals.yaml
+    plain_key = f"plain_x{wanted:g}"
+    goal = {plain_key: needed_tau(methods[last], methods["plain"], wanted),
             "ngram": needed_tau(methods[last], methods["plain"], methods["ngram"]["speedup"])}
     frontier = budget_points(curves)
-    projection = project(frontier, goal["plain_x1.3"]) if len(frontier) >= 2 else None
+    projection = project(frontier, goal[plain_key]) if len(frontier) >= 2 else None
     if projection:
         projection["ngram_cpu_min"] = project(frontier, goal["ngram"])["cpu_min"]
     study = {name: curves[name] for name in STUDY if name in curves and curves[name]["epochs"]}
@@ -199,7 +203,7 @@ def record(sampling_min: float) -> None:
                                                                                "speedup_ci")},
                                      "tau_needed": goal, "budgets": frontier, "projection": projection,
                                      "study": list(study), "curves": curves})
-    image = plot({k: c for k, c in curves.items() if k not in STUDY or k == "new1"}, goal)
+    image = plot({k: c for k, c in curves.items() if k not in STUDY or k == "new1"}, goal[plain_key], wanted)
 
     def decoded(p: dict) -> str:
         return ((f"{p['onpolicy_tau']:.2f} | " if onpolicy_tau else "")
@@ -237,8 +241,8 @@ def record(sampling_min: float) -> None:
     where = (f"Along these budget points (tau against log CPU minutes, least squares) decoded tau gains "
              f"{projection['slope_per_log_min'] * math.log(2):.3f} per doubling of the CPU minutes; at that rate "
              f"n-gram's speed (tau {goal['ngram']:.2f}) lies {math.log2(projection['ngram_cpu_min'] / frontier[-1]['cpu_min']):.1f} "
-             f"doublings beyond the four-fold budget (about {projection['ngram_cpu_min'] / 60:,.0f} CPU hours) and 1.3x "
-             f"plain (tau {goal['plain_x1.3']:.2f}) {math.log2(projection['cpu_min'] / frontier[-1]['cpu_min']):.1f}: "
+             f"doublings beyond the four-fold budget (about {projection['ngram_cpu_min'] / 60:,.0f} CPU hours) and "
+             f"{wanted:g}x plain (tau {goal[plain_key]:.2f}) {math.log2(projection['cpu_min'] / frontier[-1]['cpu_min']):.1f}: "
              f"extrapolations beyond the measured budgets, not measurements. More epochs of this recipe "
              f"are not the way to win here." if projection else
              "Fewer than two decoded budget points, or tau not rising with minutes: no projection.")
@@ -261,7 +265,7 @@ speed for that recipe ("Demo training step"): one epoch is the demo's budget.
 
 n-gram lookup in the same evaluate: tau {ng['tau']:.2f}, {with_ci(ng['speedup'], ng['speedup_ci'], suffix='x')}.
 With the drafting and verification costs this
-evaluate measured, a drafter needs tau {goal['plain_x1.3']:.2f} for 1.3x plain and {goal['ngram']:.2f} to
+evaluate measured, a drafter needs tau {goal[plain_key]:.2f} for {wanted:g}x plain and {goal['ngram']:.2f} to
 match n-gram's speed. Today's recipe run to its end at one, two and four times the demo's budget
 (measured): {budget_text}. {where}{gap}
 
@@ -293,7 +297,7 @@ def project(epochs: list[dict], tau: float) -> dict | None:
             "intercept": my - slope * mx}
 
 
-def plot(curves: dict, goal: dict) -> str:
+def plot(curves: dict, tau_wanted: float, speedup_wanted: float) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,7 +313,7 @@ def plot(curves: dict, goal: dict) -> str:
                          yerr=[[p["decoded_tau"] - p["decoded_tau_ci"][0] for p in ep],
                                [p["decoded_tau_ci"][1] - p["decoded_tau"] for p in ep]], marker="o", capsize=3,
                          label=name)
-    axes[2].axhline(goal["plain_x1.3"], ls="--", c="grey", label="tau for 1.3x plain")
+    axes[2].axhline(tau_wanted, ls="--", c="grey", label=f"tau for {speedup_wanted:g}x plain")
     axes[0].set(xlabel="training tokens (thousands)", ylabel="teacher-forced tau", title="held-out, per token")
     axes[1].set(xlabel="CPU minutes (sampling + training)", ylabel="teacher-forced tau", title="held-out, per minute")
     axes[2].set(xlabel="CPU minutes (sampling + training)", ylabel="decoded tau (k = 3)",

@@ -20,11 +20,13 @@ import torch
 
 from benchmarks.common import median_ms, run, timed, update_doc_section, write_results
 from specforge_lite.drafters.common import shifted_targets, stepwise_loss
-from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
+from specforge_lite.drafters.registry import drafter_module
+
+eagle3 = drafter_module("eagle3")  # the drafter package, from the registry
 
 
-def smollm2_config() -> Eagle3Config:
-    return Eagle3Config(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+def smollm2_config():
+    return eagle3.Eagle3Config(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
                         intermediate_size=1536, vocab_size=49152, draft_vocab_size=8192, aux_layer_ids=[2, 15, 27],
                         rms_norm_eps=1e-5, rope_theta=100000.0, norm_before_residual=True)
 
@@ -32,7 +34,7 @@ def smollm2_config() -> Eagle3Config:
 def measure(variant: str, seq: int, steps: int, ttt: int, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     cfg = smollm2_config()
-    drafter = Eagle3Drafter(cfg)
+    drafter = eagle3.Eagle3Drafter(cfg)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4)
     gen = torch.Generator().manual_seed(seed + 1)
     batches = [(torch.randint(0, cfg.vocab_size, (1, seq), generator=gen),

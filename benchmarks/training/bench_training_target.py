@@ -22,7 +22,7 @@ import torch
 from benchmarks.common import load_smollm2, median_ms, run, timed, update_doc_section, write_results
 from specforge_lite.runtime.static_llama import StaticLlama
 from specforge_lite.runtime.compile import compile_frozen
-from specforge_lite.drafters.eagle3.model import default_aux_layers
+from specforge_lite.drafters.eagle_family import default_aux_layers
 from specforge_lite.training.features import target_hidden
 
 

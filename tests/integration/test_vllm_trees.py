@@ -20,7 +20,7 @@ pytestmark = pytest.mark.vllm
 def test_the_probe_reads_the_installed_vllm_and_the_gpu_check_records_it(vllm_python, monkeypatch):  # noqa: F811
     """vLLM 0.32 has no `speculative_token_tree` field and no tree attention backend (docs/ENGINES.md,
     "Draft trees"): the probe says so from the package itself, and the step records what it said."""
-    from benchmarks.gpu import gpu_check
+    from specforge_lite.records import gpu_check
 
     info = tree_support(vllm_python)
     version = subprocess.run([vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,

@@ -1,4 +1,5 @@
-"""The recipe cards and README quote measured figures only from benchmarks/results (make docs)."""
+"""The recipe cards and README quote measured figures only from benchmarks/results (make docs:
+`specforge_lite/records/docs.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 
 import pytest
 
-from benchmarks import doc_topics, docs
+from specforge_lite.records import docs, results, topics
 
 # eagle_smollm2's card before its figures were generated: a replaced run's numbers typed by hand
 OLD_CARD = """Measured on 2 CPU cores, fp32, 2026-11-24 (`docs/BENCHMARKS.md`, section
@@ -48,11 +49,11 @@ def test_figures_typed_outside_the_blocks_are_caught():
 
 
 def test_benchmarks_doc_by_topic_keeps_the_sections_scripts_update():
-    text = docs.DOC.read_text()
-    _, sections = doc_topics.split(text)
-    ordered = doc_topics.order_benchmarks(text)
-    assert doc_topics.order_benchmarks(ordered) == ordered
-    kept = {name for name in sections if not doc_topics.superseded(name)}
+    text = topics.DOC.read_text()
+    _, sections = topics.split(text)
+    ordered = topics.order_benchmarks(text)
+    assert topics.order_benchmarks(ordered) == ordered
+    kept = {name for name in sections if not topics.superseded(name)}
     for name in kept:
         assert f"<!-- {name} -->" in ordered and f"<!-- /{name} -->" in ordered
     assert "<!-- docs:toc -->" in ordered
@@ -62,7 +63,7 @@ def test_a_superseded_section_is_left_out_and_a_new_one_is_filed_by_topic():
     doc = ("# Benchmarks\n\nintro\n\n<!-- engine -->\n## Old forward\n<!-- /engine -->\nreading\n\n"
            "<!-- engine_avx512 -->\n## New forward\n<!-- /engine_avx512 -->\n\n"
            "<!-- llamacpp_laptop -->\n## llama.cpp on a laptop\n<!-- /llamacpp_laptop -->\n")
-    ordered = doc_topics.order_benchmarks(doc)
+    ordered = topics.order_benchmarks(doc)
     assert "Old forward" not in ordered and "reading" not in ordered
     assert ordered.index("# Serving engines") < ordered.index("## llama.cpp on a laptop")
     assert "- [Engine: the target's forward](#engine-the-targets-forward)" in ordered
@@ -101,7 +102,7 @@ def test_links_between_the_guides_reach_a_file_and_a_heading():
                 broken.append(f"{path.relative_to(docs.ROOT)}: {target} (no such file)")
             elif anchor and dest.suffix == ".md":
                 seen: dict[str, int] = {}
-                anchors = {doc_topics.slug(head, seen) for _, head in docs.headings(dest.read_text())}
+                anchors = {topics.slug(head, seen) for _, head in docs.headings(dest.read_text())}
                 if anchor not in anchors:
                     broken.append(f"{path.relative_to(docs.ROOT)}: {target} (no such heading)")
     assert broken == []
@@ -159,7 +160,7 @@ def test_config_keys_the_guides_name_exist(compose_cfg):
     paths such as target.config.* are not keys)."""
     from omegaconf import OmegaConf
 
-    from specforge_lite.config.registry import DRAFTERS
+    from specforge_lite.drafters.registry import DRAFTERS
 
     configs = [OmegaConf.to_container(compose_cfg([f"drafter={name}"])) for name in DRAFTERS]
 
@@ -187,27 +188,27 @@ def test_config_keys_the_guides_name_exist(compose_cfg):
 # fallback, unhealthy training, damaged shards and caches, refused drafters) each need an entry
 TROUBLESHOOTING = docs.ROOT / "docs" / "TROUBLESHOOTING.md"
 ENTRIES = {
-    "specforge_lite/artifacts.py": ["take_lock", "place_files"],
+    "specforge_lite/run_folders.py": ["take_lock", "place_files"],
     "specforge_lite/scale/launch.py": ["failure_line"],
     "specforge_lite/stages/sample.py": ["backend_name", "open_backend", "stale_samples"],
     "specforge_lite/training/health.py": ["no_loss_position", "diverged_message", "require_loss_positions",
                                          "require_finite_drafter"],
     "specforge_lite/drafters/common.py": ["require_finite"],
-    "specforge_lite/target/digest.py": ["*"],
+    "specforge_lite/targets/digest.py": ["*"],
     "specforge_lite/data/samples.py": ["shard_problem", "answer_corpus"],
     "specforge_lite/training/features.py": ["prepare", "_intact"],
     "specforge_lite/serving/llamacpp/files.py": ["target_gguf", "load_check"],
     "specforge_lite/serving/llamacpp/methods.py": ["check_drafted"],
-    "specforge_lite/config/methods.py": ["branch_problem", "length_problem", "no_methods", "best_k_problem"],
+    "specforge_lite/drafters/methods.py": ["branch_problem", "length_problem", "no_methods", "best_k_problem"],
     "specforge_lite/__main__.py": ["unresolved"],
-    "specforge_lite/config/validate.py": ["engine_problem"],
-    "specforge_lite/target/model_types.py": ["check_model_type"],
-    "benchmarks/doc_topics.py": ["read_results"],
+    "specforge_lite/stages/door.py": ["engine_problem"],
+    "specforge_lite/targets/model_types.py": ["check_model_type"],
+    "specforge_lite/records/results.py": ["read_results"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)
 PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
            ("specforge_lite/scale/launch.py", "128 + signal.SIGHUP"),
-           ("specforge_lite/config/methods.py", "the most drafts one step verifies"),
+           ("specforge_lite/drafters/methods.py", "the most drafts one step verifies"),
            ("specforge_lite/config/schema.py", "the drafts one step verifies; evaluate times a target forward")]
 
 
@@ -270,26 +271,23 @@ def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, 
     exit 2, nothing written (it used to be a JSONDecodeError naming no file)."""
     import shutil
 
-    from benchmarks import common
-    from benchmarks.records import record_gpu_check
+    from specforge_lite.__main__ import run_tool
 
-    results = tmp_path / "benchmarks" / "results"
-    shutil.copytree(docs.RESULTS, results)
-    (results / f"{name}.json").write_bytes(damage)
-    for module in (docs, doc_topics, common, record_gpu_check):
-        monkeypatch.setattr(module, "RESULTS", results)
+    copy = tmp_path / "benchmarks" / "results"
+    shutil.copytree(results.RESULTS, copy)
+    (copy / f"{name}.json").write_bytes(damage)
+    monkeypatch.setattr(results, "RESULTS", copy)
+    monkeypatch.setattr(results, "ROOT", tmp_path)
     readme = tmp_path / "README.md"  # what `make docs` would rewrite: a copy, the only file it reaches
     original = docs.README.read_text()
     readme.write_text(original)
-    for module in (docs, common):
-        monkeypatch.setattr(module, "DOC", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(topics, "DOC", tmp_path / "BENCHMARKS.md")
     monkeypatch.setattr(docs, "README", readme)
     monkeypatch.setattr(docs, "ROOT", tmp_path)
-    monkeypatch.setattr(doc_topics, "ROOT", tmp_path)
     monkeypatch.setattr(docs, "GUIDES", [])
     monkeypatch.setattr(docs, "CARDS", [])
     for argv in (["--check"], []):
-        assert docs.cli(argv) == 2
+        assert run_tool("docs", argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"error: results file benchmarks/results/{name}.json: "), err
         assert "run again the benchmark that writes it" in err and "Traceback" not in err, err

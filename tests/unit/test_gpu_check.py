@@ -11,9 +11,8 @@ import sys
 import pytest
 import torch
 
-from benchmarks.decoding import bench_projection
-from benchmarks.gpu import gpu_check
 from specforge_lite.decoding.metrics import expected_tokens_per_step
+from specforge_lite.records import gpu_check, gpu_section, projection
 from tests.conftest import REPO, compose
 
 
@@ -28,7 +27,7 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
 
 
 def test_an_unknown_step_is_one_line_exit_2():
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--steps", "tests,typo"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "specforge_lite", "gpu-check", "--steps", "tests,typo"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().startswith("error: unknown gpu-check step(s) typo")
 
@@ -134,10 +133,10 @@ def test_summarise_report_keeps_the_verdicts():
 
 
 def test_projection_at_a_tiny_shape():
-    stated = bench_projection.stated_profile()
+    stated = projection.stated_profile()
     assert expected_tokens_per_step(stated, 3) == pytest.approx(3.0, abs=1e-6)
-    payload = bench_projection.project(bench_projection.SMALL, "cpu", "float32", context=32, repeats=1,
-                                       profiles={"stated": stated, "demo_measured": bench_projection.demo_profile()})
+    payload = projection.project(projection.SMALL, "cpu", "float32", context=32, repeats=1,
+                                 profiles={"stated": stated, "demo_measured": projection.demo_profile()})
     assert "projection" in payload["label"] and payload["device"].startswith("cpu")
     tiny = payload["shapes"]["tiny"]
     assert sorted(tiny["forward_ms_by_width"]) == list(range(1, 9))
@@ -147,13 +146,13 @@ def test_projection_at_a_tiny_shape():
     assert [row["k"] for row in stated_table] == list(range(1, 8))
     assert stated_table[2]["expected_tokens_per_step"] == pytest.approx(3.0, abs=1e-6)
     assert len(tiny["projections"]["demo_measured"]["table"]) == 3  # the demo decoded at k = 3
-    assert "(projection)" in bench_projection.markdown(payload, "cmd")
+    assert "(projection)" in projection.markdown(payload, "cmd")
 
 
 def test_docs_show_a_gpu_row_when_a_results_file_exists(tmp_path, monkeypatch):
-    from benchmarks import docs
+    from specforge_lite.records import docs, results
 
-    monkeypatch.setattr(docs, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
     assert docs.gpu_rows() == []
     methods = {"eagle3": {"tau": 1.44, "tau_ci": [1.4, 1.5], "speedup": 1.3, "speedup_ci": [1.2, 1.4],
                           "tokens_per_s": 500.0, "identity": {"text": "24/24: 15 identical, 9 rounding, 0 mismatch"}}}
@@ -176,8 +175,6 @@ def test_a_stage_child_runs_the_cli_and_names_its_error(monkeypatch):
 
 
 def test_the_benchmarks_section_shows_every_step_and_the_verdicts():
-    from benchmarks.records import record_gpu_check
-
     methods = {"eagle3": {"tau": 1.43, "tau_ci": [1.39, 1.48], "speedup": 0.89, "speedup_ci": [0.57, 1.32],
                           "tokens_per_s": 269.0, "draft_time_share": 0.42,
                           "identity": {"text": "24/24: 9 identical, 15 rounding, 0 mismatch"}}}
@@ -188,7 +185,7 @@ def test_the_benchmarks_section_shows_every_step_and_the_verdicts():
                      "eval_bfloat16": {"status": "ok", "dtype": "bfloat16", "prompts": 24, "methods": methods,
                                        "engine": {"used": "compiled"}},
                      "eval_float32": {"status": "failed", "dtype": "float32"}}}
-    text = record_gpu_check.section("gpu_check_nvidia_h200", doc)
+    text = gpu_section.section("gpu_check_nvidia_h200", doc)
     assert "Complete: no; failed: eval_float32." in text
     assert "| tests | ok | 2026-11-26 19:04 | 67.7 | 80 |" in text
     assert "| train_batched | train.tokens_per_step=auto | 20 | 204,160 | 92.81 |" in text

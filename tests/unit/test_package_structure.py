@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.config.registry import DRAFTERS
+from specforge_lite.drafters.registry import DRAFTERS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "specforge_lite"
 CONTRACT = ("NAME", "Options", "UNTRACKED_OPTIONS", "SERVING_NOTE", "VLLM_SERVING", "LLAMACPP_SERVING",
@@ -53,11 +53,11 @@ def module_imports() -> dict[str, set[str]]:
 
 
 def test_the_import_graph_sees_function_level_imports():
-    """The graph counts lazy imports (the validate -> eval_methods edge is module level, the
-    stages -> validate one lives inside a function)."""
+    """The graph counts lazy imports (the door -> methods edge is module level, the door ->
+    targets.loading one lives inside a function)."""
     graph = module_imports()
-    assert "specforge_lite.config.validate" in graph["specforge_lite.stages"]
-    assert "specforge_lite.config.methods" in graph["specforge_lite.config.validate"]
+    assert "specforge_lite.targets.loading" in graph["specforge_lite.stages.door"]
+    assert "specforge_lite.drafters.methods" in graph["specforge_lite.stages.door"]
 
 
 def test_no_import_cycle():
@@ -77,17 +77,100 @@ def test_no_import_cycle():
             visit(node, [node])
 
 
-def test_arrows_point_down():
-    """Only the CLI and the stages themselves import a stage; the runtime imports nothing of
-    decoding, the drafters or the stages."""
+GROUND = "ground"  # the root modules: errors, the contract, the stage table, run folders, checked reading
+TOP = {"specforge_lite.__main__", "specforge_lite.records"}  # the CLI and what only it runs (docs, gpu-check)
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to: `specforge_lite.X...` -> X for a sub-package X, the
+    ground for the root's own modules, and the top for the CLI and `records`."""
+    if module in TOP or any(module.startswith(t + ".") for t in TOP):
+        return "top"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else GROUND
+
+
+def declared_order() -> dict[str, set[str]]:
+    """Package -> the packages it declares it may import (`MAY_IMPORT` in its __init__.py, read
+    as text so that reading it imports nothing); the ground may import only itself, the top
+    anything."""
+    allowed = {GROUND: set()}
+    for init in PACKAGE.glob("*/__init__.py"):
+        if init.parent.name == "records":
+            continue
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["MAY_IMPORT"]:
+                allowed[init.parent.name] = set(ast.literal_eval(node.value))
+    return allowed
+
+
+def upward_imports(graph: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
+    """Every import from a package to one it does not declare (a package that declares nothing
+    counts as declaring nothing)."""
+    wrong = []
+    for name, deps in graph.items():
+        here = package_of(name)
+        if here == "top":
+            continue
+        for dep in deps:
+            there = package_of(dep)
+            if there not in (here, GROUND) and there not in allowed.get(here, set()):
+                wrong.append(f"{name} ({here}) imports {dep} ({there})")
+    return sorted(wrong)
+
+
+def test_every_package_declares_what_it_may_import_and_the_order_has_no_loop():
+    allowed = declared_order()
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"records"}
+    assert packages <= set(allowed), f"packages without MAY_IMPORT: {packages - set(allowed)}"
+    # the declarations themselves form one order: no package may import one that may import it
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for dep in allowed.get(node, ()):
+            assert state.get(dep) != 1, "packages allowed in a loop: " + " -> ".join([*path, dep])
+            if dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for node in allowed:
+        if node not in state:
+            visit(node, [node])
+
+
+def test_no_import_runs_up_the_package_order():
+    """Lazy imports count: the whole graph, read from the source."""
+    wrong = upward_imports(module_imports(), declared_order())
+    assert not wrong, "imports up the package order (move the code down, or pass the value in):\n" + "\n".join(wrong)
+
+
+def test_a_planted_upward_import_is_found():
+    """The check itself: the runtime importing a stage, and the ground importing config, are caught."""
+    graph = {name: set(deps) for name, deps in module_imports().items()}
+    graph["specforge_lite.runtime.compile"].add("specforge_lite.stages.door")
+    graph["specforge_lite.run_folders"].add("specforge_lite.config.schema")
+    wrong = upward_imports(graph, declared_order())
+    assert wrong == ["specforge_lite.run_folders (ground) imports specforge_lite.config.schema (config)",
+                     "specforge_lite.runtime.compile (runtime) imports specforge_lite.stages.door (stages)"]
+
+
+def test_nothing_below_the_cli_imports_a_stage_or_the_records():
     for name, deps in module_imports().items():
-        if not name.startswith(("specforge_lite.stages", "specforge_lite.__main__")):
-            assert not [d for d in deps if d.startswith("specforge_lite.stages")], name
+        if package_of(name) not in ("stages", "top"):
+            assert not [d for d in deps if package_of(d) in ("stages", "top")], name
         if name == "specforge_lite.contract":  # the interface decoding and the drafters both build on
             assert deps <= {"specforge_lite"}, deps
-        if name.startswith("specforge_lite.runtime"):
-            assert not [d for d in deps if d.startswith(("specforge_lite.decoding", "specforge_lite.drafters",
-                                                         "specforge_lite.serving"))], name
+
+
+def test_only_the_command_line_imports_the_records():
+    """records/ (results files, the docs made from them, the GPU check) sits on top of the package:
+    it may import any module, and only `__main__` imports it."""
+    graph = module_imports()
+    assert "specforge_lite.records" in graph["specforge_lite.__main__"]
+    for name, deps in graph.items():
+        if name != "specforge_lite.__main__" and not name.startswith("specforge_lite.records"):
+            assert not [d for d in deps if d.startswith("specforge_lite.records")], name
 
 
 def test_no_package_module_is_over_400_lines():
@@ -105,7 +188,7 @@ def test_decoding_and_the_contract_import_nothing_from_drafters():
 def test_only_the_registry_imports_a_drafter_package():
     drafter_packages = {f"specforge_lite.drafters.{name}" for name in DRAFTERS}
     for name, deps in module_imports().items():
-        if name == "specforge_lite.config.registry" or name.startswith("specforge_lite.drafters."):
+        if name == "specforge_lite.drafters.registry" or name.startswith("specforge_lite.drafters."):
             continue
         assert not deps & drafter_packages, f"{name} imports {deps & drafter_packages}: ask the registry"
 
@@ -143,7 +226,7 @@ def test_the_fingerprint_ignores_options_that_do_not_decide_the_weights(compose_
 
 def test_the_method_catalogue_names_what_the_engine_builds():
     from specforge_lite.decoding.drafters import BUILTIN
-    from specforge_lite.config.methods import ENGINE_DRAFTERS, VLLM_OF, known
+    from specforge_lite.drafters.methods import ENGINE_DRAFTERS, VLLM_OF, known
 
     assert set(ENGINE_DRAFTERS) == set(BUILTIN)
     assert len(known()) == len(set(known())) and set(VLLM_OF.values()) <= set(known())

@@ -11,8 +11,8 @@ minutes on one GPU; each step has its own time limit, STEP_LIMITS_S):
    $GPU_CHECK_DRAFTER) and ngram on MT-Bench first turns, 128 tokens, k = 3: tau, speedup with
    intervals, identity with the bf16 verdicts (identical / rounding / mismatch), forward ms per
    width of every engine eval.engine=auto timed, draft time share and loop overhead;
-4. projection: benchmarks.decoding.bench_projection at real shapes (Llama-3.1-8B, one rank of
-   a 70B at tensor-parallel 8).
+4. projection: `records/projection.py` at real shapes (Llama-3.1-8B, one rank of a 70B at
+   tensor-parallel 8).
 5. vllm_tree: whether the machine's vLLM serves a draft tree (`serving/vllm/trees.py`: its
    version, a `speculative_token_tree` config field, tree attention backends); no vLLM is
    recorded as such, not as a failure.
@@ -22,7 +22,7 @@ memory on a busy or small GPU, a time limit, an error) is named in `failed_steps
 error and whatever it had measured, and the later steps still run; the exit status is 1 then.
 Without CUDA it prints one line and exits 0, running and writing nothing.
 
-    python -m benchmarks.gpu.gpu_check [--steps tests,train_batch1,...] [--out FILE] [--keep]
+    python -m specforge_lite gpu-check [--steps tests,train_batch1,...] [--out FILE] [--keep]
 
 --keep runs the named steps again and keeps the results file's records of the others.
 
@@ -46,7 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.common import RESULTS, ROOT, fail, machine, run
+from specforge_lite import SpecforgeError
+from specforge_lite.records import results
+from specforge_lite.records.results import ROOT, machine
 
 TRAIN_STEPS = {"train_batch1": 60, "train_batched": 20}  # a device-sized step holds many times batch 1's tokens
 EVAL_METHODS = "[plain,eagle3,ngram]"
@@ -242,7 +244,7 @@ def summarise_report(report: dict) -> dict:
 
 
 def step_projection(record: dict, doc: dict) -> None:
-    from benchmarks.decoding.bench_projection import SHAPES, project
+    from specforge_lite.records.projection import SHAPES, project  # builds drafters: loaded when the step runs
 
     for shape_name, shape in SHAPES.items():  # shape by shape: an out-of-memory keeps the shapes before it
         payload = project({shape_name: shape}, "cuda", "bfloat16")
@@ -278,8 +280,8 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "gpu"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specforge_lite gpu-check", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", default=",".join(STEPS), help=f"a comma list of {', '.join(STEPS)}")
     parser.add_argument("--out", help="the results file (default benchmarks/results/gpu_check_<gpu>.json)")
     parser.add_argument("--keep", action="store_true",
@@ -287,14 +289,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     chosen = [s for s in args.steps.split(",") if s]
     if unknown := [s for s in chosen if s not in STEPS]:
-        fail(f"unknown gpu-check step(s) {', '.join(unknown)}; known: {', '.join(STEPS)}")
+        raise SpecforgeError(f"unknown gpu-check step(s) {', '.join(unknown)}; known: {', '.join(STEPS)}")
     import torch
 
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device here; nothing to run (run `make gpu-check` on a GPU machine)")
-        return
+        return 0
     gpu = torch.cuda.get_device_name()
-    path = Path(args.out) if args.out else RESULTS / f"gpu_check_{gpu_slug(gpu)}.json"
+    path = Path(args.out) if args.out else results.RESULTS / f"gpu_check_{gpu_slug(gpu)}.json"
     header = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "gpu": gpu,
               "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1),
               "torch": torch.__version__, "cuda": torch.version.cuda, "command": "make gpu-check",
@@ -303,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.keep and path.exists():
         earlier = json.loads(path.read_text())
         if earlier.get("gpu") != gpu:
-            fail(f"--keep: {path} holds a {earlier.get('gpu')} run, this is a {gpu}")
+            raise SpecforgeError(f"--keep: {path} holds a {earlier.get('gpu')} run, this is a {gpu}")
         kept = {name: {"date": earlier.get("date"), **r} for name, r in earlier.get("steps", {}).items()
                 if name not in chosen}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
@@ -311,9 +313,4 @@ def main(argv: list[str] | None = None) -> None:
         doc = run_steps(steps, path, header, kept)
     print(f"gpu-check: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}; "
           + ("all steps ok" if doc["complete"] else f"failed: {', '.join(doc['failed_steps'])}"))
-    if not doc["complete"]:
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    run(main)
+    return 0 if doc["complete"] else 1

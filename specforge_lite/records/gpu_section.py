@@ -1,17 +1,16 @@
 """docs/BENCHMARKS.md's section of each `make gpu-check` results file (benchmarks/results/gpu_check_<gpu>.json).
 
-`make gpu-check` runs on the GPU machine, which hands back only its results file; this writes the
-section from that file here (`make docs` runs it too):
-
-    python -m benchmarks.records.record_gpu_check
+The GPU machine hands back only its results file; `python -m specforge_lite docs` (`make docs`)
+writes its section here from that file.
 """
 
 from __future__ import annotations
 
-from benchmarks.common import RESULTS, run, update_doc_section, with_ci
-from benchmarks.doc_topics import read_results
+from specforge_lite.records import results
+from specforge_lite.records.results import read_results, with_ci
+from specforge_lite.records.topics import update_doc_section
 
-COMMAND = "python -m benchmarks.records.record_gpu_check"
+COMMAND = "python -m specforge_lite docs"
 
 
 def eval_rows(record: dict) -> list[str]:
@@ -72,11 +71,8 @@ def section(slug: str, d: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    for path in sorted(RESULTS.glob("gpu_check_*.json")):
+def write_sections() -> None:
+    """The section of every gpu_check_*.json results file, written into docs/BENCHMARKS.md."""
+    for path in sorted(results.RESULTS.glob("gpu_check_*.json")):
         update_doc_section(path.stem, section(path.stem, read_results(path)))
         print(f"docs/BENCHMARKS.md: section {path.stem}")
-
-
-if __name__ == "__main__":
-    run(main)

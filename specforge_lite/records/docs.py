@@ -2,8 +2,8 @@
 and docs/BENCHMARKS.md ordered by topic, all from benchmarks/results/*.json; and the contents
 lists of README and the docs/ guides, from their headings.
 
-    python -m benchmarks.docs            # rewrite them (make docs)
-    python -m benchmarks.docs --check    # list what is stale or typed by hand; exit 1 if anything
+    python -m specforge_lite docs            # rewrite them (make docs)
+    python -m specforge_lite docs --check    # list what is stale or typed by hand; exit 1 if anything
 
 A card or README quotes a measured figure only inside a generated block:
 
@@ -12,8 +12,8 @@ A card or README quotes a measured figure only inside a generated block:
     <!-- /results:NAME -->
 
 The benchmark scripts keep writing their own sections of docs/BENCHMARKS.md
-(`common.update_doc_section`); this script only orders them, drops superseded ones and writes
-the table of contents.
+(`topics.update_doc_section`); this command writes the sections of the `make gpu-check` results
+files (`gpu_section`), orders them all, drops superseded ones and writes the table of contents.
 
 README and each docs/ guide carry their contents between `<!-- docs:contents -->` markers.
 """
@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 
-from benchmarks.doc_topics import order_benchmarks, read_results, slug
 from specforge_lite.decoding.report import k_text
+from specforge_lite.records import gpu_section, results, topics
+from specforge_lite.records.results import ROOT, machine_name, num, read_results, with_ci
+from specforge_lite.records.topics import order_benchmarks, slug
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "BENCHMARKS.md"
 README = ROOT / "README.md"
 # the reference guides README links, each with a generated contents list (BENCHMARKS.md has its own)
-GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != DOC.name)
+GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != topics.DOC.name)
 CARDS = sorted([*(ROOT / "recipes").glob("*/README.md"), *(ROOT / "recipes").glob("*/LAUNCH.md")])
 
 BLOCK = re.compile(r"<!-- results:(?P<name>[\w.\-]+) -->\n(?P<body>.*?)<!-- /results:(?P=name) -->", re.S)
@@ -49,34 +46,11 @@ FIGURE = re.compile(
 
 
 def load(name: str) -> dict:
-    return read_results(RESULTS / f"{name}.json")
-
-
-# --- formatting -------------------------------------------------------------------------
-
-def num(value, digits=2, suffix="") -> str:
-    return "-" if value is None else f"{value:.{digits}f}{suffix}"
-
-
-def with_ci(value, ci, digits=2, suffix="") -> str:
-    if value is None:
-        return "-"
-    if not ci:
-        return num(value, digits, suffix)
-    return f"{num(value, digits, suffix)} [{num(ci[0], digits)}, {num(ci[1], digits)}]"
-
-
-def machine(d: dict) -> str:
-    """'2-core x86_64 CPU' (or the GPU's name) from the results file's machine line."""
-    text = d.get("machine", "")
-    cores = re.search(r"(\d+) CPU cores", text)
-    arch = text.split(",")[0] if text else "?"
-    gpu = [p.strip() for p in text.split(",") if p.strip() and "GPU" not in p and "NVIDIA" in p]
-    return gpu[0] if gpu else (f"{cores.group(1)}-core {arch} CPU" if cores else "?")
+    return read_results(results.RESULTS / f"{name}.json")
 
 
 def source_line(name: str, d: dict) -> str:
-    return f"Recorded {d.get('date', 'undated')} on a {machine(d)} (`benchmarks/results/{name}.json`)"
+    return f"Recorded {d.get('date', 'undated')} on a {machine_name(d)} (`benchmarks/results/{name}.json`)"
 
 
 # --- one evaluate report ----------------------------------------------------------------
@@ -182,14 +156,14 @@ def glance_row(recipe: str, engine: str, name: str, method: str, section: str) -
         speed = num(m["tokens_per_s"] / plain, 2, "x")
         rate = with_ci(m["tokens_per_s"], m.get("tokens_per_s_ci"), 1)
     return (f"| {recipe} | {engine} | {method} | {k} | {with_ci(m.get('tau'), m.get('tau_ci'))} | {speed} | {rate} | "
-            f"{machine(d)} | {d.get('date', '?')[:10]} | `{section}` |")
+            f"{machine_name(d)} | {d.get('date', '?')[:10]} | `{section}` |")
 
 
 def gpu_rows(methods=("eagle3", "ngram")) -> list[str]:
     """README rows of each `make gpu-check` results file (benchmarks/results/gpu_check_<gpu>.json): its
     bf16 evaluation's speculative methods, with the identity verdicts; none where no such file exists."""
     rows = []
-    for path in sorted(RESULTS.glob("gpu_check_*.json")):
+    for path in sorted(results.RESULTS.glob("gpu_check_*.json")):
         d = read_results(path)
         step = d.get("steps", {}).get("eval_bfloat16", {})
         engine = (step.get("engine") or {}).get("used", "?")
@@ -290,17 +264,16 @@ def problems() -> list[str]:
         if CONTENTS.search(text) and fill_guide(text) != text:
             found.append(f"{rel}: its contents list is not its sections (make docs)")
         found += [f"{rel}: figure typed outside a results block: {fig!r}" for fig in outside_figures(text)]
-    for path in [README, *GUIDES, DOC]:
+    doc = topics.DOC
+    for path in [README, *GUIDES, doc]:
         if path.exists():
             found += [f"{path.relative_to(ROOT)}: heading {head!r} appears more than once"
                       for head in duplicate_headings(path.read_text())]
-    if DOC.exists() and DOC.read_text() != order_benchmarks(DOC.read_text()):
+    if doc.exists() and doc.read_text() != order_benchmarks(doc.read_text()):
         found.append("docs/BENCHMARKS.md is not in topic order (make docs)")
-    from benchmarks.records import record_gpu_check  # it writes through benchmarks.common, which reads this module
-
-    text = DOC.read_text() if DOC.exists() else ""
-    for path in sorted(RESULTS.glob("gpu_check_*.json")):  # written here from the file the GPU machine hands back
-        block = f"<!-- {path.stem} -->\n{record_gpu_check.section(path.stem, read_results(path))}\n"
+    text = doc.read_text() if doc.exists() else ""
+    for path in sorted(results.RESULTS.glob("gpu_check_*.json")):  # written here from the file the GPU machine hands back
+        block = f"<!-- {path.stem} -->\n{gpu_section.section(path.stem, read_results(path))}\n"
         if block not in text:
             found.append(f"docs/BENCHMARKS.md: section {path.stem} does not match benchmarks/results/{path.name} "
                          "(make docs)")
@@ -308,7 +281,7 @@ def problems() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specforge_lite docs", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report stale or hand-typed figures, change nothing")
     args = parser.parse_args(argv)
     if args.check:
@@ -321,25 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         if new != text:
             path.write_text(new)
             print(f"wrote {path.relative_to(ROOT)}")
-    from benchmarks.records import record_gpu_check
-
-    record_gpu_check.main()
-    if DOC.exists():
-        DOC.write_text(order_benchmarks(DOC.read_text()))
-        print(f"wrote {DOC.relative_to(ROOT)}")
+    gpu_section.write_sections()
+    doc = topics.DOC
+    if doc.exists():
+        doc.write_text(order_benchmarks(doc.read_text()))
+        print(f"wrote {doc.relative_to(ROOT)}")
     return 0
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """`main`, a damaged or missing results file (a `SpecforgeError`) printed as one line, exit 2."""
-    from specforge_lite import SpecforgeError
-
-    try:
-        return main(argv)
-    except SpecforgeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

@@ -1,33 +1,24 @@
-"""docs/BENCHMARKS.md by topic: the sections the benchmark scripts write, ordered, with a
-table of contents, superseded runs left out (git keeps them).
+"""docs/BENCHMARKS.md by topic: the sections the benchmark scripts write (`update_doc_section`),
+ordered, with a table of contents, superseded runs left out (git keeps them).
 
-A section is its `<!-- name -->` ... `<!-- /name -->` block (what `common.update_doc_section`
+A section is its `<!-- name -->` ... `<!-- /name -->` block (what `update_doc_section`
 replaces) plus the hand-written reading that follows it up to the next section.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = RESULTS.parent.parent
+from specforge_lite.records import results
+from specforge_lite.records.results import ROOT, read_results
 
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+HEADER = """# Benchmarks
 
-def read_results(path: Path) -> dict:
-    """A results file's object; a damaged one (a bad merge, a truncated write) is one line naming
-    it, so `make docs` does not stop on a decoder's traceback that names no file."""
-    from specforge_lite import SpecforgeError
-    from specforge_lite.artifact_io import ArtifactError, read_json_object
-
-    path = Path(path)
-    try:
-        return read_json_object(path)
-    except ArtifactError as err:
-        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-        problem = str(err).removeprefix(f"{err.path}: ")
-        raise SpecforgeError(f"results file {shown}: {problem}: restore it (git checkout -- {shown}) "
-                             "or run again the benchmark that writes it") from None
+Every number here is written by a script in `benchmarks/` from a run on the machine
+named in its section; re-run the command to reproduce it. Ratios are measured inside
+one run (the machines are shared and noisy); absolute tokens/s vary between runs.
+"""
 
 OPEN = re.compile(r"^<!-- ([\w.\-]+) -->$", re.M)
 TOC = re.compile(r"<!-- docs:toc -->.*?<!-- /docs:toc -->\n*", re.S)
@@ -76,7 +67,7 @@ RESULT_OF = {"peagle": "peagle_smollm2"}
 
 
 def result_date(section: str) -> str:
-    path = RESULTS / f"{RESULT_OF.get(section, section)}.json"
+    path = results.RESULTS / f"{RESULT_OF.get(section, section)}.json"
     if not path.exists():
         return ""
     return str(read_results(path).get("date", ""))
@@ -152,3 +143,14 @@ def order_benchmarks(text: str) -> str:
             body.append(sections[name])
     toc.append("<!-- /docs:toc -->")
     return header + "\n" + "\n".join(toc) + "\n\n" + "\n".join(body)
+
+
+def update_doc_section(name: str, markdown: str) -> None:
+    """Replace (or append) the section between `<!-- name -->` markers in docs/BENCHMARKS.md,
+    the sections kept in topic order."""
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    text = DOC.read_text() if DOC.exists() else HEADER
+    block = f"<!-- {name} -->\n{markdown.strip()}\n<!-- /{name} -->"
+    pattern = re.compile(rf"<!-- {re.escape(name)} -->.*?<!-- /{re.escape(name)} -->", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    DOC.write_text(order_benchmarks(text))  # a new section goes under its topic, in the contents

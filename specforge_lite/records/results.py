@@ -1,0 +1,118 @@
+"""Results files: benchmarks/results/NAME.json, written under the machine, the commit and the
+package versions that measured it and read back with one line for a damaged file; and the one
+formatter of a value and its interval that every table of them uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+from specforge_lite.checked_io import ArtifactError, read_json_object
+from specforge_lite.run_folders import package_versions
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout this package runs from
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def read_results(path: Path) -> dict:
+    """A results file's object; a damaged one (a bad merge, a truncated write) is one line naming
+    it, so `make docs` does not stop on a decoder's traceback that names no file."""
+    path = Path(path)
+    try:
+        return read_json_object(path)
+    except ArtifactError as err:
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        problem = str(err).removeprefix(f"{err.path}: ")
+        raise SpecforgeError(f"results file {shown}: {problem}: restore it (git checkout -- {shown}) "
+                             "or run again the benchmark that writes it") from None
+
+
+def load_results(name: str, command: str) -> dict:
+    """benchmarks/results/NAME.json, or an error naming the command that writes it (or the damage)."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise SpecforgeError(f"{path} not found; `{command}` makes it")
+    return read_results(path)
+
+
+# --- writing ------------------------------------------------------------------------------
+
+def machine() -> str:
+    """The machine line of a results file: architecture, cores, torch, its threads and the GPU."""
+    import torch
+
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+            f"threads {torch.get_num_threads()}"
+            + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"))
+
+
+def cpu_model() -> str:
+    """The CPU's model name and whether it computes bf16 natively (the target's dtype choice)."""
+    from specforge_lite.runtime.dtype_choice import native_bf16
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {'native bf16' if native_bf16() else 'no native bf16'}"
+
+
+def source_state() -> dict:
+    """The commit the results were measured at and whether the tree had changes beside it;
+    $SPECFORGE_LITE_COMMIT where it is set (a copy of the working tree measured on another machine,
+    whose git folder may be older than its files)."""
+    if os.environ.get("SPECFORGE_LITE_COMMIT"):  # a copy of a working tree, measured elsewhere
+        return {"commit": os.environ["SPECFORGE_LITE_COMMIT"], "tree_clean": None}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return {"commit": commit, "tree_clean": not dirty}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": os.environ.get("SPECFORGE_LITE_COMMIT"), "tree_clean": None}
+
+
+def write_results(name: str, payload: dict) -> Path:
+    """benchmarks/results/NAME.json: the payload under the date, machine (and its CPU), the commit
+    and whether the tree was clean, and the package versions."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "cpu": cpu_model(),
+               **source_state(), "versions": package_versions(), **payload}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+# --- formatting ---------------------------------------------------------------------------
+
+def num(value, digits=2, suffix="") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def with_ci(value, ci, digits=2, suffix="") -> str:
+    """'1.23 [1.10, 1.35]': a value and its interval ('-' for no value, the value alone for no interval)."""
+    if value is None:
+        return "-"
+    if not ci:
+        return num(value, digits, suffix)
+    return f"{num(value, digits, suffix)} [{num(ci[0], digits)}, {num(ci[1], digits)}]"
+
+
+def machine_name(d: dict) -> str:
+    """'2-core x86_64 CPU' (or the GPU's name) from a results file's machine line."""
+    text = d.get("machine", "")
+    cores = re.search(r"(\d+) CPU cores", text)
+    arch = text.split(",")[0] if text else "?"
+    gpu = [p.strip() for p in text.split(",") if p.strip() and "GPU" not in p and "NVIDIA" in p]
+    return gpu[0] if gpu else (f"{cores.group(1)}-core {arch} CPU" if cores else "?")
