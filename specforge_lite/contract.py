@@ -1,7 +1,7 @@
 """The drafter contract: what every drafter provides, in one low module.
 
 A drafter is a package under `specforge_lite/drafters/NAME/` listed once in
-`specforge_lite.config.registry.DRAFTERS`. Its `__init__.py` exposes the module-level names
+`specforge_lite.drafters.registry.DRAFTERS`. Its `__init__.py` exposes the module-level names
 below (`DrafterModule` spells them out); the stages call nothing else, and nothing
 outside the drafter's folder branches on its name.
 
@@ -158,10 +158,10 @@ class DrafterModule(Protocol):
       LLAMACPP_SERVING: (llama.cpp speculative type, draft GGUF file under export/gguf) when
         llama.cpp runs its GGUF export (`export.gguf=true`, evaluate's `llamacpp_NAME` method),
         else the one line that says why it cannot.
-      These two are the only record of which engine serves which drafter; `config.methods`
+      These two are the only record of which engine serves which drafter; `drafters.methods`
         and `serving/` derive their method names and tables from them.
       DRAFTS_TREES (optional, False when absent): its decoder has `propose_tree`, so
-        `config.methods` offers NAME_tree and NAME_mixed_tree (`eval.tree`).
+        `drafters.methods` offers NAME_tree and NAME_mixed_tree (`eval.tree`).
     Training (the train stage, in this order)
       READS_LAST_HIDDEN: whether its training reads the target's last hidden state from the
         features (`train.feature_format=int4_topk` stores the teacher's top logits instead).

@@ -55,7 +55,7 @@ def compose(overrides: list[str] | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from specforge_lite.config.schema import register_configs
+    from specforge_lite.drafters.registry import register_configs
 
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
@@ -97,21 +97,21 @@ def target_cfg(path: str, **extra):
 @pytest.fixture(scope="session")
 def tiny_target():
     """(model, tokenizer) of the tiny random Llama built from the repo's config."""
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
     return load_target(target_cfg("builtin:tiny-llama"))
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from specforge_lite.target.loading import load_tokenizer
+    from specforge_lite.targets.loading import load_tokenizer
 
     return load_tokenizer(target_cfg("builtin:smollm2-135m-instruct"))
 
 
 @pytest.fixture(scope="session")
 def smollm2_target():
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
     return load_target(target_cfg("builtin:smollm2-135m-instruct"))
 

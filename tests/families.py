@@ -44,7 +44,7 @@ def build_family(name: str, out: Path) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from specforge_lite.target.loading import byte_level_tokenizer
+    from specforge_lite.targets.loading import byte_level_tokenizer
 
     config_class, extra = FAMILIES[name]
     config = getattr(transformers, config_class)(**{**SHAPE, **extra})

@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from specforge_lite.config.registry import DRAFTERS
+    from specforge_lite.drafters.registry import DRAFTERS
 
     model, _ = load_smollm2()
     folders = {name: needed(run_dir / "train" / "drafter", f"python -m specforge_lite train +recipe={name}_smollm2 "

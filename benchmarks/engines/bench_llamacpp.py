@@ -33,7 +33,7 @@ def prompts_of(overrides: list[str], count: int) -> tuple[list[list[int]], list[
 
     from specforge_lite.data.chat import prompt_ids
     from specforge_lite.data.eval_prompts import load_prompts, select_prompts
-    from specforge_lite.target.loading import load_tokenizer
+    from specforge_lite.targets.loading import load_tokenizer
 
     cfg = compose_config(overrides)
     tokenizer = load_tokenizer(OmegaConf.create({**OmegaConf.to_container(cfg.target), "device": "cpu"}))
@@ -63,7 +63,7 @@ def our_plain(prompts: list[list[int]], args) -> list:
 
     from specforge_lite.decoding.engine import generate_plain
     from specforge_lite.runtime.target_choice import build_target_engine
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
     torch.set_num_threads(args.threads)
     cfg = compose_config(shlex.split(args.overrides))
@@ -186,7 +186,7 @@ def main() -> None:
 
     from specforge_lite.serving.llamacpp.gguf_export import eagle3_to_gguf, llama_to_gguf, smollm2_gguf
     from specforge_lite.serving.llamacpp.runner import METHODS, SPEC_TYPE_FLAGS, version
-    from specforge_lite.target.loading import SMOLLM2_GGUF
+    from specforge_lite.targets.loading import SMOLLM2_GGUF
 
     target = smollm2_gguf()
     prompts, ids = prompts_of(shlex.split(args.overrides), args.prompts)

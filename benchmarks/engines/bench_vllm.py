@@ -42,8 +42,8 @@ def sampling(args) -> dict:
     from omegaconf import OmegaConf
 
     from specforge_lite.serving.vllm.sampler import VllmSampleBackend
-    from specforge_lite.target.sampling import HFBackend
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.decoding.sampling import HFBackend
+    from specforge_lite.targets.loading import resolve_target_path
 
     torch.set_num_threads(args.threads)
     target_cfg = OmegaConf.create(SMOLLM2)

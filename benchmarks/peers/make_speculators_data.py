@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from specforge_lite.stages.train import training_rows
-    from specforge_lite.target.loading import load_target, resolve_target_path
+    from specforge_lite.targets.loading import load_target, resolve_target_path
 
     n = args.conversations
     cfg = compose_config(["+recipe=eagle_smollm2", "train.use_samples=false",

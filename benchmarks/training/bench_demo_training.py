@@ -33,7 +33,7 @@ VARIANTS = {
 
 
 def samples_of(recipe: str) -> Path:
-    from specforge_lite.artifacts import samples_dir
+    from specforge_lite.run_folders import samples_dir
 
     return ROOT / samples_dir(compose_config([f"+recipe={recipe}", "stage=train"]))
 

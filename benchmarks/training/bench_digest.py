@@ -3,7 +3,7 @@
     python -m benchmarks.training.bench_digest [--rounds 5]
 
 Reads the embedded SmolLM2-135M-Instruct safetensors file, warm in the page cache, with
-`target.digest`'s sampled scheme (the safetensors header, three chunks per tensor, fixed chunks
+`targets.digest`'s sampled scheme (the safetensors header, three chunks per tensor, fixed chunks
 over the file) and with a blake2b over every byte, alternating, and records the median of each.
 The sampled reads grow with the number of tensors, not with the file's size.
 """
@@ -17,8 +17,8 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import machine, run, timed, update_doc_section, write_results
-from specforge_lite.target import digest
-from specforge_lite.target.loading import resolve_target_path
+from specforge_lite.targets import digest
+from specforge_lite.targets.loading import resolve_target_path
 
 COMMAND = "python -m benchmarks.training.bench_digest"
 
@@ -61,7 +61,7 @@ Command: `{result['command']}` ({result['machine']}; the file warm in the page c
 
 The sampled digest reads the header, up to three {digest.CHUNK // 1024} KiB chunks per tensor and
 {digest.FILE_CHUNKS} chunks spread over the file, so its reads grow with the tensor count, not the
-file's size; each file version's digest is kept and read back on later runs (`target/digest.py`).
+file's size; each file version's digest is kept and read back on later runs (`targets/digest.py`).
 """)
     print(f"sampled {result['sampled_s']:.3f} s ({sampled_bytes / 2**20:.1f} MiB read), "
           f"full {result['full_hash_s']:.2f} s ({size / 2**20:.0f} MiB)")

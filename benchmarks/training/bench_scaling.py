@@ -50,7 +50,7 @@ def random_llama(out: Path, layers: int) -> int:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
 
     tiny = resolve_target_path("builtin:tiny-llama")
     base = json.loads((Path(tiny) / "config.json").read_text())

@@ -16,10 +16,10 @@ import argparse
 import json
 
 from benchmarks.common import compose_config, run, update_doc_section, write_results
-from specforge_lite.config.registry import chosen_drafter
+from specforge_lite.drafters.registry import chosen_drafter
 from specforge_lite.scale.dry_run import estimate
 from specforge_lite.scale.sizing import GiB, dry_run_choice, target_sizes
-from specforge_lite.target.loading import sizing_config
+from specforge_lite.targets.loading import sizing_config
 
 COMMAND = "python -m benchmarks.training.dry_run_batches"
 CARDS = ("eagle_llama8b", "eagle_llama70b", "distill_llama70b", "medusa_llama8b", "peagle_llama8b")

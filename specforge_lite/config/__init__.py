@@ -1,1 +1,6 @@
-"""The configuration: the typed schema, its field rules, validation at the door, the method catalogue, the drafter registry."""
+"""The typed settings: the schema, its field rules and what the settings alone decide (how many
+tokens each evaluate method drafts). No registry, no door: those sit above, in `drafters/` and
+`stages/`."""
+
+# the packages this one may import besides the ground (tests/unit/test_package_structure.py)
+MAY_IMPORT = ()

@@ -1,4 +1,4 @@
-"""`checked`: a dataclass field with the rules `specforge_lite.config.validate` checks (ranges, choices).
+"""`checked`: a dataclass field with the rules `specforge_lite.stages.door` checks (ranges, choices).
 
 Kept apart from `schema.py` so every options dataclass (the root schema and each drafter's
 own `Options`) can declare its rules without importing the root schema.
@@ -20,7 +20,7 @@ class Divergence(str, Enum):
 
 
 def checked(default: Any = MISSING, *, default_factory: Any = MISSING, **rules: Any) -> Any:
-    """A dataclass field whose value `specforge_lite.config.validate` checks against `rules`:
+    """A dataclass field whose value `specforge_lite.stages.door` checks against `rules`:
 
     ge / gt / le / lt: bounds of a number (of every item of a list); choices: allowed values;
     pattern: a regex the whole value matches (`allowed` says it in words); length: items of a

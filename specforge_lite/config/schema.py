@@ -8,7 +8,7 @@ before any stage runs. `trainer/` is the distributed-training axis (`trainer=ddp
 `deepspeed_zero2`, `deepspeed_zero3`, `fsdp`).
 
 Ranges and allowed values live next to each field (`checked(...)`, dataclass field
-metadata); `specforge_lite.config.validate` walks the composed config against them.
+metadata); `specforge_lite.stages.door` walks the composed config against them.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from dataclasses import MISSING, dataclass, field
 from enum import Enum
 from typing import Any, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from specforge_lite.config.fields import checked
-from specforge_lite.config.stages import COMMANDS
+from specforge_lite.stage_table import COMMANDS
 
 
 class DType(str, Enum):
@@ -109,17 +108,22 @@ class SampleConfig:
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
-def _drafter_dirs_schema():
+# The registered drafters' names: `drafters.registry.register_configs` gives them (config sits
+# below the drafter packages and imports none of them).
+_drafter_names: tuple[str, ...] = ()
+
+
+def name_drafters(names) -> None:
+    global _drafter_names
+    _drafter_names = tuple(names)
+
+
+def drafter_dirs_default():
     """`eval.drafter_dirs`: one optional folder per registered drafter (typed, so a misspelt
     drafter name is an unknown key)."""
     from dataclasses import make_dataclass
 
-    from specforge_lite.config.registry import DRAFTERS
-
-    return make_dataclass("DrafterDirs", [(name, Optional[str], field(default=None)) for name in DRAFTERS])
-
-
-DrafterDirs = _drafter_dirs_schema()
+    return make_dataclass("DrafterDirs", [(name, Optional[str], field(default=None)) for name in _drafter_names])()
 
 
 # The most drafts one step verifies (a chain's k, a tree's nodes): evaluate times a target forward
@@ -203,7 +207,7 @@ class EvalConfig:
     # trained drafter folders by drafter name (eval.drafter_dirs.eagle3=DIR), in any layout the
     # drafter reads; a trained method without one reads run_dir/train/drafter. Lets one evaluate
     # compare several recipes' drafters, or ours with one trained elsewhere.
-    drafter_dirs: Any = field(default_factory=lambda: DrafterDirs())
+    drafter_dirs: Any = field(default_factory=drafter_dirs_default)
     # more drafters measured in the same run, each as LABEL:FOLDER (a folder in any layout a
     # drafter reads): eval.extra_drafters=[published:DIR,mine_v2:DIR2]; each label is a method
     extra_drafters: List[str] = field(default_factory=list)
@@ -348,7 +352,7 @@ class ExportConfig:
 
 @dataclass
 class Config:
-    stage: str = checked("sample", choices=tuple(COMMANDS))  # set by the CLI (config/stages.py)
+    stage: str = checked("sample", choices=tuple(COMMANDS))  # set by the CLI (stage_table.py)
     recipe_name: str = "default"
     run_dir: str = "runs/${recipe_name}"
     # where `sample` writes and `train` reads the conversations; null: run_dir/samples.
@@ -372,14 +376,3 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     # Free-form notes a recipe carries into its artifacts (hardware, expected time).
     notes: List[Any] = field(default_factory=list)
-
-
-def register_configs() -> None:
-    """`base_config` (the root schema) and, per registered drafter, `drafter/NAME_schema`,
-    which `conf/drafter/NAME.yaml` lists first in its defaults."""
-    from specforge_lite.config.registry import DRAFTERS
-
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    for name, module in DRAFTERS.items():
-        cs.store(group="drafter", name=f"{name}_schema", node=module.Options)

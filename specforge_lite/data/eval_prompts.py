@@ -11,9 +11,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import samples_dir
-from specforge_lite.config.methods import widest_k
+from specforge_lite.checked_io import read_json_object
+from specforge_lite.run_folders import samples_dir
+from specforge_lite.config.draft_tokens import widest_k
 from specforge_lite.data.chat import prompt_ids
 from specforge_lite.data.readers import (MT_BENCH_MEMBER, BadRecord, ReadStats, heldout_split, iter_json_array,
                                          iter_jsonl, package_file, read_conversations)

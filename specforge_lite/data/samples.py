@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import DAMAGED, ArtifactError, read_json_object
+from specforge_lite.checked_io import DAMAGED, ArtifactError, read_json_object
 
 SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -170,7 +170,7 @@ def answer_corpus(samples_dir: Path, target_path: str, max_tokens: int) -> list[
     up to `max_tokens` in all), the corpus suffix decoding drafts from beside each request; None
     where no samples were written. Samples drawn from other weights than `target_path`'s are
     refused: their continuations are another model's."""
-    from specforge_lite.target.digest import target_files
+    from specforge_lite.targets.digest import target_files
 
     meta_path = Path(samples_dir) / "meta.json"
     if not meta_path.exists():

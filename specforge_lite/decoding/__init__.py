@@ -7,3 +7,6 @@
 - `peers`: Hugging Face's own decoders, measured in the same table;
 - `metrics`: tau, per-position acceptance, forward costs and the best k.
 """
+
+# the packages this one may import besides the ground (tests/unit/test_package_structure.py)
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data')

@@ -288,7 +288,7 @@ def load_untrained_draft(eval_cfg, target):
     """The `untrained_draft` method's LM: eval.untrained_draft_path or a truncated copy
     of the target (eval.truncate_layers; null picks min(4, L // 4), at least 1)."""
     if eval_cfg.untrained_draft_path:
-        from specforge_lite.target.loading import load_causal_lm, resolve_target_path
+        from specforge_lite.targets.loading import load_causal_lm, resolve_target_path
 
         path = resolve_target_path(eval_cfg.untrained_draft_path, "eval.untrained_draft_path")
         model = load_causal_lm(path, target.dtype, f"eval.untrained_draft_path={eval_cfg.untrained_draft_path!r}")

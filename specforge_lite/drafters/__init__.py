@@ -7,5 +7,8 @@
 - `export.py`: the serving format(s) and their strict reload;
 - `__init__.py`: the contract (`specforge_lite.contract.DrafterModule`) plus its dry-run size.
 
-`specforge_lite.config.registry.DRAFTERS` lists them; `common.py` and `vocab.py` hold what several share.
+`specforge_lite.drafters.registry.DRAFTERS` lists them; `common.py` and `vocab.py` hold what several share.
 """
+
+# the packages this one may import besides the ground (tests/unit/test_package_structure.py)
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding')

@@ -125,7 +125,7 @@ def save_drafter(directory: Path, kind: str, weights: dict[str, torch.Tensor], c
 def drafter_info(directory: Path) -> dict:
     """What a train/drafter folder says about itself (`drafter.json`, else config.json), or {}
     when it has neither; a damaged one is an `ArtifactError` naming the file."""
-    from specforge_lite.artifact_io import read_json_object
+    from specforge_lite.checked_io import read_json_object
 
     directory = Path(directory)
     for name in ("drafter.json", "config.json"):
@@ -144,7 +144,7 @@ def load_drafter_dir(directory: Path, build, frozen: set[str] = frozenset()):
     that describes the drafter), model.safetensors (complete, every name and shape the
     module has but the `frozen` ones, finite values). The `frozen` weights are left as
     built (the caller copies them from the target)."""
-    from specforge_lite.artifact_io import ArtifactError, check_weights, load_safetensors, read_json_object
+    from specforge_lite.checked_io import ArtifactError, check_weights, load_safetensors, read_json_object
 
     directory = Path(directory)
     config = read_json_object(directory / "config.json")

@@ -37,7 +37,7 @@ def build_draft_vocab(counts: torch.Tensor, size: int, always: Iterable[int] = (
 def target_draft_vocab(target, counts: torch.Tensor, size: int) -> torch.Tensor:
     """`build_draft_vocab` for an HF target, its EOS id(s) always in (a `size` equal to the
     target's vocabulary gives every id: the identity map)."""
-    from specforge_lite.target.loading import eos_token_ids
+    from specforge_lite.targets.loading import eos_token_ids
 
     return build_draft_vocab(counts, size, always=eos_token_ids(target))
 

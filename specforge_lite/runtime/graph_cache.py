@@ -59,7 +59,7 @@ def graph_cache_dir() -> Path | None:
         return None
     if value:
         return Path(value)
-    from specforge_lite.target.loading import cache_root
+    from specforge_lite.targets.loading import cache_root
 
     return cache_root() / "compiled"
 

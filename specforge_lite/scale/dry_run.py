@@ -20,10 +20,10 @@ import torch
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, stage_dir
+from specforge_lite.run_folders import atomic_write_json, stage_dir
 from specforge_lite.training.feature_formats import bytes_per_token
-from specforge_lite.config.registry import chosen_drafter
-from specforge_lite.target.loading import sizing_config as target_config
+from specforge_lite.drafters.registry import chosen_drafter
+from specforge_lite.targets.loading import sizing_config as target_config
 
 log = logging.getLogger(__name__)
 

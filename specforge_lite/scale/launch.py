@@ -39,9 +39,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import STAGE_DIRS, folder_locks, samples_dir
-from specforge_lite.config.stages import COMMANDS, SAMPLE, chained
+from specforge_lite.checked_io import read_json_object
+from specforge_lite.run_folders import STAGE_DIRS, folder_locks, samples_dir
+from specforge_lite.stage_table import COMMANDS, SAMPLE, chained
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def sample_uses_vllm(cfg) -> bool:
 
 def single_process_reason(cfg, stage: str) -> str | None:
     """Why `stage` runs in one process under this config, or None when it may fan out."""
-    if not COMMANDS[stage].multi_rank:  # config/stages.py: evaluate and export run in one process
+    if not COMMANDS[stage].multi_rank:  # stage_table.py: evaluate and export run in one process
         return f"{stage} runs in one process"
     if stage == "sample" and sample_uses_vllm(cfg):
         return (f"sample.backend={getattr(cfg.sample.backend, 'value', cfg.sample.backend)} (vLLM): one process "
@@ -117,8 +117,11 @@ def launch_plan(cfg, stage: str) -> dict | None:
     port = cfg.trainer.master_port
     if port is None:
         port = free_port() if nnodes == 1 else 29500
+    # auto_port: `launch` takes a free port again when it starts the ranks (a plan made before an
+    # earlier stage ran may find its port taken since)
     return {"nproc_per_node": nproc, "nnodes": nnodes, "node_rank": int(cfg.trainer.node_rank),
-            "master_addr": cfg.trainer.master_addr, "master_port": int(port)}
+            "master_addr": cfg.trainer.master_addr, "master_port": int(port),
+            "auto_port": cfg.trainer.master_port is None and nnodes == 1}
 
 
 def free_port() -> int:
@@ -137,11 +140,12 @@ def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     world = plan["nproc_per_node"] * plan["nnodes"]
+    port = free_port() if plan.get("auto_port") else plan["master_port"]
     log_dir = Path(log_dir or hydra_output_dir() or Path.cwd())
     config = LaunchConfig(
         min_nodes=plan["nnodes"], max_nodes=plan["nnodes"], nproc_per_node=plan["nproc_per_node"],
         run_id=os.environ.get("SLURM_JOB_ID", f"specforge_lite-{stage}-{os.getpid()}"),
-        rdzv_backend="static", rdzv_endpoint=f"{plan['master_addr']}:{plan['master_port']}",
+        rdzv_backend="static", rdzv_endpoint=f"{plan['master_addr']}:{port}",
         rdzv_configs={"rank": plan["node_rank"]}, max_restarts=0, monitor_interval=0.5,
         start_method="spawn",
         # the ranks write their own logs (`follow_launcher`); torch's default makes a folder in the temp dir
@@ -194,7 +198,7 @@ def failure_line(stage: str, rank: int, pid: int, exitcode: int, log_dir: Path) 
     log_file = Path(log_dir) / f"rank-{rank}.log"
     if exitcode == 2:  # a user error the rank reported itself: running again would meet it again
         return f"{stage}: rank {rank} (pid {pid}) stopped on the error above; its log: {log_file}"
-    resume = COMMANDS[stage].resumes if stage in COMMANDS else ""  # config/stages.py
+    resume = COMMANDS[stage].resumes if stage in COMMANDS else ""  # stage_table.py
     return (f"{stage}: rank {rank} (pid {pid}) {how}, so the run stopped its other ranks; its log: "
             f"{log_file}; run the same command again to resume {resume}".rstrip())
 

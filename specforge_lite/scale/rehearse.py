@@ -24,7 +24,7 @@ printed in the card and skipped here; a `train.dry_run=true` command loads no ta
 After every training command the rehearsal reads the per-rank real-token counts the stage
 wrote (run_dir/train/metrics.json) and fails when any rank trained on no real token in a step.
 
-Each stage records what every rank holds of the target (`specforge_lite/scale/accounting.py`); the
+Each stage records what every rank holds of the target (`specforge_lite/targets/accounting.py`); the
 rehearsal compares each rank's peak of decoder-layer weights with 1/R of them, per command,
 and writes `benchmarks/results/rehearse_NAME.json`. A stage listed under `rehearsal.pending`
 (not yet sharded) is reported as such instead of failing; any other over-share fails.
@@ -45,9 +45,9 @@ from pathlib import Path
 
 import yaml
 
-from specforge_lite.scale.accounting import clear, stage_summary
-from specforge_lite.config.methods import VLLM_OF
-from specforge_lite.config.stages import COMMANDS, runs
+from specforge_lite.targets.accounting import clear, stage_summary
+from specforge_lite.drafters.methods import VLLM_OF
+from specforge_lite.stage_table import COMMANDS, runs
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -147,7 +147,7 @@ def build_model(config: dict, out: Path, seed: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specforge_lite.target.loading import byte_level_tokenizer
+    from specforge_lite.targets.loading import byte_level_tokenizer
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig.from_dict(config))

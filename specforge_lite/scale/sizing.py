@@ -18,14 +18,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json
+from specforge_lite.run_folders import atomic_write_json
 from specforge_lite.scale.dry_run import DRY_RUN_GIB, HEADROOM, GiB, estimate, per_gpu_batch
 from specforge_lite.training.batching import BatchChoice, choose, parse_tokens
 from specforge_lite.training.feature_formats import bytes_per_token
-from specforge_lite.config.methods import VLLM_METHODS, engine_needed, vllm_override
-from specforge_lite.config.registry import chosen_drafter
-from specforge_lite.config.stages import COMMANDS
-from specforge_lite.target.loading import sizing_config
+from specforge_lite.drafters.methods import VLLM_METHODS, engine_needed, vllm_override
+from specforge_lite.drafters.registry import chosen_drafter
+from specforge_lite.stage_table import COMMANDS
+from specforge_lite.targets.loading import sizing_config
 
 
 
@@ -183,12 +183,17 @@ def fits(row: dict, memory: float) -> bool:
 
 def check_stage(cfg: DictConfig, stage: str, rows: tuple[str, ...] | None = None) -> None:
     """Stop `stage` before it loads anything when one of its `rows` of `stage_table` (default:
-    the stage's own, config/stages.py) does not fit the devices this process sees, with one
+    the stage's own, stage_table.py) does not fit the devices this process sees, with one
     line naming the setting to change."""
+    if COMMANDS[stage].builds_drafter and cfg.train.dry_run:
+        return  # a training dry run sizes, and loads nothing
     memory, where = device_memory(cfg)
     if memory is None:
         return
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if COMMANDS[stage].builds_drafter:  # at the micro-batch each rank will train on (train.tokens_per_step)
+        choice = batch_choice(cfg, world)
+        cfg = at_micro_batch(cfg, choice.per_rank, choice.world)
     sized = stage_table(cfg, world=world, disk=False)
     table = sized["stages"]
     for name in COMMANDS[stage].sizing_rows if rows is None else rows:

@@ -6,3 +6,6 @@ imports vLLM into the process that runs the stages: `vllm/side/vllm_runner.py` i
 standalone script run by the interpreter that has vLLM, and `vllm/engine.py` talks to it in
 JSON lines.
 """
+
+# the packages this one may import besides the ground (tests/unit/test_package_structure.py)
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'drafters')

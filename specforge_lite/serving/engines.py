@@ -8,7 +8,7 @@ section (`report[engine.name]`), renders that in Markdown and lists its failures
 fails on them once the report is written). `ENGINES` lists them; the stage loops over it
 and names none.
 
-Without our engine (every method an engine's: `config.methods.engine_needed`), the report's
+Without our engine (every method an engine's: `drafters.methods.engine_needed`), the report's
 `methods` table is that engine's own, measured against its plain decoding (`alone_entries`,
 `alone_markdown`): first turns only, as a later turn follows our plain answer to the one before.
 """
@@ -82,7 +82,7 @@ ENGINES: tuple[Engine, ...] = (Vllm(), LlamaCpp())  # run in this order, after o
 
 def stop_ids(path: str, tokenizer) -> list[int]:
     """The ids that end an answer without our engine's model: the target's generation config,
-    else the tokenizer's EOS, plus the tokenizer's EOS (`target.loading.eos_token_ids`' rule)."""
+    else the tokenizer's EOS, plus the tokenizer's EOS (`targets.loading.eos_token_ids`' rule)."""
     ids = eos_ids_of(path, tokenizer)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)

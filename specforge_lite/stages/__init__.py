@@ -1,8 +1,11 @@
 """The four stages. Each is one module whose `run(cfg)` builds its parts, does its
 work and writes its artifact under `run_dir`; `run` chains them in order. Their names,
-modules and folders are listed once, in specforge_lite/config/stages.py."""
+modules and folders are listed once, in specforge_lite/stage_table.py."""
 
 from __future__ import annotations
+
+# the packages this one may import besides the ground (tests/unit/test_package_structure.py)
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'drafters', 'serving', 'scale')
 
 import importlib
 import logging
@@ -10,71 +13,66 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from specforge_lite.scale.accounting import begin_stage
-from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import samples_dir
-from specforge_lite.config.stages import COMMANDS, EVALUATE, EXPORT, RUN, SAMPLE, TRAIN, chained
+from specforge_lite.checked_io import read_json_object
+from specforge_lite.run_folders import samples_dir
+from specforge_lite.scale.launch import launch, launch_plan, run_folder_locks, samples_missing, stage_overrides
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.scale.sizing import report as size_every_stage
-from specforge_lite.target.loading import sizing_config
-from specforge_lite.scale.launch import launch, launch_plan, run_folder_locks, stage_overrides
-
+from specforge_lite.stage_table import EVALUATE, EXPORT, RUN, SAMPLE, TRAIN, Stage, chained
+from specforge_lite.stages.door import check_at_the_door
+from specforge_lite.targets.accounting import begin_stage
 
 log = logging.getLogger(__name__)
 
 
-def launched(cfg: DictConfig, stage: str) -> bool:
-    """True when `stage` ran on ranks of its own (`trainer.num_processes` / `num_nodes`, or
-    the node's GPUs; specforge_lite/scale/launch.py); a failed rank's exit status ends this process."""
-    plan = launch_plan(cfg, stage)
-    if plan is None:
-        return False
-    meta = samples_dir(cfg) / "meta.json"
-    if stage == "train" and cfg.train.use_samples and not (meta.exists() and read_json_object(meta).get("complete")):
-        # train's ranks cannot sample on their own: the sample stage runs first, as it would run alone
-        log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
-        if not launched(cfg, SAMPLE.name):
-            begin_stage(cfg.run_dir, SAMPLE.name)
-            importlib.import_module(SAMPLE.module).run(cfg)
-    code = launch(plan, stage, stage_overrides())
-    if code:
-        raise SystemExit(code)
-    return True
-
-
 def run_stage(cfg: DictConfig) -> None:
-    """Validate the config (then again against the target's own config, for the stages that
-    build a drafter) and run the stage, or all of them in order for `run`."""
-    from specforge_lite.config.validate import validate_config, validate_for_target
+    """Every command, in one sequence:
 
-    validate_config(cfg)
+    1. the door (`door.check_at_the_door`): the whole config, then against the target's own
+       config and this machine's folders and packages;
+    2. `dry_run=true`: every stage sized from the target's config alone, and nothing else;
+    3. the locks of the run folders this command writes (`launch.run_folder_locks`);
+    4. each stage's launch plan (its own ranks, or this process: `launch.launch_plan`);
+    5. the sizing check of every stage that runs in this process, all before the first starts
+       (a launched stage's ranks check their own devices when they get here);
+    6. stage by stage: its ranks launched, or what it holds recorded (`accounting.begin_stage`)
+       and the stage run.
+    """
+    target_config = check_at_the_door(cfg)
     if cfg.dry_run:  # every stage sized from the target's config alone: nothing loaded or launched
-        config = sizing_config(cfg.target.path)
-        validate_config(cfg, config)
-        size_every_stage(cfg, config)
+        size_every_stage(cfg, target_config)
         return
-    validate_for_target(cfg)
-    with run_folder_locks(cfg):  # one command at a time writes a run's folders (scale/launch.py)
-        run_stages(cfg)
+    with run_folder_locks(cfg):  # one command at a time writes a run's folders
+        stages = chained(cfg.stage)
+        plans = {stage.name: launch_plan(cfg, stage.name) for stage in stages}
+        if plans.get(TRAIN.name) and samples_missing(cfg) and SAMPLE.name not in plans:
+            # train's ranks cannot sample on their own: the sample stage runs first, as it would run alone
+            log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
+            stages, plans = (SAMPLE, *stages), {SAMPLE.name: launch_plan(cfg, SAMPLE.name), **plans}
+        for stage in stages:
+            if plans[stage.name] is None:
+                check_stage(cfg, stage.name)
+        for stage in stages:
+            if len(stages) > 1:
+                log.info("=== stage %s ===", stage.name)
+            run_one(cfg, stage, plans[stage.name])
+    if cfg.stage == RUN.name:
+        print_summary(cfg)
 
 
-def run_stages(cfg: DictConfig) -> None:
-    """The stage `cfg.stage`, or all of them in order for `run`."""
-    if cfg.stage != RUN.name:
-        if not launched(cfg, cfg.stage):
-            begin_stage(cfg.run_dir, cfg.stage)
-            importlib.import_module(COMMANDS[cfg.stage].module).run(cfg)
+def run_one(cfg: DictConfig, stage: Stage, plan: dict | None) -> None:
+    """`stage` on the ranks of `plan` (a failed rank's exit status ends this process), or here."""
+    if plan is not None:
+        code = launch(plan, stage.name, stage_overrides())
+        if code:
+            raise SystemExit(code)
         return
-    # the stages `run` keeps in this process are sized now, not after hours of training; the
-    # multi-rank ones size themselves on the ranks they launch (specforge_lite/scale/launch.py)
-    for stage in chained(cfg.stage):
-        if not stage.multi_rank:
-            check_stage(cfg, stage.name)
-    for stage in chained(cfg.stage):
-        log.info("=== stage %s ===", stage.name)
-        if not launched(cfg, stage.name):
-            begin_stage(cfg.run_dir, stage.name)
-            importlib.import_module(stage.module).run(cfg)
+    begin_stage(cfg.run_dir, stage.name)
+    importlib.import_module(stage.module).run(cfg)
+
+
+def print_summary(cfg: DictConfig) -> None:
+    """What `run` made: each stage's output and every method's line of the report."""
     run_dir = Path(cfg.run_dir)
     lines = [f"run finished: {run_dir}"]
     for what, path in (("samples", samples_dir(cfg) / "meta.json"), ("drafter", run_dir / TRAIN.folder / "drafter"),

@@ -15,7 +15,7 @@ Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t -
 the same text for every method.
 
 The serving engines (`serving/engines.py`: vLLM, llama.cpp) decode the same requests after
-ours, each in its own report section. With an engine's methods only (`config.methods.engine_needed`
+ours, each in its own report section. With an engine's methods only (`drafters.methods.engine_needed`
 false) the target's weights never enter this process: the engine measures against its own plain
 decoding, first turns only. target.path is resolved once, here, and handed to every load and engine.
 """
@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
+from specforge_lite.run_folders import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.samples import answer_corpus
 from specforge_lite.data.eval_prompts import (cache_capacity, conversation, fitting_prompts, load_prompts,
@@ -49,17 +49,17 @@ from specforge_lite.decoding.choices import best_k_for, tree_fields
 from specforge_lite.decoding.metrics import (COST_WIDTHS, costs_as_decoding_paid, measure_forward_costs,
                                              our_conventions, summarise)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
-from specforge_lite.decoding.report import k_text, recommend, render_markdown, write_plots
+from specforge_lite.decoding.report import k_text, render_markdown, write_plots
+from specforge_lite.decoding.recommend import recommend
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.config.methods import (HF_METHODS, PLAIN, SUFFIX, chain_methods, draft_tokens, engine_needed,
-                                           hybrid_base, labelled_drafters, own_k_methods, run_order, tree_base,
-                                           widest_k)
-from specforge_lite.config.registry import DRAFTERS, detect_drafter
-from specforge_lite.scale.accounting import record_no_target
-from specforge_lite.scale.sizing import check_stage
+from specforge_lite.config.draft_tokens import draft_tokens, widest_k
+from specforge_lite.drafters.methods import (HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed, hybrid_base,
+                                           labelled_drafters, own_k_methods, run_order, tree_base)
+from specforge_lite.drafters.registry import DRAFTERS, detect_drafter
+from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
-from specforge_lite.target.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
+from specforge_lite.targets.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
                                            resolve_dtype, resolve_target_path)
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,6 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
 # --------------------------------------------------------------------------- stage
 
 def run(cfg: DictConfig) -> None:
-    # our engine holds the whole target on one device: refused here where it cannot fit
-    check_stage(cfg, "evaluate", ("evaluate", "evaluate_vllm"))
     ecfg = cfg.eval
     ours = engine_needed(ecfg)  # else every method is a serving engine's, and no target weights load here
     methods = run_order(ecfg)

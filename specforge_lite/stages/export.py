@@ -9,7 +9,7 @@ drafter computes the trained drafter's logits. Everything is written into a temp
 folder beside `export/` and moved into place only once that check has passed, so a
 failed export leaves the previous one, and its `export.json`, untouched. The files it
 moves replace the ones the previous export wrote (`export/manifest.json` lists them);
-any other file in `export/` is the user's and stays (`artifacts.place_files`).
+any other file in `export/` is the user's and stays (`run_folders.place_files`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,17 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import load_safetensors, read_json_object, write_failure
-from specforge_lite.artifacts import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, place_files,
+from specforge_lite.checked_io import load_safetensors, read_json_object, write_failure
+from specforge_lite.run_folders import (STAGE_DIRS, atomic_write_json, modes_as_umask_says, place_files,
                                      readable_temp_dir, write_provenance)
 from specforge_lite.data.chat import prompt_ids
 from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.drafters.common import require_finite
 from specforge_lite.serving.llamacpp.checks import gguf_refusal
 from specforge_lite.serving.llamacpp.files import write_gguf_folder
-from specforge_lite.scale.sizing import check_stage
-from specforge_lite.config.registry import DRAFTERS, detect_drafter, sglang_refusal
-from specforge_lite.target.head import load_target_head
-from specforge_lite.target.loading import HUB_IDS, resolve_target_path
+from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, sglang_refusal
+from specforge_lite.targets.head import load_target_head
+from specforge_lite.targets.loading import HUB_IDS, resolve_target_path
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,6 @@ def chosen_k(cfg: DictConfig) -> tuple[int, str]:
 
 
 def run(cfg: DictConfig) -> None:
-    check_stage(cfg, "export", ("export",))
     trained = Path(cfg.export.drafter_dir or Path(cfg.run_dir) / "train" / "drafter")
     if not trained.exists():
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first (or set export.drafter_dir)")

@@ -26,20 +26,19 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import atomic_write_json, package_versions, samples_dir, stage_dir, write_provenance
+from specforge_lite.checked_io import read_json_object
+from specforge_lite.run_folders import atomic_write_json, package_versions, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import (completed_shards, damaged_shards, remove_shard, shard_path, stats_path,
                                          write_shard)
-from specforge_lite.target.digest import target_files
-from specforge_lite.scale.sizing import check_stage
+from specforge_lite.targets.digest import target_files
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.static_llama import unsupported_reason
 from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
 from specforge_lite.serving.vllm.sampler import VllmSampleBackend
-from specforge_lite.target.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
-from specforge_lite.target.sampling import HFBackend, StaticBackend
+from specforge_lite.targets.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
+from specforge_lite.decoding.sampling import HFBackend, StaticBackend
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +226,6 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def run(cfg: DictConfig) -> None:
-    check_stage(cfg, "sample", ("sample",))  # before anything is read or loaded
     rank, world = _rank_and_world(cfg.sample)
     sample_cfg = cfg.sample
 

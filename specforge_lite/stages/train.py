@@ -32,8 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import ArtifactError, read_json_object, write_failure
-from specforge_lite.artifacts import (atomic_write_json, modes_as_umask_says, place_files, readable_temp_dir,
+from specforge_lite.checked_io import ArtifactError, read_json_object, write_failure
+from specforge_lite.run_folders import (atomic_write_json, modes_as_umask_says, place_files, readable_temp_dir,
                                      samples_dir, stage_dir, write_provenance)
 from specforge_lite.data.samples import damaged_shards, load_samples, readable_shards
 from specforge_lite.drafters.common import nonfinite_tensors
@@ -42,21 +42,20 @@ from specforge_lite.scale.dry_run import dry_run
 from specforge_lite.training.feature_formats import stores_last
 from specforge_lite.training.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
                                               target_hidden)
-from specforge_lite.target.digest import target_files
+from specforge_lite.targets.digest import target_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
 from specforge_lite.training.checkpoints import latest_checkpoint, resume
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
                                             require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
 from specforge_lite.training.throughput import per_device
-from specforge_lite.config.registry import RENAMED, chosen_drafter
-from specforge_lite.scale.sizing import (at_micro_batch, batch_choice, check_stage, dry_run_choice,
+from specforge_lite.drafters.registry import RENAMED, chosen_drafter
+from specforge_lite.scale.sizing import (batch_choice, dry_run_choice,
                                         report as size_every_stage, settle_allocator)
 from specforge_lite.training.strategies import build_strategy
 from specforge_lite.training.strategies.base import target_compute
 from specforge_lite.training.tracking import Tracker, empty_window, global_window, plot_learning_curve, summarise_window
-from specforge_lite.target.loading import sizing_config
-from specforge_lite.config.validate import validate_config
+from specforge_lite.targets.loading import sizing_config
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +179,7 @@ def already_trained(cfg: DictConfig, stamp: str) -> bool:
 def run(cfg: DictConfig) -> None:
     module = chosen_drafter(cfg)
     if cfg.train.dry_run:
-        config = sizing_config(cfg.target.path)
-        validate_config(cfg, config)  # the fields bounded by the target (aux layer ids against its depth)
+        config = sizing_config(cfg.target.path)  # checked against at the door (`door.validate_for_target`)
         batch, sized = dry_run_choice(cfg, config)  # train.tokens_per_step / batch_size per rank
         dry_run(sized, config, batch)
         size_every_stage(sized, config)
@@ -191,7 +189,6 @@ def run(cfg: DictConfig) -> None:
     choice = batch_choice(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.target.device != "cpu" and (setting := settle_allocator()):
         log.info("CUDA allocator: %s (PYTORCH_CUDA_ALLOC_CONF sets another)", setting)
-    check_stage(at_micro_batch(cfg, choice.per_rank, choice.world), "train", ("features", "train"))
     ensure_samples(cfg)
     stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint
     if already_trained(cfg, stamp):

@@ -28,9 +28,9 @@ from typing import Callable
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import (DAMAGED, ArtifactError, load_safetensors, read_json, read_json_object,
+from specforge_lite.checked_io import (DAMAGED, ArtifactError, load_safetensors, read_json, read_json_object,
                                         safetensors_header, torch_load, write_failure)
-from specforge_lite.artifacts import modes_as_umask_says
+from specforge_lite.run_folders import modes_as_umask_says
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 from specforge_lite import SpecforgeError
 from specforge_lite.training.feature_formats import (GROUP_SIZE, SparseTeacher, bytes_per_token, dequantize, hidden_format,
                                             quantize, stores_last, topk_teacher)
-from specforge_lite.artifacts import umask
-from specforge_lite.artifact_io import DAMAGED, ArtifactError, read_json_object, safetensors_header, write_failure
-from specforge_lite.target.digest import target_files
+from specforge_lite.run_folders import umask
+from specforge_lite.checked_io import DAMAGED, ArtifactError, read_json_object, safetensors_header, write_failure
+from specforge_lite.targets.digest import target_files
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ CONVERSATIONS = {
 
 
 def llama3_tokenizer():
-    from specforge_lite.target.loading import byte_level_tokenizer
+    from specforge_lite.targets.loading import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer(extra_special_tokens=LLAMA3_SPECIALS)
     tokenizer.chat_template = LLAMA3_TEMPLATE
@@ -45,7 +45,7 @@ def llama3_tokenizer():
 def smollm2_tokenizer():
     from omegaconf import OmegaConf
 
-    from specforge_lite.target.loading import load_tokenizer
+    from specforge_lite.targets.loading import load_tokenizer
 
     return load_tokenizer(OmegaConf.create({"path": "builtin:smollm2-135m-instruct", "chat_template": None,
                                             "trust_remote_code": False}))

@@ -160,7 +160,7 @@ def test_a_bad_autotune_environment_setting_is_refused_at_the_door(capsys, tmp_p
 
 
 def test_every_recipe_passes_validation_and_zero_disables_checkpoints():
-    from specforge_lite.config.validate import config_problems
+    from specforge_lite.stages.door import config_problems
 
     for recipe in sorted(p.stem for p in (REPO / "conf" / "recipe").glob("*.yaml")):
         assert config_problems(compose([f"+recipe={recipe}"])) == [], recipe
@@ -341,7 +341,7 @@ def test_train_refuses_samples_made_with_other_settings(capsys, sampled, tmp_pat
 # --------------------------------------------------------------------------- 8. targets
 
 def tiny_target_copy(tmp: Path) -> Path:
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
 
     return Path(shutil.copytree(resolve_target_path("builtin:tiny-llama"), tmp / "target"))
 

@@ -16,7 +16,7 @@ from specforge_lite.training.feature_formats import dequantize
 from specforge_lite.training.features import collate, draft_vocab_targets, target_hidden
 from specforge_lite.stages.train import training_rows
 from specforge_lite.training.strategies.base import target_compute
-from specforge_lite.target.loading import load_target
+from specforge_lite.targets.loading import load_target
 from tests.conftest import compose, run_cli
 
 OFFLINE = ["+recipe=smoke", "train.mode=offline", "train.use_samples=false", "train.max_steps=2",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from specforge_lite.scale.accounting import is_layer_weight
-from specforge_lite.target.loading import resolve_target_path
+from specforge_lite.targets.accounting import is_layer_weight
+from specforge_lite.targets.loading import resolve_target_path
 from tests.conftest import run_cli
 
 TRAIN = ["train.use_samples=false", "train.source_conversations=4", "train.max_steps=1", "train.log_every=1",

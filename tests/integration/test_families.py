@@ -141,7 +141,7 @@ def _retyped(source, folder, auto_map: bool):
 ], ids=["remote_code", "unknown"])
 def test_a_model_type_that_needs_remote_code_is_refused_unless_allowed(capsys, family_target, tmp_path, auto_map,
                                                                        message):
-    from specforge_lite.target.model_types import check_model_type
+    from specforge_lite.targets.model_types import check_model_type
     from tests.conftest import target_cfg
 
     folder = _retyped(family_target("qwen3"), tmp_path / "custom", auto_map)

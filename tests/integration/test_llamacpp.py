@@ -22,7 +22,7 @@ from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
 from specforge_lite.serving.llamacpp.gguf_export import (GGUFExportError, eagle3_to_gguf, gguf_summary, llama_to_gguf,
                                                  llamacpp_extract_layers)
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
-from specforge_lite.target.loading import SMOLLM2_GGUF, resolve_target_path
+from specforge_lite.targets.loading import SMOLLM2_GGUF, resolve_target_path
 
 pytestmark = [pytest.mark.llamacpp]
 

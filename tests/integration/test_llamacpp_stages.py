@@ -129,7 +129,7 @@ def test_llamacpp_draft_methods_need_an_exported_gguf(capsys, tmp_path):
 
 
 def test_one_catalogue_names_the_llamacpp_methods():
-    from specforge_lite.config.methods import LLAMACPP_METHODS, known
+    from specforge_lite.drafters.methods import LLAMACPP_METHODS, known
     from specforge_lite.serving.llamacpp.checks import DRAFT_OF
     from specforge_lite.serving.llamacpp.runner import METHODS
 

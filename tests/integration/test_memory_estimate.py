@@ -20,9 +20,9 @@ from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from specforge_lite.config.registry import chosen_drafter
+from specforge_lite.drafters.registry import chosen_drafter
 from specforge_lite.scale.dry_run import estimate
-from specforge_lite.target.loading import sizing_config
+from specforge_lite.targets.loading import sizing_config
 from specforge_lite.training.features import collate, target_hidden
 from tests.conftest import compose
 

@@ -80,7 +80,7 @@ def test_an_overwritten_feature_shard_is_rebuilt_not_trained_on(sampled, tmp_pat
 
 
 def test_weights_rewritten_in_place_are_another_target(tmp_path):
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
 
     target = tmp_path / "target"
     shutil.copytree(resolve_target_path("builtin:tiny-llama"), target)

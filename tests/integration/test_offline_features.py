@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specforge_lite.scale.accounting import stage_summary
+from specforge_lite.targets.accounting import stage_summary
 from specforge_lite.training.features import collate, target_hidden
 from specforge_lite.stages.train import training_rows
 from specforge_lite.training.strategies.base import target_compute
-from specforge_lite.target.loading import load_target
+from specforge_lite.targets.loading import load_target
 from tests.conftest import REPO, compose, free_port, run_cli
 
 # the source conversations only (no sample stage), one optimizer step, no checkpoints

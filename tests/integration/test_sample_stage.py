@@ -111,7 +111,7 @@ def test_another_model_in_the_same_folder_is_not_taken_for_the_old_one(tmp_path)
     put in the same folder is refused by the sampler (and would be trained anew), never reused."""
     import shutil
 
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
 
     target = tmp_path / "target"
     shutil.copytree(resolve_target_path("builtin:tiny-llama"), target)
@@ -150,7 +150,7 @@ def test_sample_real_smollm2(tmp_path):
     meta = json.loads((tmp_path / "samples" / "meta.json").read_text())
     assert len(rows) == meta["num_rows"] >= 1
     assert len(rows) + meta["skipped"].get("prompt_too_long", 0) + meta["skipped"].get("empty_reply", 0) == 4
-    from specforge_lite.target.loading import load_tokenizer
+    from specforge_lite.targets.loading import load_tokenizer
     from tests.conftest import target_cfg
 
     tokenizer = load_tokenizer(target_cfg("builtin:smollm2-135m-instruct"))

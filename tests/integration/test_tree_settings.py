@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specforge_lite.config.methods import chain_methods, known, tree_base, tree_methods
+from specforge_lite.drafters.methods import chain_methods, known, tree_base, tree_methods
 from tests.integration.test_bad_inputs import assert_user_error, cli, written
 
 TREES = ["eval.methods=[plain,ngram,ngram_tree]", "eval.best_k_method=ngram"]
@@ -50,7 +50,7 @@ def test_a_tree_and_an_answer_over_a_small_context_are_refused():
     """A target of few positions: the tree's verify, then an answer beside the widest verify."""
     from types import SimpleNamespace
 
-    from specforge_lite.config.methods import length_problems, tree_problems
+    from specforge_lite.drafters.methods import length_problems, tree_problems
     from tests.conftest import compose
 
     small = SimpleNamespace(max_position_embeddings=32)

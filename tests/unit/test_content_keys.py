@@ -14,8 +14,8 @@ import torch
 from safetensors import safe_open
 
 from specforge_lite import SpecforgeError
-from specforge_lite.target.digest import file_digest, target_files
-from specforge_lite.target.loading import resolve_target_path
+from specforge_lite.targets.digest import file_digest, target_files
+from specforge_lite.targets.loading import resolve_target_path
 
 
 @pytest.fixture

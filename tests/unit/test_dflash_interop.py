@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from specforge_lite import SpecforgeError
-from specforge_lite.config.registry import detect_drafter
+from specforge_lite.drafters.registry import detect_drafter
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.drafters import dflash
 from specforge_lite.drafters.dflash.export import max_logit_difference

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.drafters.eagle3.export import load_sglang_dir, write_speculators_dir, write_sglang_dir
-from specforge_lite.config.registry import DRAFTERS, detect_drafter
+from specforge_lite.drafters.registry import DRAFTERS, detect_drafter
 from tests.unit.test_eagle3 import tiny_drafter
 
 eagle3 = DRAFTERS["eagle3"]

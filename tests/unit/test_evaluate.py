@@ -181,7 +181,7 @@ def _entry(tau, rate, plain_rate, identical=True, per_category=None):
 
 
 def test_recommendation_follows_the_numbers():
-    from specforge_lite.decoding.report import recommend
+    from specforge_lite.decoding.recommend import recommend
 
     cat = lambda s: {"writing": {"speedup": s}, "extraction": {"speedup": s}}  # noqa: E731
     methods = {"plain": _entry(1.0, 10.0, 10.0, per_category=cat(1.0)),
@@ -204,7 +204,7 @@ def test_recommendation_follows_the_numbers():
 
 
 def test_recommendation_when_medusa_or_nothing_wins():
-    from specforge_lite.decoding.report import recommend
+    from specforge_lite.decoding.recommend import recommend
 
     from specforge_lite.drafters import medusa
 
@@ -235,7 +235,7 @@ def _timed_report(seconds: dict[str, list[float]], tokens: int = 21, forwards: d
 
 
 def test_recommendation_says_no_clear_winner_when_the_paired_interval_includes_one():
-    from specforge_lite.decoding.report import recommend
+    from specforge_lite.decoding.recommend import recommend
 
     # eagle3 and ngram trade places prompt by prompt; neither is clearly ahead of plain either
     report = _timed_report({"plain": [2.0] * 6, "eagle3": [1.0, 3.0, 1.0, 3.0, 1.0, 2.9],
@@ -266,7 +266,7 @@ def test_recommendation_says_no_clear_winner_when_the_paired_interval_includes_o
 
 
 def test_recommendation_names_a_clear_winner():
-    from specforge_lite.decoding.report import recommend
+    from specforge_lite.decoding.recommend import recommend
 
     report = _timed_report({"plain": [2.0, 2.2, 1.8, 2.1], "eagle3": [1.0, 1.1, 0.9, 1.0],
                             "ngram": [1.5, 1.6, 1.4, 1.5]}, forwards={"eagle3": 8, "ngram": 12})
@@ -366,7 +366,7 @@ def test_the_cost_curve_says_how_much_the_widest_forward_costs():
 def test_best_k_method_must_be_a_chain_of_our_engine(tmp_path):
     """A tree method, plain or a Hugging Face decoder has no per-position chain acceptance to
     estimate best k from: refused at the door instead of a report saying best k = None."""
-    from specforge_lite.config.methods import method_problems
+    from specforge_lite.drafters.methods import method_problems
 
     for method in ("ngram_tree", "plain", "hf_prompt_lookup"):
         cfg = eval_cfg(tmp_path, "eval.methods=[plain,ngram,ngram_tree,hf_prompt_lookup]",

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import specforge_lite.stages.evaluate as evaluate  # imported before any test replaces what it imports
-import specforge_lite.target.loading as targets
+import specforge_lite.targets.loading as targets
 from specforge_lite.serving.engines import ENGINES, Engine
 from specforge_lite.serving.vllm import engine as vllm_engine
 from tests.conftest import compose
@@ -94,8 +94,8 @@ def test_a_vllm_evaluate_resolves_the_target_once(tmp_path, resolutions, methods
 def test_which_engine_serves_which_drafter_comes_from_the_contract():
     """The method catalogue, llama.cpp's tables and the door's refusals are views of each
     drafter's VLLM_SERVING / LLAMACPP_SERVING: adding a drafter touches its own folder only."""
-    from specforge_lite.config.methods import LLAMACPP_METHODS, VLLM_METHODS
-    from specforge_lite.config.registry import DRAFTERS
+    from specforge_lite.drafters.methods import LLAMACPP_METHODS, VLLM_METHODS
+    from specforge_lite.drafters.registry import DRAFTERS
     from specforge_lite.serving.llamacpp.checks import DRAFT_OF, GGUF_DRAFTERS, gguf_refusal
     from specforge_lite.serving.llamacpp.runner import METHODS, NEEDS_DRAFT, SPEC_TYPE_FLAGS
 

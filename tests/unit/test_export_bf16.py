@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specforge_lite.config.registry import DRAFTERS
+from specforge_lite.drafters.registry import DRAFTERS
 from tests.conftest import CONF_DIR, compose, target_cfg
 
 
@@ -23,14 +23,14 @@ def smoke_recipe(kind: str) -> str:
 
 @pytest.fixture(scope="module")
 def bf16_target():
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
 
     return load_target(target_cfg("builtin:tiny-llama", dtype="bfloat16"))
 
 
 @pytest.mark.parametrize("kind", sorted(DRAFTERS))
 def test_every_drafter_exports_after_a_bf16_target(bf16_target, tmp_path, kind):
-    from specforge_lite.target.head import load_target_head
+    from specforge_lite.targets.head import load_target_head
 
     model, _ = bf16_target
     assert model.dtype == torch.bfloat16

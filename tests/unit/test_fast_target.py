@@ -261,7 +261,7 @@ def test_packed_prefill_equals_the_padded_forward(target):
     # its cache slots equal the left-padded forward's, and a windowed decoding step after it
     # equals a whole-cache step after the padded prefill
     from specforge_lite.runtime.static_llama import StaticLlama
-    from specforge_lite.target.sampling import left_padded
+    from specforge_lite.decoding.sampling import left_padded
 
     rows = [list(range(3, 3 + n)) for n in (5, 12, 1)]
     padded = StaticLlama(target, 32, (), batch=3).eval()

@@ -57,7 +57,7 @@ def test_a_rebuild_removes_only_the_caches_own_files(tmp_path, tiny_target):
 
 
 def test_the_target_files_are_in_the_key(tmp_path):
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
 
     key = cache_key(ROWS, "builtin:tiny-llama", "torch.float32", [1])["target"]
     assert key["config_sha256"] and key["weights"]

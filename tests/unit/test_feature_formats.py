@@ -205,27 +205,27 @@ def test_the_draft_vocab_is_in_the_int4_topk_key():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_is_accepted(fmt):
-    from specforge_lite.config.validate import config_problems
+    from specforge_lite.stages.door import config_problems
 
     assert config_problems(compose(["+recipe=smoke", f"train.feature_format={fmt}"])) == []
 
 
 def test_an_unknown_format_is_refused_naming_the_key():
-    from specforge_lite.config.validate import config_problems
+    from specforge_lite.stages.door import config_problems
 
     problems = config_problems(compose(["+recipe=smoke", "train.feature_format=int3"]))
     assert len(problems) == 1 and "train.feature_format" in problems[0]
 
 
 def test_int4_topk_is_refused_for_drafters_that_read_the_last_state():
-    from specforge_lite.config.validate import config_problems
+    from specforge_lite.stages.door import config_problems
 
     problems = config_problems(compose(["+recipe=smoke_medusa", "train.feature_format=int4_topk"]))
     assert len(problems) == 1 and "train.feature_format=int4_topk" in problems[0] and "medusa" in problems[0]
 
 
 def test_int4_topk_is_refused_for_a_draft_vocab_int16_cannot_index():
-    from specforge_lite.config.validate import config_problems
+    from specforge_lite.stages.door import config_problems
 
     problems = config_problems(compose(["+recipe=smoke", "train.feature_format=int4_topk",
                                         "drafter.draft_vocab_size=40000"]))

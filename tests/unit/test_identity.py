@@ -11,8 +11,9 @@ from specforge_lite.decoding.drafters import NgramDrafter, ReplayDrafter
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.decoding.identity import (IDENTICAL, MISMATCH, ROUNDING, Fp32Reference, StepEvidence, classify,
                                               first_difference, ulp, within_rounding)
-from specforge_lite.decoding.report import identity_cell, identity_notes, recommend
-from specforge_lite.target.loading import load_target
+from specforge_lite.decoding.report import identity_cell, identity_notes
+from specforge_lite.decoding.recommend import recommend
+from specforge_lite.targets.loading import load_target
 from tests.conftest import target_cfg
 
 

@@ -1,5 +1,5 @@
 """When a stage starts its own ranks (specforge_lite/scale/launch.py), what the accounting counts
-(specforge_lite/scale/accounting.py) and that the recipe cards show the rehearsed commands."""
+(specforge_lite/targets/accounting.py) and that the recipe cards show the rehearsed commands."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.scale.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
+from specforge_lite.targets.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
 from specforge_lite.scale.launch import LAUNCHER_VARIABLES, launch_plan, launched_by
 from specforge_lite.scale.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
 from tests.conftest import compose
@@ -94,7 +94,7 @@ def test_vllm_workers_are_held_to_tensor_parallel_shares(tmp_path):
     them); a worker holding the whole target is over its share."""
     from transformers import LlamaConfig
 
-    from specforge_lite.scale import accounting
+    from specforge_lite.targets import accounting
 
     config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2)

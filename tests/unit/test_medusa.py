@@ -147,7 +147,7 @@ def test_compiled_heads_draft_like_the_eager_ones(tiny_target, forbid_recompiles
     drafter loads): the same drafts as eager heads (same accepted lengths, step for step),
     output identical to plain decoding (in float32; in bf16 a wider verify forward may round a
     near-tie the other way, so there the drafts alone are compared)."""
-    from specforge_lite.target.loading import load_target
+    from specforge_lite.targets.loading import load_target
     from tests.conftest import mostly_agree, target_cfg
 
     if dtype == "bfloat16":

@@ -110,7 +110,7 @@ def test_the_optimizer_state_round_trips_through_a_checkpoint():
 
 
 def test_muon_with_a_sharding_strategy_is_refused_at_the_door():
-    from specforge_lite.config.validate import config_problems
+    from specforge_lite.stages.door import config_problems
 
     assert config_problems(compose(["+recipe=smoke", "train.optimizer=muon"])) == []
     problems = config_problems(compose(["+recipe=smoke", "train.optimizer=muon", "trainer=fsdp"]))

@@ -1,5 +1,5 @@
-"""One command per run folder (`artifacts.take_lock`) and a stage's own files beside the
-user's (`artifacts.place_files`), on real processes and real folders."""
+"""One command per run folder (`run_folders.take_lock`) and a stage's own files beside the
+user's (`run_folders.place_files`), on real processes and real folders."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import MANIFEST, folder_locks, lock_path, place_files, release_lock, take_lock
+from specforge_lite.run_folders import MANIFEST, folder_locks, lock_path, place_files, release_lock, take_lock
 from specforge_lite.scale.launch import locked_folders
 from tests.conftest import compose
 

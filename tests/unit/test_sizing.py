@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specforge_lite.scale.sizing import GiB, stage_table
-from specforge_lite.target.loading import sizing_config
+from specforge_lite.targets.loading import sizing_config
 from tests.conftest import compose, run_cli
 
 
@@ -92,10 +92,11 @@ def test_a_stage_that_cannot_fit_stops_before_loading(tmp_path, stage, extra, se
 
 
 def test_run_sizes_the_stages_it_keeps_before_sampling(tmp_path):
-    """`run` stops at the door when its evaluate cannot fit, not after sampling and training."""
+    """`run` sizes every stage it keeps in this process before the first starts: it stops when
+    one cannot fit (here the first, sample), not after sampling and training."""
     proc = run_cli("run", "+recipe=smoke", "device_memory_gib=0.001", f"run_dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "evaluate" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "sample: sample needs" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "train").exists() and not (tmp_path / "samples").exists()
 
 

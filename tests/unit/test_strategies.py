@@ -117,7 +117,7 @@ def test_shard_rows_match_fsdp2_chunks(rows, world):
     """Each rank reads exactly the rows `torch.chunk` (FSDP2's split) gives it, possibly none."""
     import torch
 
-    from specforge_lite.target.sharded import shard_rows
+    from specforge_lite.targets.sharded import shard_rows
 
     chunks = torch.arange(rows).chunk(world)
     for rank in range(world):

@@ -144,7 +144,7 @@ def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from specforge_lite.data.samples import answer_corpus
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
     from tests.conftest import run_cli
 
     run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", check=True)

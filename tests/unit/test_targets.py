@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.target import loading as targets
+from specforge_lite.targets import loading as targets
 from tests.conftest import target_cfg
 
 

@@ -72,7 +72,7 @@ def test_defaults_and_one_run_per_job(tmp_path, monkeypatch):
 ])
 def test_bad_wandb_settings_stop_at_the_door(setting, message):
     from specforge_lite import SpecforgeError
-    from specforge_lite.config.validate import validate_config
+    from specforge_lite.stages.door import validate_config
 
     with pytest.raises(SpecforgeError, match=message):
         validate_config(compose(["stage=train", "+recipe=smoke", setting]))

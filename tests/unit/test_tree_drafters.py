@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from specforge_lite.config.methods import method_problems, tree_methods
+from specforge_lite.drafters.methods import method_problems, tree_methods
 from specforge_lite.contract import DraftContext
 from specforge_lite.decoding import engine
 from specforge_lite.decoding.drafters import MixedTreeDrafter, NgramDrafter, can_branch

@@ -2,7 +2,7 @@
 
 from omegaconf import OmegaConf
 
-from specforge_lite.config.methods import VLLM_METHODS
+from specforge_lite.drafters.methods import VLLM_METHODS
 from specforge_lite.serving.vllm.engine import prompt_seed, sampling_params
 from specforge_lite.serving.vllm.report import report_section
 

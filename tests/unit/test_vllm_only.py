@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.report import recommend
-from specforge_lite.config.methods import engine_needed, vllm_only_methods, vllm_override
+from specforge_lite.decoding.recommend import recommend
+from specforge_lite.drafters.methods import engine_needed, vllm_only_methods, vllm_override
 from specforge_lite.serving.engines import alone_markdown, alone_measured
 from specforge_lite.serving.vllm.report import Vllm
 from specforge_lite.stages.evaluate import build_report
@@ -104,8 +104,8 @@ def test_vllm_only_evaluate_loads_no_target(tmp_path, monkeypatch):
     runner replaced by recorded replies), a report against vllm_plain; targets.load_target is
     never called and the accounting records no layer weights held."""
     import specforge_lite.stages.evaluate as evaluate
-    import specforge_lite.target.loading as targets
-    from specforge_lite.scale.accounting import begin_stage, stage_summary
+    import specforge_lite.targets.loading as targets
+    from specforge_lite.targets.accounting import begin_stage, stage_summary
     from specforge_lite.serving.vllm import report as vllm_report
 
     def refuse(*args, **kwargs):

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_text
+from specforge_lite.run_folders import atomic_write_text
 from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter, select_anchors
 from specforge_lite.drafters.dflash.interop import load_any
 from specforge_lite.drafters.eagle_family import check_weights, proposal_config
@@ -111,7 +111,7 @@ def write_speculators_dir(drafter: DFlashDrafter, out: Path, speculative_tokens:
 
 def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Strict reload; raises ValueError naming the first problem. Returns (config, weights)."""
-    from specforge_lite.artifact_io import load_safetensors, read_json_object
+    from specforge_lite.checked_io import load_safetensors, read_json_object
 
     directory = Path(directory)
     where = f"{directory}/config.json"

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import ArtifactError, check_weights, load_safetensors, read_json_object
+from specforge_lite.checked_io import ArtifactError, check_weights, load_safetensors, read_json_object
 from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter
 from specforge_lite.drafters.dflash.train import load
 from specforge_lite.drafters.eagle_family import check_weights as check_vocab_maps

@@ -32,7 +32,7 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
     logits; the teacher's logits and log-probabilities in fp32; LoRA keeps the base bf16."""
     from transformers import AutoModelForCausalLM
 
-    from specforge_lite.target.loading import sizing_config as read_config
+    from specforge_lite.targets.loading import sizing_config as read_config
 
     dcfg = cfg.drafter
     if dcfg.student:

@@ -26,8 +26,8 @@ def max_logit_difference(a: nn.Module, b: nn.Module, vocab_size: int) -> float:
 def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
     """Copy the student to `out/draft_model` with the target's tokenizer, reload it strictly
     (same keys and shapes, same logits) and write a README with the vLLM command."""
-    from specforge_lite.artifact_io import load_safetensors
-    from specforge_lite.artifacts import atomic_write_text
+    from specforge_lite.checked_io import load_safetensors
+    from specforge_lite.run_folders import atomic_write_text
 
     trained_model = load(trained, target)
     directory = out / "draft_model"

@@ -76,7 +76,7 @@ def load_student(path: str, target, tokenizer=None) -> nn.Module:
     """An HF causal LM from a dir or hub id; refuses a vocabulary other than the target's."""
     from transformers import AutoTokenizer
 
-    from specforge_lite.target.loading import load_causal_lm, resolve_target_path
+    from specforge_lite.targets.loading import load_causal_lm, resolve_target_path
 
     resolved = resolve_target_path(path, "drafter.student")
     student = load_causal_lm(resolved, target.dtype, f"draft model {path}", strict=True)

@@ -15,7 +15,7 @@ NAME = "distilled"
 
 def build(cfg, target, token_counts: torch.Tensor) -> DistillStudent:
     """token_counts is unused: a draft model keeps the target's whole vocabulary."""
-    from specforge_lite.target.loading import load_tokenizer
+    from specforge_lite.targets.loading import load_tokenizer
 
     dcfg = cfg.drafter
     torch.manual_seed(cfg.train.seed)

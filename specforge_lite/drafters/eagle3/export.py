@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_text
+from specforge_lite.run_folders import atomic_write_text
 from specforge_lite.drafters.eagle_family import default_aux_layers, transformer_layer_config
 from specforge_lite.drafters.eagle_family import speculators_config as family_config
 from specforge_lite.drafters.eagle3.model import FROZEN, Eagle3Config, Eagle3Drafter, load, trained_weights
@@ -150,14 +150,14 @@ def llama_layer_config(layer: dict):
 
 
 def read_json(path: Path) -> dict:
-    from specforge_lite.artifact_io import read_json_object
+    from specforge_lite.checked_io import read_json_object
 
     return read_json_object(path)
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (each checked by name), floating ones as float32."""
-    from specforge_lite.artifact_io import ArtifactError, load_safetensors
+    from specforge_lite.checked_io import ArtifactError, load_safetensors
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
@@ -171,7 +171,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
 def check_weights(directory: Path, weights: dict, expected: dict, draft_vocab_size: int, vocab_size: int) -> None:
     """Names, shapes and finite values (an embedding of the target's shape may come along),
     then the draft-vocab maps."""
-    from specforge_lite.artifact_io import check_weights as check_names_and_shapes
+    from specforge_lite.checked_io import check_weights as check_names_and_shapes
 
     where = Path(directory) / "model.safetensors"
     if FROZEN in weights:

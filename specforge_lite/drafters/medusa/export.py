@@ -68,7 +68,7 @@ def layout(config: dict) -> str | None:
 
 def load_any(directory: Path, target) -> MedusaHeads:
     """Medusa heads from our train folder or a vLLM Medusa folder."""
-    from specforge_lite.artifact_io import read_json_object
+    from specforge_lite.checked_io import read_json_object
 
     found = layout(read_json_object(Path(directory) / "config.json"))
     if found == "ours":
@@ -82,7 +82,7 @@ def load_any(directory: Path, target) -> MedusaHeads:
 def load_vllm_dir(directory: Path, target) -> MedusaHeads:
     """Strict reload of an exported directory: typed config fields, every key and shape,
     nothing missing or extra (vLLM itself skips unknown names and never reports missing ones)."""
-    from specforge_lite.artifact_io import load_safetensors, read_json_object
+    from specforge_lite.checked_io import load_safetensors, read_json_object
 
     directory = Path(directory)
     config = read_json_object(directory / "config.json")
@@ -119,7 +119,7 @@ def max_logit_difference(a: MedusaHeads, b: MedusaHeads) -> float:
 
 def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
     """Write `out/medusa` for vLLM <= 0.32, reload it strictly, compare logits, write a README."""
-    from specforge_lite.artifacts import atomic_write_text
+    from specforge_lite.run_folders import atomic_write_text
 
     heads = load_any(trained, target)
     directory = out / "medusa"

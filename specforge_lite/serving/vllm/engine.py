@@ -31,8 +31,8 @@ import threading
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.scale import accounting
-from specforge_lite.config.methods import VLLM_METHODS, VLLM_OF, served_drafters
+from specforge_lite.targets import accounting
+from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF, served_drafters
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from specforge_lite.config.methods import VLLM_METHODS, VLLM_OF
+from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF
 from specforge_lite.serving.vllm.engine import on_gpu, run_methods, single_process
 
 CONVENTIONS = {

@@ -8,7 +8,7 @@ import torch
 
 from specforge_lite.serving.vllm.engine import (VllmEngine, account_workers, engine_kwargs, eos_ids_of, on_gpu,
                                                 prompt_seed, sampling_params)
-from specforge_lite.target.loading import load_target_config, resolve_dtype
+from specforge_lite.targets.loading import load_target_config, resolve_dtype
 
 
 

@@ -12,7 +12,7 @@ the optimizer step, checkpoints, and the finished drafter as a plain module on r
 - `fsdp`: torch FSDP2 (`fully_shard`) around the drafter.
 
 With `trainer.shard_target=true` the frozen target's decoder layers are split over the
-ranks (`specforge_lite.target.sharded`): online, for training; offline, for building the
+ranks (`specforge_lite.targets.sharded`): online, for training; offline, for building the
 features (every rank its share of the rows, `features.FeatureCache.build`). Every strategy divides the gradient by the world size (mean over
 ranks), which the train stage undoes with its global loss-position normalisation.
 

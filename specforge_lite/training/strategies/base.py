@@ -123,7 +123,7 @@ class Strategy:
 
     # ---- parts
     def load_target(self, target_cfg):
-        from specforge_lite.target.loading import load_target
+        from specforge_lite.targets.loading import load_target
 
         if self.cfg.trainer.shard_target:
             # offline, every rank builds the features of its share of the rows with every rank in
@@ -133,7 +133,7 @@ class Strategy:
                 raise SpecforgeError(f"trainer.shard_target=true needs every rank in every target forward: use "
                                      f"trainer=fsdp or trainer=deepspeed_zero3 (trainer={self.name} keeps the "
                                      "target whole)")
-            from specforge_lite.target.sharded import load_sharded_target
+            from specforge_lite.targets.sharded import load_sharded_target
 
             ensure_process_group(self.device)
             return load_sharded_target(target_cfg, self.device)

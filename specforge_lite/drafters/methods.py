@@ -13,7 +13,8 @@ real vLLM (`VLLM_METHODS`, `vllm_<ours>`); llama.cpp itself on the target's GGUF
 from __future__ import annotations
 
 from specforge_lite import SpecforgeError
-from specforge_lite.config.registry import DRAFTERS, RENAMED
+from specforge_lite.drafters.registry import DRAFTERS, RENAMED
+from specforge_lite.config.draft_tokens import method_k, widest_k
 from specforge_lite.config.schema import MAX_DRAFTS
 
 PLAIN = "plain"
@@ -216,24 +217,12 @@ def own_k_methods(eval_cfg) -> list[str]:
             *labelled_drafters(eval_cfg)]
 
 
-def _method_k(item) -> tuple[str, int | None]:
-    """One `eval.method_draft_tokens` item METHOD:K as (method, k), k None where it is no integer >= 1."""
-    method, sep, k = str(item).partition(":")
-    return method, int(k) if sep and method and k.strip().isdigit() and int(k) >= 1 else None
-
-
-def own_draft_tokens(eval_cfg) -> dict[str, int]:
-    """`eval.method_draft_tokens` entries METHOD:K as {method: k} (those that parse; the rest
-    are `draft_tokens_problems`)."""
-    return {method: k for method, k in map(_method_k, eval_cfg.get("method_draft_tokens") or []) if k is not None}
-
-
 def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
     """`eval.method_draft_tokens`: METHOD:K items, each method once, one of this evaluate's that
     takes its own k, each k an integer >= 1."""
     problems, seen = [], []
     for item in eval_cfg.get("method_draft_tokens") or []:
-        method, k = _method_k(item)
+        method, k = method_k(item)
         where = f"eval.method_draft_tokens: {item!r}"
         if k is None:
             problems.append(f"{where} should be METHOD:K with K an integer >= 1 (eval.method_draft_tokens=[dflash:1])")
@@ -249,16 +238,6 @@ def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
                             "drafters, ngram, untrained_draft, hf_prompt_lookup and hf_assisted)")
         seen.append(method)
     return problems
-
-
-def draft_tokens(eval_cfg, method: str) -> int:
-    """The k `method` drafts: its `eval.method_draft_tokens` entry, else eval.num_draft_tokens."""
-    return own_draft_tokens(eval_cfg).get(method, int(eval_cfg["num_draft_tokens"]))
-
-
-def widest_k(eval_cfg) -> int:
-    """The largest k any method of the evaluate drafts (the verify width less one it must hold)."""
-    return max([int(eval_cfg["num_draft_tokens"]), *own_draft_tokens(eval_cfg).values()])
 
 
 def run_order(eval_cfg) -> list[str]:

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.scale.accounting import record_target
-from specforge_lite.artifact_io import ArtifactError, read_json, read_json_object, safetensors_header
-from specforge_lite.target.model_types import check_model_type
+from specforge_lite.targets.accounting import record_target
+from specforge_lite.checked_io import ArtifactError, read_json, read_json_object, safetensors_header
+from specforge_lite.targets.model_types import check_model_type
 
 log = logging.getLogger(__name__)
 

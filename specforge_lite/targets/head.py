@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.scale.accounting import is_layer_weight, record_target
-from specforge_lite.artifact_io import safetensors_header
-from specforge_lite.target.loading import load_tokenizer, resolve_device, resolve_dtype, resolve_target_path
+from specforge_lite.targets.accounting import is_layer_weight, record_target
+from specforge_lite.checked_io import safetensors_header
+from specforge_lite.targets.loading import load_tokenizer, resolve_device, resolve_dtype, resolve_target_path
 
 INDEX = "model.safetensors.index.json"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class Stage:
     name: str  # the command line's STAGE
     module: str | None  # the module whose `run(cfg)` runs it; None for `run`, which chains the others
-    folder: str | None  # its folder under run_dir (`artifacts.stage_dir`); None for `run`
+    folder: str | None  # its folder under run_dir (`run_folders.stage_dir`); None for `run`
     multi_rank: bool  # may start ranks of its own (scale/launch.py); else it runs in one process
     writes: tuple[str, ...]  # the stages whose folders it writes (train samples first when it finds none)
     help: str  # one line for `python -m specforge_lite --help`

@@ -11,7 +11,7 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
 from specforge_lite.runtime.hf_runner import cache_kwargs
-from specforge_lite.target.loading import eos_token_ids
+from specforge_lite.targets.loading import eos_token_ids
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.scale.accounting import record_target
+from specforge_lite.targets.accounting import record_target
 
 
 def load_sharded_target(target_cfg, device: torch.device):
@@ -34,7 +34,7 @@ def load_sharded_target(target_cfg, device: torch.device):
     from torch.distributed.tensor import DTensor
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from specforge_lite.target.loading import load_tokenizer, resolve_dtype, resolve_target_path
+    from specforge_lite.targets.loading import load_tokenizer, resolve_dtype, resolve_target_path
 
     path = Path(resolve_target_path(target_cfg.path))
     if not path.is_dir():

@@ -86,7 +86,7 @@ def _compute(path: Path, size: int, whole_bytes: int) -> str:
 
 def _kept_file(path: Path) -> Path | None:
     """Where the digest of `path` is kept between runs, or None without a usable model cache."""
-    from specforge_lite.target.loading import cache_root
+    from specforge_lite.targets.loading import cache_root
 
     try:
         root = cache_root()
@@ -141,7 +141,7 @@ def folder_digests(folder: Path) -> dict[str, str]:
 def target_files(path: str) -> dict:
     """The target by content: its resolved folder, a hash of its config.json and the content
     digest of each weight file (`file_digest`); a hub id is looked up in the local hub cache."""
-    from specforge_lite.target.loading import resolve_target_path
+    from specforge_lite.targets.loading import resolve_target_path
 
     folder = Path(resolve_target_path(path))
     if not folder.is_dir():

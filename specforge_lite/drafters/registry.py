@@ -7,6 +7,7 @@ Adding a drafter is a folder under `drafters/`, a `conf/drafter/NAME.yaml` and o
 from __future__ import annotations
 
 from specforge_lite import SpecforgeError
+from specforge_lite.config.schema import Config, name_drafters
 from specforge_lite.drafters import dflash, distilled, eagle3, medusa, peagle
 
 DRAFTERS = {
@@ -62,7 +63,7 @@ def detect_drafter(directory) -> tuple[str, str]:
     Face. Raises SpecforgeError naming the folder when none does."""
     from pathlib import Path
 
-    from specforge_lite.artifact_io import read_json_object
+    from specforge_lite.checked_io import read_json_object
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -82,3 +83,15 @@ def detect_drafter(directory) -> tuple[str, str]:
     raise SpecforgeError(f"{directory.name}/config.json is no drafter layout we read: our train folders, "
                          "speculators (speculators_model_type), SGLang (LlamaForCausalLMEagle3), vLLM Medusa "
                          "(model_type medusa) or a Hugging Face causal LM")
+
+
+def register_configs() -> None:
+    """`base_config` (the root schema) and, per registered drafter, `drafter/NAME_schema`,
+    which `conf/drafter/NAME.yaml` lists first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    name_drafters(DRAFTERS)  # eval.drafter_dirs: a field per drafter
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for name, module in DRAFTERS.items():
+        cs.store(group="drafter", name=f"{name}_schema", node=module.Options)

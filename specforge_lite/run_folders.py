@@ -17,11 +17,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.config.stages import SAMPLE, STAGES
+from specforge_lite.stage_table import SAMPLE, STAGES
 
 log = logging.getLogger(__name__)
 
-STAGE_DIRS = {s.name: s.folder for s in STAGES}  # stage -> its folder under run_dir (config/stages.py)
+STAGE_DIRS = {s.name: s.folder for s in STAGES}  # stage -> its folder under run_dir (stage_table.py)
 
 _VERSIONED = ("specforge_lite", "torch", "transformers", "accelerate", "datasets", "peft",
               "deepspeed", "wandb", "hydra-core", "safetensors", "gguf", "vllm")

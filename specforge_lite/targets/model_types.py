@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifact_io import read_json_object
+from specforge_lite.checked_io import read_json_object
 
 
 def check_model_type(path: Path, target_cfg) -> None:

@@ -28,15 +28,30 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.artifacts import STAGE_DIRS, folder_problem, samples_dir
-from specforge_lite.config.stages import COMMANDS, SAMPLE, runs
-from specforge_lite.config.methods import VLLM_METHODS, length_problems, method_problems, tree_problems
+from specforge_lite.run_folders import STAGE_DIRS, folder_problem, samples_dir
+from specforge_lite.stage_table import COMMANDS, SAMPLE, runs
+from specforge_lite.drafters.methods import VLLM_METHODS, length_problems, method_problems, tree_problems
 from specforge_lite.serving.llamacpp import checks as llamacpp_checks
-from specforge_lite.config.registry import DRAFTERS, sglang_refusal
+from specforge_lite.drafters.registry import DRAFTERS, sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
 from specforge_lite.scale.launch import num_processes
 from specforge_lite.scale.sizing import batch_choice
 from specforge_lite.training.throughput import peak_tflops
+
+
+def check_at_the_door(cfg: DictConfig) -> Any:
+    """The door, once per command, before anything is loaded, launched or written: the whole
+    config, then (a dry run) against the target's config alone, which it returns, or
+    (`validate_for_target`) this machine's folders and packages and the target's own config."""
+    validate_config(cfg)
+    if cfg.dry_run:  # nothing will be loaded: the target's config is all a dry run reads
+        from specforge_lite.targets.loading import sizing_config
+
+        target_config = sizing_config(cfg.target.path)
+        validate_config(cfg, target_config)
+        return target_config
+    validate_for_target(cfg)
+    return None
 
 
 def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
@@ -73,10 +88,13 @@ def validate_for_target(cfg: DictConfig) -> None:
     drafter then check the fields bounded by it (such as aux layer ids against its depth), and
     the stages that evaluate what its family can run (`engine_problem`)."""
     _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
-    if cfg.stage == "train" and cfg.train.dry_run:
-        return  # a dry run reads only the config it sizes (`dry_run.target_config`), never weights
+    if cfg.stage == "train" and cfg.train.dry_run:  # reads only the config it sizes, never weights
+        from specforge_lite.targets.loading import sizing_config
+
+        validate_config(cfg, sizing_config(cfg.target.path))  # the fields bounded by it (aux layer ids)
+        return
     _refuse(training_problems(cfg))  # before the target's config is read (a hub id a sharded target cannot take)
-    from specforge_lite.target.loading import load_target_config, resolve_target_path
+    from specforge_lite.targets.loading import load_target_config, resolve_target_path
 
     # export reads only the embeddings, final norm and lm_head (target_head.py checks their files)
     target_config = load_target_config(cfg.target, weights=cfg.stage != "export")
@@ -198,7 +216,7 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     """What the folders and installed packages a stage needs say, before it does any work:
     $SPECFORGE_LITE_CACHE, the stage folders under run_dir (a file where one goes), vLLM for
     the vllm_* methods and the vllm sample backend, an SGLang layout for `export.sglang=true`."""
-    from specforge_lite.target.loading import CACHE_ENV, cache_root
+    from specforge_lite.targets.loading import CACHE_ENV, cache_root
 
     problems = []
     if os.environ.get(CACHE_ENV) is not None:
@@ -206,7 +224,7 @@ def environment_problems(cfg: DictConfig) -> list[str]:
             problems.append(folder_problem(cache_root(), CACHE_ENV))
         except SpecforgeError as err:
             problems.append(str(err))
-    for written in COMMANDS[cfg.stage].writes:  # the stage folders it writes (config/stages.py)
+    for written in COMMANDS[cfg.stage].writes:  # the stage folders it writes (stage_table.py)
         own = written == SAMPLE.name and cfg.get("samples_dir")
         folder = samples_dir(cfg) if written == SAMPLE.name else Path(cfg.run_dir) / STAGE_DIRS[written]
         problems.append(folder_problem(folder, "samples_dir" if own else "run_dir"))
