@@ -163,6 +163,8 @@ def test_nothing_outside_drafters_and_the_registry_branches_on_drafter_names():
         rel = path.relative_to(PACKAGE).as_posix()
         if rel.startswith("drafters/") or rel == "drafters/registry.py" or rel in NOT_A_BRANCH:
             continue
+        if rel.startswith("records/"):  # the docs and gpu-check name the methods of the results they record
+            continue
         uses = drafter_name_uses(ast.parse(path.read_text()), set(EXISTING))
         if uses:
             branching[rel] = [f"line {line}: {name!r}" for line, name in uses]
