@@ -109,14 +109,20 @@ def classify(plain: Sequence[int], other: Sequence[int], evidence: StepEvidence 
 
 
 def summarise(verdicts: Sequence[str]) -> dict:
-    """Counts of the three verdicts and the sentence the reports print, "24/24: 15 identical, 9
-    rounding, 0 mismatch" (the first figure: answers identical or within rounding)."""
+    """Counts of the three verdicts and the sentence the reports print (`verdict_text`)."""
     counts = {v: sum(1 for x in verdicts if x == v) for v in VERDICTS}
-    total = len(verdicts)
-    counts["answers"] = total
-    counts["text"] = (f"{counts[IDENTICAL] + counts[ROUNDING]}/{total}: {counts[IDENTICAL]} identical, "
-                      f"{counts[ROUNDING]} rounding, {counts[MISMATCH]} mismatch")
+    counts["answers"] = len(verdicts)
+    counts["text"] = verdict_text(counts[IDENTICAL], counts[ROUNDING], counts[MISMATCH])
     return counts
+
+
+def verdict_text(identical: int, rounding: int, mismatch: int) -> str:
+    """"no mismatch 24/24 (15 identical, 9 within rounding)", or "1 mismatch in 24 (...)": the
+    answers within rounding are not called identical (docs/ENGINES.md "Checks that keep a
+    report honest" states the three rounding criteria)."""
+    total = identical + rounding + mismatch
+    head = f"no mismatch {total}/{total}" if not mismatch else f"{mismatch} mismatch in {total}"
+    return f"{head} ({identical} identical, {rounding} within rounding)"
 
 
 class Fp32Reference:
@@ -233,4 +239,4 @@ def log_suffix(entry: dict) -> str:
     identity = entry.get("identity")
     if identity is None:
         return "" if entry.get("identical_to_plain") in (None, True) else "  OUTPUT DIFFERS"
-    return ("  OUTPUT DIFFERS: " if identity[MISMATCH] else "  identical to plain ") + identity["text"]
+    return ("  OUTPUT DIFFERS: " if identity[MISMATCH] else "  ") + identity["text"]

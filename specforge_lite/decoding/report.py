@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specforge_lite.config.draft_tokens import own_draft_tokens, widest_k
+from specforge_lite.decoding.identity import verdict_text
 from specforge_lite.decoding.stats import bootstrap_settings
 
 
@@ -104,12 +105,13 @@ def best_tree_lines(report: dict) -> list[str]:
 
 
 def identity_cell(m: dict) -> str:
-    """The "identical to plain" cell: the verdict counts ("24/24: 15 identical, 9 rounding, 0
-    mismatch", NO first when one is a mismatch); in reports without verdicts yes, NO (n/N) or n/a."""
+    """The "identical to plain" cell: the verdict counts ("no mismatch 24/24 (15 identical, 9 within
+    rounding)", NO first when one is a mismatch); in reports without verdicts yes, NO (n/N) or n/a."""
     counts = m.get("identity")
     if counts is None:
         return {True: "yes", False: f"NO ({m.get('identical_answers')})", None: "n/a"}[m.get("identical_to_plain")]
-    return ("NO: " if counts["mismatch"] else "") + counts["text"]
+    words = verdict_text(counts["identical"], counts["rounding"], counts["mismatch"])
+    return ("NO: " if counts["mismatch"] else "") + words
 
 
 def identity_notes(report: dict) -> list[str]:

@@ -25,6 +25,7 @@ import re
 
 from specforge_lite.decoding.report import k_text
 from specforge_lite.records import gpu_section, results, topics
+from specforge_lite.records.gpu_section import identity_words
 from specforge_lite.records.results import ROOT, machine_name, num, read_results, with_ci
 from specforge_lite.records.topics import order_benchmarks, slug
 
@@ -171,8 +172,8 @@ def gpu_rows(methods=("eagle3", "ngram")) -> list[str]:
             m = step.get("methods", {}).get(method)
             if step.get("status") != "ok" or not m:
                 continue
-            verdicts = (m.get("identity") or {}).get("text") or "-"
-            rows.append(f"| eagle_smollm2 (`make gpu-check`, bf16; identical to plain {verdicts}) | ours, {engine} | "
+            verdicts = identity_words(m.get("identity") or {})
+            rows.append(f"| eagle_smollm2 (`make gpu-check`, bf16; {verdicts}) | ours, {engine} | "
                         f"{method} | 3 | {with_ci(m.get('tau'), m.get('tau_ci'))} | "
                         f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {num(m.get('tokens_per_s'), 1)} | "
                         f"{d.get('gpu', '?')} | {d.get('date', '?')[:10]} | `{path.stem}` (results file) |")

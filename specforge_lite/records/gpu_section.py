@@ -6,11 +6,23 @@ writes its section here from that file.
 
 from __future__ import annotations
 
+import re
+
+from specforge_lite.decoding.identity import verdict_text
 from specforge_lite.records import results
 from specforge_lite.records.results import read_results, with_ci
 from specforge_lite.records.topics import update_doc_section
 
 COMMAND = "python -m specforge_lite docs"
+
+
+def identity_words(identity: dict) -> str:
+    """The verdicts' sentence (`identity.verdict_text`), from the counts where the file has them
+    (an earlier file's own sentence called answers within rounding identical)."""
+    if all(isinstance(identity.get(v), int) for v in ("identical", "rounding", "mismatch")):
+        return verdict_text(identity["identical"], identity["rounding"], identity["mismatch"])
+    old = re.fullmatch(r"\d+/\d+: (\d+) identical, (\d+) rounding, (\d+) mismatch", identity.get("text") or "")
+    return verdict_text(*map(int, old.groups())) if old else identity.get("text") or "-"
 
 
 def eval_rows(record: dict) -> list[str]:
@@ -19,7 +31,7 @@ def eval_rows(record: dict) -> list[str]:
         share = m.get("draft_time_share")
         rows.append(f"| {record['dtype']} | {name} | {with_ci(m.get('tau'), m.get('tau_ci'))} | "
                     f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {m.get('tokens_per_s', 0):.0f} | "
-                    f"{'n/a' if share is None else f'{share:.0%}'} | {m.get('identity', {}).get('text', 'n/a')} |")
+                    f"{'n/a' if share is None else f'{share:.0%}'} | {identity_words(m.get('identity') or {})} |")
     return rows
 
 

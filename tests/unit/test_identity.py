@@ -69,8 +69,8 @@ def test_classify_hand_cases():
 
 def test_summarise_sentence():
     counts = identity.summarise([IDENTICAL] * 15 + [ROUNDING] * 9)
-    assert counts["text"] == "24/24: 15 identical, 9 rounding, 0 mismatch"
-    assert identity.summarise([IDENTICAL, MISMATCH])["text"] == "1/2: 1 identical, 0 rounding, 1 mismatch"
+    assert counts["text"] == "no mismatch 24/24 (15 identical, 9 within rounding)"
+    assert identity.summarise([IDENTICAL, MISMATCH])["text"] == "1 mismatch in 2 (1 identical, 0 within rounding)"
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_real_bf16_flips_are_rounding(bf16_target):
     fields = identity.entry_fields(ngram, greedy=True)
     assert fields["identical_to_plain"] is False and fields["lossless"] is True
     assert fields["identity"]["rounding"] == len(differing) and fields["identity"]["mismatch"] == 0
-    assert identity.log_suffix(fields).startswith("  identical to plain ")
+    assert identity.log_suffix(fields).startswith("  no mismatch ")
 
 
 def test_planted_verifier_bug_is_a_mismatch_in_bf16(bf16_target, monkeypatch):
@@ -175,7 +175,7 @@ def test_evaluate_stage_reports_verdicts_and_fails_a_planted_bug_in_bf16(tmp_pat
     for name, entry in report["methods"].items():  # a correct verifier: never a mismatch
         counts = entry["identity"]
         assert counts["mismatch"] == 0 and entry["lossless"] is True, (name, counts)
-        assert counts["answers"] == report["num_answers"] and counts["text"].startswith(f"{counts['answers']}/")
+        assert counts["answers"] == report["num_answers"] and f"{counts['answers']}/{counts['answers']}" in counts["text"]
 
     honest = engine.greedy_verify
 
@@ -213,13 +213,13 @@ def test_rounding_baseline_replays_plain_at_width_k_plus_1(bf16_target, dtype):
     assert baseline["dtype"] == dtype and baseline["width"] == 4
     assert baseline["again"]["identical"] == 6 and baseline["replayed"]["mismatch"] == 0
     assert baseline["replayed"]["identical"] + baseline["replayed"]["rounding"] == 6
-    assert baseline["text"].startswith(f"Rounding baseline ({dtype}): plain decoded again: 6/6: 6 identical")
+    assert baseline["text"].startswith(f"Rounding baseline ({dtype}): plain decoded again: no mismatch 6/6 (6 identical")
     assert "plain's tokens re-verified at width 4: " in baseline["text"]
 
 
 def test_cell_and_log_line_always_carry_the_counts():
     counts = identity.summarise([IDENTICAL] * 3)
-    assert identity_cell({"identity": counts}) == "3/3: 3 identical, 0 rounding, 0 mismatch"
-    assert identity.log_suffix({"identity": counts}) == "  identical to plain 3/3: 3 identical, 0 rounding, 0 mismatch"
+    assert identity_cell({"identity": counts}) == "no mismatch 3/3 (3 identical, 0 within rounding)"
+    assert identity.log_suffix({"identity": counts}) == "  no mismatch 3/3 (3 identical, 0 within rounding)"
     assert identity_cell({"identical_to_plain": False, "identical_answers": "1/2"}) == "NO (1/2)"  # an older report
     assert identity.log_suffix({"identical_to_plain": None}) == ""  # sampled
