@@ -265,11 +265,11 @@ def sample_accept(tree: DraftTree, target_probs: torch.Tensor,
                 break
             if q is not None:
                 residual = (p - q).clamp_(min=0.0)
-            else:
-                residual = p
+            else:  # a copy: p must stay whole for the case below
+                residual = p.clone()
                 residual[x] = 0.0
             total = residual.sum()
-            if total <= 0:  # p == q up to rounding: p stays the right law
+            if total <= 0:  # p == q (or p all on x) up to rounding: p stays the right law
                 continue
             p = residual / total
         if not moved:

@@ -5,9 +5,11 @@ the memory one real training step takes.
 term it misses grows with the batch until the device runs out (an H200 at the demo's auto batch
 did, in `make gpu-check`). Here one step of each demo recipe's drafter (the train stage's own
 pieces: target features, the drafter's batch preparation, loss and backward under bf16 autocast
-as on a GPU, AdamW) runs on the CPU at the recipe's real shapes (SmolLM2, 512-token sequences)
-under a dispatch mode that counts the bytes of every tensor storage alive; the growth of its peak
-per sequence must stay within what the estimate charges per sequence.
+as on a GPU, AdamW) runs on the CPU on the recipe's real target and drafter (SmolLM2, its whole
+vocabulary) under a dispatch mode that counts the bytes of every tensor storage alive; the growth
+of its peak per sequence must stay within what the estimate charges per sequence. The sequences
+are `SEQ` tokens instead of the recipe's 512: every term of the estimate grows with the length
+(a term it misses is missed at any length), and a step at 512 costs minutes on a CPU without bf16.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tests.conftest import compose
 pytestmark = pytest.mark.slow
 
 SMALL, LARGE = 1, 2
+SEQ = 128
 RECIPES = ["eagle_smollm2", "medusa_smollm2", "dflash_smollm2", "peagle_smollm2"]
 
 
@@ -98,7 +101,7 @@ def estimated(cfg, config, batch_size: int) -> float:
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_estimate_charges_every_byte_a_sequence_adds(recipe, smollm2_target):
     target, tokenizer = smollm2_target
-    cfg = compose(["stage=train", f"+recipe={recipe}"])
+    cfg = compose(["stage=train", f"+recipe={recipe}", f"data.max_length={SEQ}"])
     config = sizing_config(cfg.target.path)
     grown = step_peak(cfg, target, tokenizer, LARGE, True) - step_peak(cfg, target, tokenizer, SMALL, True)
     measured = grown / (LARGE - SMALL)

@@ -19,13 +19,20 @@ from tests.integration.test_vllm import RECIPE, TAU_TOLERANCE, vllm_python  # no
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    """One samples folder for both variants: the second finds the first's samples complete (their
+    content key holds no drafter setting) and samples nothing."""
+    return tmp_path_factory.mktemp("dflash_samples")
+
+
 @pytest.mark.parametrize("causal", [False, True])
-def test_vllm_serves_dflash_export_losslessly_and_counts_like_us(tmp_path, vllm_python, causal):  # noqa: F811
+def test_vllm_serves_dflash_export_losslessly_and_counts_like_us(tmp_path, vllm_python, samples, causal):  # noqa: F811
     """The export loads in vLLM as {"method": "dflash", "model": DIR, "num_speculative_tokens": S - 1};
     speculative output equals our plain decoding, every step drafts the block's S - 1 tokens and
     vLLM's tau agrees with our engine's for the same drafter."""
     args = ["+recipe=dflash_smollm2", *(a for a in RECIPE if not a.startswith("+recipe=")),
-            f"run_dir={tmp_path}", f"samples_dir={tmp_path / 'samples'}", "drafter.block_size=4",
+            f"run_dir={tmp_path}", f"samples_dir={samples}", "drafter.block_size=4",
             f"drafter.causal={str(causal).lower()}"]
     for stage in ("sample", "train", "export"):
         run_cli(stage, *args, check=True, timeout=900)

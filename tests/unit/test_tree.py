@@ -164,3 +164,16 @@ def test_chi_square_catches_a_rule_without_residual(iid):
     counts = Counter(first_two_tokens(target, draft, wrong_accept_without_residual, gen, iid) for _ in range(n))
     stat, critical = chi_square(counts, exact_first_two(target), n)
     assert stat > critical, f"the wrong rule went unnoticed (chi-square {stat:.1f} < {critical:.1f}, V={V})"
+
+
+def test_a_rejected_point_mass_that_held_all_the_mass_leaves_the_law_whole(monkeypatch):
+    """A target row whose whole (float-rounded, short of 1) mass sits on the drafted token x can
+    still reject x (u * 1 >= p(x)); the residual is then empty, and the next token is drawn from
+    the row as it was, not from a row the rejection zeroed in place (which raised)."""
+    x, vocab = 3, 8
+    target = torch.zeros(2, vocab)
+    target[0, x] = 0.9999  # every other token 0: a rounded one-hot
+    tree = DraftTree(tokens=[x], parents=[-1])
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.tensor([0.99995]))
+    path, token = sample_accept(tree, target)
+    assert path == [] and token == x
