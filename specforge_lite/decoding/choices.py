@@ -4,7 +4,28 @@ acceptance and costs (`metrics.best_k`, `metrics.best_tree`)."""
 
 from __future__ import annotations
 
+import logging
+
+from specforge_lite.config.draft_tokens import draft_tokens
 from specforge_lite.decoding.metrics import best_k, best_tree, per_position_acceptance, tree_steps
+
+log = logging.getLogger(__name__)
+_said: set[tuple] = set()
+
+
+def drafted_k(eval_cfg, method: str, drafter=None) -> int:
+    """The k `method` drafts: its asked k (`draft_tokens`), or the drafter's own limit where that
+    is lower (`max_drafts`: DFlash's block less its anchor, P-EAGLE's trained depths), which the
+    report then records as the k; the first time, a line names both."""
+    asked = draft_tokens(eval_cfg, method)
+    limit = getattr(drafter, "max_drafts", None)
+    if limit is None or asked <= limit:
+        return asked
+    if (method, asked, limit) not in _said:
+        _said.add((method, asked, limit))
+        log.warning("%s: k=%d asked, but it drafts at most %d tokens a step (%s): measured and reported at "
+                    "k=%d", method, asked, limit, getattr(drafter, "limit_reason", "its own limit"), limit)
+    return limit
 
 
 def best_k_for(entry: dict, drafter, costs: dict[int, float], answer_shape: tuple[float, float],

@@ -45,7 +45,7 @@ from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
 from specforge_lite.decoding.suffix import lookup_factory
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
-from specforge_lite.decoding.choices import best_k_for, tree_fields
+from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
 from specforge_lite.decoding.metrics import (COST_WIDTHS, costs_as_decoding_paid, measure_forward_costs,
                                              our_conventions, summarise)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
@@ -111,7 +111,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
         target.info["drafters_compile_s"], target.info["drafters_graph"] = {}, {}
         for name, drafter in drafters.items():
             if hasattr(drafter, "compile"):
-                k = draft_tokens(ecfg, name)
+                k = drafted_k(ecfg, name, drafter)
                 seconds = drafter.compile(k, target.engine.capacity)
                 how = getattr(drafter, "graph_source", None) or "compiled"
                 target.info["drafters_compile_s"][name] = seconds
@@ -127,7 +127,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
             drafters[name] = HybridDrafter(drafters[hybrid_base(name)], lookup())
         if name in drafters:
             def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers),
-                       k=draft_tokens(ecfg, name)):
+                       k=drafted_k(ecfg, name, drafters[name])):
                 return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
             decoders[name] = decode
         elif name in HF_METHODS:
@@ -366,9 +366,9 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
     entries = {}
     for name in methods:
         rows = by_method[name]
-        entry = summarise([a["gen"] for a in rows], draft_tokens(ecfg, name) if name in drafters else 0)
+        entry = summarise([a["gen"] for a in rows], drafted_k(ecfg, name, drafters[name]) if name in drafters else 0)
         if name in own_k_methods(ecfg):
-            entry["k"] = draft_tokens(ecfg, name)
+            entry["k"] = drafted_k(ecfg, name, drafters.get(name))
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
         entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
         entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts

@@ -376,3 +376,21 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     assert len({tuple(a) for a, _, _ in greedy}) > 3  # the proposals follow the context
     assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache
     assert sorted(set(used)) == [1, 2, 3, 4]  # every verification's commit ran the graph
+
+
+def test_a_k_above_the_block_is_lowered_with_a_line_naming_both(tiny_target, caplog):
+    """A block of 4 drafts at most 3 tokens: evaluate asked for k = 8 measures and reports k = 3,
+    and says so once; a k within the block is used as asked."""
+    import logging
+
+    from specforge_lite.decoding.choices import drafted_k
+
+    decoder = dflash.decoder(tiny_drafter(tiny_target, block_size=4))
+    ecfg = OmegaConf.create({"num_draft_tokens": 8, "method_draft_tokens": ["ngram:2"]})
+    with caplog.at_level(logging.WARNING):
+        assert drafted_k(ecfg, "dflash", decoder) == 3
+        assert drafted_k(ecfg, "dflash", decoder) == 3
+    said = [r.getMessage() for r in caplog.records if "dflash: k=8 asked" in r.getMessage()]
+    assert len(said) == 1 and "at most 3" in said[0] and "block of 4" in said[0], said
+    assert drafted_k(OmegaConf.create({"num_draft_tokens": 2}), "dflash", decoder) == 2
+    assert drafted_k(ecfg, "ngram") == 2  # no drafter limit: as asked

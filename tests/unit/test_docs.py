@@ -293,3 +293,25 @@ def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, 
         assert "run again the benchmark that writes it" in err and "Traceback" not in err, err
     assert readme.read_text() == original
     assert not (tmp_path / "BENCHMARKS.md").exists()
+
+
+def test_the_docs_name_every_registered_drafter_and_each_of_its_options():
+    """README's drafter list and SETTINGS.md name every drafter of the registry; SETTINGS.md
+    names each of its options (`drafter.KEY` or `KEY`), so a new drafter or option without
+    docs fails here."""
+    import dataclasses
+
+    from specforge_lite.drafters.registry import DRAFTERS
+
+    readme = (docs.ROOT / "README.md").read_text()
+    settings = (docs.ROOT / "docs" / "SETTINGS.md").read_text()
+    drafters_section = settings.split("## Drafters", 1)[1].split("\n## ", 1)[0]
+    missing = {}
+    for name, module in DRAFTERS.items():
+        listed = {"README": readme, "SETTINGS.md's Drafters": drafters_section}
+        gaps = [f"`{name}` in {where}" for where, text in listed.items() if f"- **`{name}`**" not in text]
+        gaps += [f.name for f in dataclasses.fields(module.Options)
+                 if f.name != "name" and not re.search(rf"`(drafter\.)?{f.name}(=[^`]*)?`", settings)]
+        if gaps:
+            missing[name] = gaps
+    assert not missing, f"undocumented drafters or options: {missing}"

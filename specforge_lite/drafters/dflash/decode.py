@@ -92,6 +92,7 @@ class DFlashDecodeDrafter:
         self.drafter = drafter.eval()
         self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
         self.max_drafts = drafter.config.block_size - 1
+        self.limit_reason = f"its block of {drafter.config.block_size} less the anchor"
         cfg = drafter.config
         self._use([StaticKV(cfg.num_key_value_heads, cfg.head_dim, capacity, drafter.fc.weight)
                    for _ in range(cfg.num_layers)])

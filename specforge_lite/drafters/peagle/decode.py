@@ -92,6 +92,7 @@ class PEagleDecodeDrafter:
         self.drafter = drafter.eval()
         self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
         self.max_drafts = drafter.config.num_depths  # depths it was trained for
+        self.limit_reason = f"the {drafter.config.num_depths} depths it was trained for"
         self._build(capacity)
         self.reset()
 
