@@ -15,9 +15,10 @@ on the same weights (q/k/v and gate/up fused into one product each):
 - rotary tables come from the model's own rotary module (every RoPE variant
   transformers implements), computed once for the cache length.
 
-Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) with
-the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine
-then keeps Hugging Face's forward.
+Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) and `qwen3`
+(per-head q/k RMS norms before the rotary, attention biases where its config has them, no
+sliding window) with the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and
+the engine then keeps Hugging Face's forward.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # attention windows grow in steps of this many cache slots (a multiple of SIMD widths and >= 2,
 # which dynamo would otherwise specialise on)
 WINDOW_STEP = 16
@@ -63,6 +64,10 @@ class _Layer(nn.Module):
         if attn.q_proj.bias is not None:
             self.qkv_bias = _frozen(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
         self.o = _frozen(attn.o_proj.weight)
+        self.o_bias = _frozen(attn.o_proj.bias) if attn.o_proj.bias is not None else None
+        # Qwen3: RMS norms over each head's query and key, before the rotary
+        self.q_norm = _frozen(attn.q_norm.weight) if hasattr(attn, "q_norm") else None
+        self.k_norm = _frozen(attn.k_norm.weight) if hasattr(attn, "k_norm") else None
         self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         self.down = _frozen(mlp.down_proj.weight)
         # WINDOW_STEP spare slots, never used: a window then always slices the cache strictly, and
@@ -121,6 +126,17 @@ class StaticLlama(nn.Module):
         with torch.inference_mode():  # views of it are graph inputs, made where the decoders run
             self._window_ids = torch.arange(capacity, device=device)
 
+    def _heads(self, layer: _Layer, qkv: torch.Tensor, b: int, t: int):
+        """q [b, heads, t, d], k and v [b, kv_heads, t, d] from the fused product (q and k
+        RMS-normed per head where the family norms them, as Qwen3 does)."""
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q = qkv[..., :q_size].view(b, t, self.num_heads, self.head_dim)
+        k = qkv[..., q_size:q_size + kv_size].view(b, t, self.num_kv_heads, self.head_dim)
+        v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim)
+        if layer.q_norm is not None:
+            q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
     def window(self, length: int) -> torch.Tensor:
         """The attention window for forwards whose positions are all below `length`: slot
         ids 0..n-1, n = `length` rounded up to WINDOW_STEP (at most the capacity). A compile
@@ -138,7 +154,7 @@ class StaticLlama(nn.Module):
         if single:
             ids = ids[None]
         b, t = ids.shape
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q_size = self.num_heads * self.head_dim
         slots = self.slots if window is None else window
         span = slots.shape[0]
         visible = slots[None, :] <= positions[:, None] if tree_mask is None else tree_mask  # [t, span]
@@ -155,9 +171,7 @@ class StaticLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q = qkv[..., :q_size].view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-            k = qkv[..., q_size:q_size + kv_size].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            v = qkv[..., q_size + kv_size:].view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self._heads(layer, qkv, b, t)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             k_cache, v_cache = (layer.k_cache, layer.v_cache) if caches is None else caches[2 * i:2 * i + 2]
             k_cache.index_copy_(2, write_at, k)
@@ -165,7 +179,7 @@ class StaticLlama(nn.Module):
             keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
                                                   enable_gqa=self.num_kv_heads != self.num_heads)
-            x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o)
+            x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
@@ -200,15 +214,13 @@ class StaticLlama(nn.Module):
         cos, sin = self.cos[rotary], self.sin[rotary]
         ends = torch.tensor(lengths).cumsum(0).tolist()
         spans = list(zip([0] + ends[:-1], ends))
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q_size = self.num_heads * self.head_dim
         n = ids.shape[1]
         x = F.embedding(ids, self.embed)
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q = qkv[..., :q_size].view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
-            k = qkv[..., q_size:q_size + kv_size].view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            v = qkv[..., q_size + kv_size:].view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self._heads(layer, qkv, 1, n)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             parts = []
             for b, (lo, hi) in enumerate(spans):
@@ -218,7 +230,7 @@ class StaticLlama(nn.Module):
                                                             is_causal=True,
                                                             enable_gqa=self.num_kv_heads != self.num_heads))
             attn = torch.cat(parts, dim=2)
-            x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o)
+            x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o, layer.o_bias)
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.families import FAMILIES, WINDOW, family_target  # noqa: F401  (a fixture)
+from tests.families import FAMILIES, STATIC_FAMILIES, WINDOW, family_target  # noqa: F401  (a fixture)
 from tests.integration.test_bad_inputs import assert_user_error, cli, written
 
 # every stage at its smallest: a few conversations, a few steps, one held-out prompt timed once
@@ -33,15 +33,22 @@ def one_thread(monkeypatch):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_stage_runs_each_family_on_transformers_forward(family, family_target, tmp_path):
+def test_every_stage_runs_each_family_on_its_forward(family, family_target, tmp_path):
+    """Every stage on each family: on our static forward where it covers the family
+    (tests/unit/test_static_families.py compares it and the compiled one with transformers'),
+    else on transformers' forward, which eval.engine=auto falls back to with the reason."""
     run_dir = tmp_path / "run"
+    static = family in STATIC_FAMILIES
     run_cli("run", "+recipe=smoke", f"target.path={family_target(family)}", f"run_dir={run_dir}",
-            "eval.engine=auto", METHODS, *SMALL, check=True)
+            "eval.engine=static" if static else "eval.engine=auto", METHODS, *SMALL, check=True)
     assert json.loads((run_dir / "samples" / "meta.json").read_text())["complete"] is True
     assert (run_dir / "train" / "drafter" / "model.safetensors").exists()
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     engine = report["settings"]["engine"]
-    assert engine["used"] == "hf" and "the static forward does not support" in engine["fallback"], engine
+    if static:
+        assert engine["used"] == "static", engine
+    else:
+        assert engine["used"] == "hf" and "the static forward does not support" in engine["fallback"], engine
     assert set(report["methods"]) == set(METHODS.split("[")[1].rstrip("]").split(","))
     assert {m: e["identical_to_plain"] for m, e in report["methods"].items()} == \
         {m: True for m in report["methods"]}, report["methods"]
@@ -96,7 +103,7 @@ def test_a_family_without_the_static_forward_asked_for_it_is_one_line_before_any
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == ["error: invalid setting: eval.engine=static: the static forward does not support model_type "
-                     "'qwen3_moe' (the static forward covers llama, mistral, qwen2); eval.engine=hf runs this "
+                     "'qwen3_moe' (the static forward covers llama, mistral, qwen2, qwen3); eval.engine=hf runs this "
                      "target on transformers' forward (auto chooses it)"], proc.stderr
     assert written(tmp_path) == set()
 
@@ -112,8 +119,9 @@ DOOR_CASES = [
 @pytest.mark.parametrize("family,args,message", DOOR_CASES, ids=[c[0] for c in DOOR_CASES])
 def test_what_a_family_cannot_run_is_refused_at_the_door(capsys, family_target, tmp_path, family, args, message):
     stage, *overrides = args
-    code, err = cli(capsys, stage, "+recipe=smoke", f"target.path={family_target(family)}", f"run_dir={tmp_path}",
-                    *overrides)
+    target = family_target(family)
+    capsys.readouterr()  # building the folder (when this test is the first to ask) prints its progress
+    code, err = cli(capsys, stage, "+recipe=smoke", f"target.path={target}", f"run_dir={tmp_path}", *overrides)
     assert_user_error(code, err, message)
     assert len(err.strip().splitlines()) == 1, err
     assert written(tmp_path) == set()
@@ -145,6 +153,7 @@ def test_a_model_type_that_needs_remote_code_is_refused_unless_allowed(capsys, f
     from tests.conftest import target_cfg
 
     folder = _retyped(family_target("qwen3"), tmp_path / "custom", auto_map)
+    capsys.readouterr()  # building the folder (when this test is the first to ask) prints its progress
     run_dir = tmp_path / "run"
     code, err = cli(capsys, "sample", "+recipe=smoke", f"target.path={folder}", f"run_dir={run_dir}")
     assert_user_error(code, err, message)
