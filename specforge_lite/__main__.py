@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -51,14 +52,35 @@ def _usage() -> str:
     return USAGE.format(stages=stages, tools=tools, recipes=recipes)
 
 
+class Stopped(BaseException):
+    """SIGTERM reached the command typed: raised where it runs, so that it unwinds as Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame) -> None:
+    raise Stopped(signum)
+
+
 def _dispatch(cfg) -> None:
     global _dispatched
     _dispatched = True
     from specforge_lite.run_folders import folder_error
+    from specforge_lite.scale.launch import LAUNCHER_PID, stopped_line
     from specforge_lite.stages import run_stage
 
+    rank = bool(os.environ.get(LAUNCHER_PID))  # a rank: its launcher says the one line
+    if not rank and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop)
     try:
         run_stage(cfg)
+    except (KeyboardInterrupt, Stopped) as stop:  # the shell's status for the signal, no traceback
+        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+        if not rank:
+            print(f"\n{stopped_line(cfg.stage, signum)}", file=sys.stderr)
+        sys.exit(128 + signum)
     except (SpecforgeError, OSError) as err:
         # an OSError counts as the user's only under a folder they named (run_dir, the caches)
         message = str(err) if isinstance(err, SpecforgeError) else folder_error(cfg, err)

@@ -135,7 +135,7 @@ def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = 
     elastic launcher; returns the exit status (a failed rank's own status, 128+N for a rank
     killed by signal N). Each rank's output is copied to `log_dir/rank-R.log` (by default this
     command's Hydra log folder); a failed rank ends the run with `failure_line`."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -162,8 +162,14 @@ def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = 
         elastic_logs.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
+    except SignalException as stop:  # Ctrl-C or SIGTERM reached this process: torch stopped the ranks
+        print(f"\n{stopped_line(stage, int(stop.sigval), world)}", file=sys.stderr)
+        return 128 + int(stop.sigval)
     except ChildFailedError as failed:
         rank, failure = first_failure(failed.failures)
+        if failure.exitcode in (128 + signal.SIGINT, -signal.SIGINT):  # Ctrl-C reached the ranks first
+            print(f"\n{stopped_line(stage, signal.SIGINT, world)}", file=sys.stderr)
+            return 128 + signal.SIGINT
         # on a line of its own: a rank's progress bar (shared stderr) may have stopped mid-line
         print(f"\nerror: {failure_line(stage, rank, failure.pid, failure.exitcode, log_dir)}", file=sys.stderr)
         code = failure.exitcode
@@ -201,6 +207,15 @@ def failure_line(stage: str, rank: int, pid: int, exitcode: int, log_dir: Path) 
     resume = COMMANDS[stage].resumes if stage in COMMANDS else ""  # stage_table.py
     return (f"{stage}: rank {rank} (pid {pid}) {how}, so the run stopped its other ranks; its log: "
             f"{log_file}; run the same command again to resume {resume}".rstrip())
+
+
+def stopped_line(stage: str, signum: int, ranks: int = 0) -> str:
+    """The one line for a command stopped by a signal: Ctrl-C (SIGINT) or another (SIGTERM from a
+    scheduler), its ranks stopped with it, and how to resume."""
+    by = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    resume = COMMANDS[stage].resumes if stage in COMMANDS else ""
+    return (f"stopped: {stage} stopped by {by}" + (f", and its {ranks} ranks with it" if ranks else "")
+            + f"; the same command resumes {resume or 'the work that is not done yet'}")
 
 
 def hydra_output_dir() -> Path | None:

@@ -145,3 +145,62 @@ def test_a_users_file_in_export_survives_a_re_export(tmp_path, samples):
     refused = run_cli("export", *args)
     assert refused.returncode == 2 and "is in the way" in refused.stderr, refused.stderr[-2000:]
     assert (run / "export" / "export.json").read_text() == "the user's"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm"])
+def test_ctrl_c_and_sigterm_end_a_two_rank_run_with_one_line_and_the_shell_status(tmp_path, samples, how):
+    """Ctrl-C in the terminal (SIGINT to the command and its ranks, one process group) exits 130;
+    SIGTERM to the command typed (a scheduler's stop) exits 143. Either way: no traceback, one
+    line of ours saying what stopped it and how to resume, and no rank left behind."""
+    run, output = tmp_path / "run", tmp_path / "train.out"
+    shutil.copytree(samples, run / "samples")
+    with open(output, "w") as out:  # a session of its own: the group a terminal would signal
+        proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", *TRAIN, f"run_dir={run}",
+                                 f"trainer.master_port={free_port()}"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        ranks = wait_for_training(proc, output)
+        if how == "ctrl_c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends the foreground process group
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    text = output.read_text(errors="replace")
+    want = 128 + (signal.SIGINT if how == "ctrl_c" else signal.SIGTERM)
+    assert proc.returncode == want, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    ours = [line for line in text.splitlines() if line.startswith("stopped:")]
+    assert len(ours) == 1, text[-3000:]
+    assert ("Ctrl-C" if how == "ctrl_c" else "SIGTERM") in ours[0] and "the same command resumes" in ours[0], ours
+    deadline = time.monotonic() + 30
+    while any(running(pid) for pid in ranks.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in ranks.values() if running(pid)], "a rank outlived the command"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_one_process_stage_stopped_by_a_signal_says_one_line(tmp_path, samples, signum):
+    """The same on one process: exit 128 + N, no traceback, one line of ours."""
+    run, output = tmp_path / "run", tmp_path / "train.out"
+    shutil.copytree(samples, run / "samples")
+    one = [a.replace("trainer.num_processes=2", "trainer.num_processes=1") for a in TRAIN]
+    with open(output, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", *one, f"run_dir={run}"], cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not STEP.search(output.read_text(errors="replace")) and time.monotonic() < deadline:
+            assert proc.poll() is None, output.read_text()[-3000:]
+            time.sleep(0.5)
+        os.killpg(proc.pid, signum)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    text = output.read_text(errors="replace")
+    assert proc.returncode == 128 + signum and "Traceback" not in text, text[-3000:]
+    ours = [line for line in text.splitlines() if line.startswith("stopped:")]
+    assert len(ours) == 1 and "ranks" not in ours[0] and "the same command resumes" in ours[0], text[-3000:]

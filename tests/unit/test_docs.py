@@ -189,7 +189,7 @@ def test_config_keys_the_guides_name_exist(compose_cfg):
 TROUBLESHOOTING = docs.ROOT / "docs" / "TROUBLESHOOTING.md"
 ENTRIES = {
     "specforge_lite/run_folders.py": ["take_lock", "place_files"],
-    "specforge_lite/scale/launch.py": ["failure_line"],
+    "specforge_lite/scale/launch.py": ["failure_line", "stopped_line"],
     "specforge_lite/stages/sample.py": ["backend_name", "open_backend", "stale_samples"],
     "specforge_lite/training/health.py": ["no_loss_position", "diverged_message", "require_loss_positions",
                                          "require_finite_drafter"],
