@@ -138,6 +138,37 @@ def folder_digests(folder: Path) -> dict[str, str]:
     return {f.name: file_digest(f) for f in weight_files(folder)}
 
 
+# what loading a hub target reads: its config, tokenizer and weight files
+# (pytorch .bin weights only where a repo has no safetensors, as transformers reads them)
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot folder of hub id `repo_id` with its weight files: the one in the hub
+    cache, else downloaded now (what loading it would download moments later) unless the hub is
+    offline; None when neither can be had. A snapshot holding only config.json (the door reads
+    it alone) is completed first, so that a content key is the same on the run that downloads
+    the target and on every later one."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+        if weight_files(folder):
+            return folder
+    except Exception:  # noqa: BLE001  not in the cache (huggingface_hub's own errors vary by version)
+        pass
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return None
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+        if not weight_files(folder):
+            folder = Path(snapshot_download(repo_id, allow_patterns=["*.bin"]))
+    except Exception as err:  # noqa: BLE001  the loader reports the hub's failure in its own words
+        log.warning("could not download %s to key it by content (%s); keyed by its id", repo_id, err)
+        return None
+    return folder if weight_files(folder) else None
+
+
 def target_files(path: str) -> dict:
     """The target by content: its resolved folder, a hash of its config.json and the content
     digest of each weight file (`file_digest`); a hub id is looked up in the local hub cache."""
@@ -145,11 +176,8 @@ def target_files(path: str) -> dict:
 
     folder = Path(resolve_target_path(path))
     if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(str(path), local_files_only=True))
-        except Exception:  # not downloaded: the loader fetches it; its id (and revision) is the key
+        folder = hub_snapshot(str(path))
+        if folder is None:  # offline and not downloaded: the loader fails on it just after
             return {"path": str(path)}
     config = folder / "config.json"
     return {"path": str(folder.resolve()), "weights": folder_digests(folder),

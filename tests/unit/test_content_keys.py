@@ -184,3 +184,64 @@ def test_a_truncated_cached_target_gguf_is_converted_again(target_copy, caplog):
     weights = target_copy / "model.safetensors"  # rewritten in place: another target, another file
     rewrite_byte(weights, middle_of(weights, WEIGHT))
     assert target_gguf(str(target_copy))[0] != first
+
+
+class FakeHub:
+    """A hub cache in a folder: `snapshot_download` as huggingface_hub's, serving the tiny Llama
+    as `org/tiny`. It starts with nothing cached (`state="absent"`) or, as after the door read
+    the target's config alone, with config.json only (`"config"`); a download fills it."""
+
+    def __init__(self, root: Path, state: str):
+        self.source = Path(resolve_target_path("builtin:tiny-llama"))
+        self.snapshot = root / "models--org--tiny" / "snapshots" / "0"
+        self.downloads = 0
+        if state == "config":
+            self.snapshot.mkdir(parents=True)
+            shutil.copy(self.source / "config.json", self.snapshot / "config.json")
+
+    def __call__(self, repo_id, local_files_only=False, allow_patterns=None, **_):
+        from fnmatch import fnmatch
+
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        assert repo_id == "org/tiny"
+        if local_files_only:
+            if not self.snapshot.is_dir():
+                raise LocalEntryNotFoundError("not in the cache")
+            return str(self.snapshot)
+        self.downloads += 1
+        self.snapshot.mkdir(parents=True, exist_ok=True)
+        for f in self.source.iterdir():
+            if f.is_file() and any(fnmatch(f.name, p) for p in allow_patterns or ["*"]):
+                shutil.copy(f, self.snapshot / f.name)
+        return str(self.snapshot)
+
+
+@pytest.mark.parametrize("state", ["absent", "config"])
+def test_a_hub_target_is_keyed_by_its_files_on_the_run_that_downloads_it(tmp_path, monkeypatch, state):
+    """The GPU user's first run: the target is a hub id not downloaded yet (or whose config alone
+    the door fetched). The samples' and the training's content keys computed then equal the ones
+    every later run computes from the cached files: the later stage takes the samples as its own
+    instead of refusing them as made with other settings."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from specforge_lite.stages import sample, train
+    from specforge_lite.targets import loading
+    from tests.conftest import compose
+
+    hub = FakeHub(tmp_path / "hub", state)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(loading, "_check_hub_id", lambda repo_id, key: None)  # the hub answers
+    cfg = compose(["stage=train", "+recipe=smoke", "target.path=org/tiny", f"run_dir={tmp_path / 'run'}"])
+
+    first = sample.fingerprint_keys(cfg), train.fingerprint(cfg)
+    assert hub.downloads >= 1 and first[0]["target_files"].get("weights"), first[0]["target_files"]
+    later = sample.fingerprint_keys(cfg), train.fingerprint(cfg)  # the target cached now, as on every later run
+    assert later == first and hub.downloads == 1  # downloaded once, on the first run
+    # offline with nothing cached, the id is the key (and the loader then fails on it, naming it)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    shutil.rmtree(tmp_path / "hub")
+    assert target_files("org/tiny") == {"path": "org/tiny"}
