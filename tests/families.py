@@ -18,7 +18,7 @@ SHAPE = dict(vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_l
              num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-5,
              bos_token_id=257, eos_token_id=258, pad_token_id=258, initializer_range=0.1)
 # the families our static (and compiled) forward covers; the others run on transformers' forward
-STATIC_FAMILIES = ("qwen3",)
+STATIC_FAMILIES = ("qwen3", "qwen3_moe")
 # a window shorter than the smoke prompts, so sliding layers really drop positions while decoding
 WINDOW = 16
 

@@ -15,10 +15,12 @@ on the same weights (q/k/v and gate/up fused into one product each):
 - rotary tables come from the model's own rotary module (every RoPE variant
   transformers implements), computed once for the cache length.
 
-Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases) and `qwen3`
+Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases), `qwen3`
 (per-head q/k RMS norms before the rotary, attention biases where its config has them, no
-sliding window) with the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and
-the engine then keeps Hugging Face's forward.
+sliding window) and `qwen3_moe` (the same attention; experts behind a top-k router, each
+token's experts gathered by index at decoding widths, one expert at a time over a prefill)
+with the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine then
+keeps Hugging Face's forward.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # attention windows grow in steps of this many cache slots (a multiple of SIMD widths and >= 2,
 # which dynamo would otherwise specialise on)
 WINDOW_STEP = 16
@@ -68,8 +70,15 @@ class _Layer(nn.Module):
         # Qwen3: RMS norms over each head's query and key, before the rotary
         self.q_norm = _frozen(attn.q_norm.weight) if hasattr(attn, "q_norm") else None
         self.k_norm = _frozen(attn.k_norm.weight) if hasattr(attn, "k_norm") else None
-        self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-        self.down = _frozen(mlp.down_proj.weight)
+        self.experts = hasattr(mlp, "experts")  # Qwen3-MoE's sparse layers (its others are dense)
+        if self.experts:
+            self.router = _frozen(mlp.gate.weight)  # [E, H]
+            self.top_k, self.norm_top_k = mlp.gate.top_k, mlp.gate.norm_topk_prob
+            self.gate_up = _frozen(mlp.experts.gate_up_proj)  # [E, 2I, H]
+            self.down = _frozen(mlp.experts.down_proj)  # [E, H, I]
+        else:
+            self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+            self.down = _frozen(mlp.down_proj.weight)
         # WINDOW_STEP spare slots, never used: a window then always slices the cache strictly, and
         # dynamo does not specialise the one graph to (or away from) the whole-cache window
         shape = (batch, num_kv_heads, capacity + WINDOW_STEP, head_dim)
@@ -180,9 +189,7 @@ class StaticLlama(nn.Module):
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible,
                                                   enable_gqa=self.num_kv_heads != self.num_heads)
             x = x + F.linear(attn.transpose(1, 2).reshape(b, t, q_size), layer.o, layer.o_bias)
-            h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + mlp(layer, rms_norm(x, layer.post_norm, self.eps))
             if i + 1 in self.hidden_layers and i + 1 != self.num_layers:
                 hidden.append(x)
         if last_only:
@@ -231,11 +238,38 @@ class StaticLlama(nn.Module):
                                                             enable_gqa=self.num_kv_heads != self.num_heads))
             attn = torch.cat(parts, dim=2)
             x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o, layer.o_bias)
-            h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + mlp(layer, rms_norm(x, layer.post_norm, self.eps))
         last = x[0, [hi - 1 for _, hi in spans]]
         return F.linear(rms_norm(last, self.final_norm, self.eps), self.lm_head)
+
+
+def mlp(layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+    """The layer's SiLU-gated MLP, or its experts: each token's top-k experts by the router's
+    softmax (renormalised over the k where the family says so), their outputs weighted and
+    summed. In a compiled graph and at decoding widths (tokens x k at most the experts) the chosen
+    experts' weights are gathered by index (shapes that do not depend on the choice); over an
+    eager prefill each expert runs once on the tokens that chose it."""
+    if not layer.experts:
+        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down)
+    shape, flat = h.shape, h.reshape(-1, h.shape[-1])
+    probs = torch.softmax(F.linear(flat, layer.router), dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(probs, layer.top_k, dim=-1)  # [N, k]
+    if layer.norm_top_k:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights.to(h.dtype)
+    experts = layer.gate_up.shape[0]
+    if torch.compiler.is_compiling() or flat.shape[0] * layer.top_k <= experts:  # a graph: one path, any width
+        gate, up = torch.einsum("nh,nkjh->nkj", flat, layer.gate_up[chosen]).chunk(2, dim=-1)
+        out = torch.einsum("nkj,nkhj->nkh", F.silu(gate) * up, layer.down[chosen])
+        return (out * weights[..., None]).sum(dim=1).reshape(shape)
+    out = torch.zeros_like(flat)
+    for expert in chosen.unique().tolist():
+        rows, slot = torch.where(chosen == expert)
+        gate, up = F.linear(flat[rows], layer.gate_up[expert]).chunk(2, dim=-1)
+        part = F.linear(F.silu(gate) * up, layer.down[expert]) * weights[rows, slot, None]
+        out.index_add_(0, rows, part)
+    return out.reshape(shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

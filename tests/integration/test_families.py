@@ -98,13 +98,15 @@ def test_the_runner_rolls_back_chains_and_trees_past_the_window(family, family_t
 # --------------------------------------------------------------------------- the door
 
 def test_a_family_without_the_static_forward_asked_for_it_is_one_line_before_any_work(family_target, tmp_path):
-    """The issue's own run: a real interpreter, the smoke recipe (eval.engine=static) on Qwen3-MoE."""
-    proc = run_cli("run", "+recipe=smoke", f"target.path={family_target('qwen3_moe')}", f"run_dir={tmp_path}")
+    """The issue's own run (on Qwen3-MoE then; the static forward covers it now): a real
+    interpreter, the smoke recipe (eval.engine=static) on gpt-oss."""
+    target = family_target("gpt_oss")
+    proc = run_cli("run", "+recipe=smoke", f"target.path={target}", f"run_dir={tmp_path}")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == ["error: invalid setting: eval.engine=static: the static forward does not support model_type "
-                     "'qwen3_moe' (the static forward covers llama, mistral, qwen2, qwen3); eval.engine=hf runs this "
-                     "target on transformers' forward (auto chooses it)"], proc.stderr
+                     "'gpt_oss' (the static forward covers llama, mistral, qwen2, qwen3, qwen3_moe); eval.engine=hf "
+                     "runs this target on transformers' forward (auto chooses it)"], proc.stderr
     assert written(tmp_path) == set()
 
 
