@@ -47,6 +47,7 @@ import yaml
 
 from specforge_lite.targets.accounting import clear, stage_summary
 from specforge_lite.drafters.methods import VLLM_OF
+from specforge_lite.runtime.machine import cpu_model, machine, source_state
 from specforge_lite.stage_table import COMMANDS, runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,20 +138,27 @@ def scaled_config(name: str, layers: int, ranks: int) -> dict:
     new_kv = max(ranks, -(-8 // group))
     new_heads = group * new_kv
     hidden = new_heads * STAND_IN_HEAD_DIM
-    return dict(config, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=new_heads,
-                num_key_value_heads=new_kv, head_dim=STAND_IN_HEAD_DIM,
-                intermediate_size=hidden * config["intermediate_size"] // config["hidden_size"],
-                vocab_size=STAND_IN_VOCAB, bos_token_id=257, eos_token_id=258, pad_token_id=258)
+    scaled = dict(config, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=new_heads,
+                  num_key_value_heads=new_kv, head_dim=STAND_IN_HEAD_DIM,
+                  intermediate_size=hidden * config["intermediate_size"] // config["hidden_size"],
+                  vocab_size=STAND_IN_VOCAB, bos_token_id=257, eos_token_id=258, pad_token_id=258)
+    if "num_experts" in config:  # a mixture of experts keeps a router choosing several of several experts
+        scaled.update(moe_intermediate_size=hidden * config["moe_intermediate_size"] // config["hidden_size"],
+                      num_experts=8, num_experts_per_tok=2)
+    if "max_window_layers" in config:
+        scaled["max_window_layers"] = layers
+    return scaled
 
 
 def build_model(config: dict, out: Path, seed: int) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from specforge_lite.targets.loading import byte_level_tokenizer
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig.from_dict(config))
+    family = {k: v for k, v in config.items() if k != "model_type"}  # its own config class (Llama, Qwen3, ...)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **family))
     model.generation_config.eos_token_id = config["eos_token_id"]
     model.generation_config.pad_token_id = config["pad_token_id"]
     model.save_pretrained(out)
@@ -350,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / f"rehearse_{args.recipe}.json"
     merged = json.loads(path.read_text()) if path.exists() else {}
+    # each run says when, where and on which code it ran (the runs of one file may differ)
+    result.update(date=time.strftime("%Y-%m-%d %H:%M"), machine=machine(), cpu=cpu_model(), **source_state())
     merged.setdefault("runs", {})[str(ranks)] = result
     path.write_text(json.dumps(merged, indent=1) + "\n")
     print(f"written {path}")

@@ -36,6 +36,8 @@ KNOWN_CONFIGS = {
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b-instruct.json",
     "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b-instruct.json",
     "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b-instruct.json",
+    "Qwen/Qwen3-8B": "qwen3-8b.json",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json",
 }
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -377,10 +379,11 @@ def eos_token_ids(model, tokenizer=None) -> list[int]:
 def sizing_config(path: str):
     """The HF config of a target or student for sizing it (`train.dry_run`): a known hub id from
     the configs shipped in the package (no hub here), a built-in, or a local directory."""
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig
 
-    if path in KNOWN_CONFIGS:
-        return LlamaConfig.from_dict(json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text()))
+    if path in KNOWN_CONFIGS:  # each family's own config class (Llama, Qwen3, Qwen3-MoE)
+        known = json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text())
+        return AutoConfig.for_model(known.pop("model_type"), **known)
     if path.startswith("builtin:"):
         path = resolve_target_path(path)
     try:

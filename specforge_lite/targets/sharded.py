@@ -66,21 +66,25 @@ def load_sharded_target(target_cfg, device: torch.device):
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     params = dict(model.named_parameters())
     loaded = set()
-    with torch.no_grad():
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                for key in handle.keys():
-                    if key not in params:
-                        continue
-                    param = params[key]
-                    if isinstance(param, DTensor):  # read this rank's rows only
-                        local = param.to_local()
-                        start, stop = shard_rows(param.shape[0], local.shape[0], rank, world)
-                        if stop > start:
-                            local.copy_(handle.get_slice(key)[start:stop].to(dtype))
-                    else:
-                        param.copy_(handle.get_tensor(key).to(dtype))
-                    loaded.add(key)
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        handles = [stack.enter_context(safe_open(str(file), framework="pt")) for file in files]
+        where = {key: handle for handle in handles for key in handle.keys()}  # tensor name -> its file
+        for name, param in params.items():
+            local = param.to_local() if isinstance(param, DTensor) else param
+            if param.dim() == 0 and name in where:
+                local.copy_(where[name].get_tensor(name).to(dtype))
+                loaded.add(name)
+                continue
+            start, stop = shard_rows(param.shape[0], local.shape[0], rank, world) if isinstance(param, DTensor) \
+                else (0, param.shape[0])
+            if name in where:  # this rank's rows only
+                if stop > start:
+                    local.copy_(where[name].get_slice(name)[start:stop].to(dtype))
+                loaded.add(name)
+            elif (rows := expert_rows(name, where, start, stop)) is not None:  # experts saved one by one
+                if stop > start:
+                    local.copy_(rows.to(dtype))
+                loaded.add(name)
     missing = set(params) - loaded
     if tied:
         missing.discard(next(n for n, p in params.items() if p is model.get_output_embeddings().weight))
@@ -92,6 +96,22 @@ def load_sharded_target(target_cfg, device: torch.device):
     model.requires_grad_(False)
     record_target(model, "sharded_target.load_sharded_target (FSDP2 per layer)")
     return model, tokenizer
+
+
+def expert_rows(name: str, where: dict, start: int, stop: int) -> torch.Tensor | None:
+    """Experts `start..stop-1` of a fused expert weight (`...mlp.experts.gate_up_proj` [E, 2I, H]
+    or `down_proj` [E, H, I], as transformers holds a mixture of experts) from a checkpoint that
+    saves each expert's projections by name (`...experts.{e}.gate_proj.weight`, `up_proj`,
+    `down_proj`); None when `name` is no such weight or the files do not hold it."""
+    prefix, _, fused = name.rpartition(".experts.")
+    if fused not in ("gate_up_proj", "down_proj"):
+        return None
+    parts = ("gate_proj", "up_proj") if fused == "gate_up_proj" else ("down_proj",)
+    keys = [[f"{prefix}.experts.{e}.{part}.weight" for part in parts] for e in range(start, stop)]
+    if not all(key in where for row in keys for key in row):
+        return None
+    return torch.stack([torch.cat([where[key].get_tensor(key) for key in row]) for row in keys]) if keys \
+        else torch.empty(0)
 
 
 def shard_rows(rows: int, local_rows: int, rank: int, world: int) -> tuple[int, int]:

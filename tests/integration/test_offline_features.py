@@ -18,6 +18,7 @@ from specforge_lite.stages.train import training_rows
 from specforge_lite.training.strategies.base import target_compute
 from specforge_lite.targets.loading import load_target
 from tests.conftest import REPO, compose, free_port, run_cli
+from tests.families import family_target  # noqa: F401  (a fixture)
 
 # the source conversations only (no sample stage), one optimizer step, no checkpoints
 OFFLINE = ["+recipe=smoke", "train.mode=offline", "train.use_samples=false", "train.max_steps=1",
@@ -91,10 +92,15 @@ def cached(run_dir) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_two_ranks_with_the_target_sharded_build_the_one_rank_features(tmp_path):
+@pytest.mark.parametrize("family", [None, "qwen3_moe"], ids=["llama", "qwen3_moe"])
+def test_two_ranks_with_the_target_sharded_build_the_one_rank_features(tmp_path, family, family_target):  # noqa: F811
+    """Also for a mixture of experts, whose checkpoint saves each expert by name while the model
+    holds them fused: each rank reads its own experts (`sharded.expert_rows`)."""
     # 7 conversations in shards of 2: rank 0 writes shards 0 and 2, rank 1 shards 1 and 3 (one
     # conversation), so rank 1 runs one empty-handed forward for rank 0's last batch
     rows = ["train.source_conversations=7", "train.offline_shard_size=2", "train.batch_size=1"]
+    if family:
+        rows.append(f"target.path={family_target(family)}")
     train_ranks(tmp_path / "one", 1, *rows)
     train_ranks(tmp_path / "two", 2, *rows, "trainer.shard_target=true")
     one, two = cached(tmp_path / "one"), cached(tmp_path / "two")

@@ -10,7 +10,8 @@ from specforge_lite.scale.dry_run import dry_run
 from tests.conftest import compose
 
 
-@pytest.mark.parametrize("recipe,target_b,fits", [("eagle_llama8b", 8.03, True), ("eagle_llama70b", 70.55, True)])
+@pytest.mark.parametrize("recipe,target_b,fits", [("eagle_llama8b", 8.03, True), ("eagle_llama70b", 70.55, True),
+                                                  ("eagle_qwen3_8b", 8.19, True), ("eagle_qwen3_30b_a3b", 30.53, True)])
 def test_big_recipes_dry_run(tmp_path, recipe, target_b, fits):
     cfg = compose([f"+recipe={recipe}", f"run_dir={tmp_path}", "train.dry_run=true"])
     result = dry_run(cfg)
@@ -97,3 +98,16 @@ def test_one_gpu_sharding_changes_nothing_but_transients(tmp_path):
     ddp, fsdp = (dry_run(c)["per_gpu_memory"] for c in cfgs)
     assert fsdp["target_weights_gib"] == pytest.approx(ddp["target_weights_gib"])
     assert fsdp["drafter_weights_grads_adam_gib"] == pytest.approx(ddp["drafter_weights_grads_adam_gib"])
+
+
+@pytest.mark.parametrize("recipe,layers,aux", [("eagle_qwen3_8b", 36, [2, 18, 33]),
+                                               ("eagle_qwen3_30b_a3b", 48, [2, 24, 45])])
+def test_qwen3_recipes_size_their_own_family(tmp_path, recipe, layers, aux):
+    """The Qwen3 cards are sized from Qwen3's own config class (q/k norms, the MoE's experts
+    counted), and EAGLE-3 reads the aux layers of the rule [2, L//2, L-3] of their depth."""
+    from specforge_lite.targets.loading import sizing_config
+
+    cfg = compose([f"+recipe={recipe}", f"run_dir={tmp_path}", "train.dry_run=true"])
+    config = sizing_config(cfg.target.path)
+    assert config.model_type == ("qwen3_moe" if "a3b" in recipe else "qwen3") and config.num_hidden_layers == layers
+    assert dry_run(cfg)["aux_layer_ids"] == aux
