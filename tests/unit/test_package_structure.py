@@ -230,3 +230,15 @@ def test_the_method_catalogue_names_what_the_engine_builds():
 
     assert set(ENGINE_DRAFTERS) == set(BUILTIN)
     assert len(known()) == len(set(known())) and set(VLLM_OF.values()) <= set(known())
+
+
+def test_the_package_never_imports_benchmarks():
+    """benchmarks/ sits above the whole package (its scripts import specforge_lite, records
+    included); nothing in the package imports it back, so the two form no loop."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n == "benchmarks" or n.startswith("benchmarks.")]
+    assert found == []
