@@ -233,3 +233,12 @@ def drive_compiled_drafting(eager, compiled, loaded, k: int, layers: list[int], 
             greedy.append(tuple(d.propose(DraftContext(**ctx), k).tokens for d in (eager, compiled, loaded)))
         lo = hi
     return greedy
+
+
+def terminal_signals() -> None:
+    """`preexec_fn` for a child a test stops with Ctrl-C: SIGINT as a terminal's foreground job
+    has it. A test runner started in the background ignores SIGINT, a child inherits an ignored
+    signal, and Python then never raises KeyboardInterrupt in it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

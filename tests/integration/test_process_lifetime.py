@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_cli
+from tests.conftest import REPO, free_port, run_cli, terminal_signals
 
 # long enough to be training still when it is killed
 TRAIN = ["+recipe=smoke", "trainer.num_processes=2", "train.max_steps=100000", "train.checkpoint_every=0",
@@ -158,7 +158,8 @@ def test_ctrl_c_and_sigterm_end_a_two_rank_run_with_one_line_and_the_shell_statu
     with open(output, "w") as out:  # a session of its own: the group a terminal would signal
         proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", *TRAIN, f"run_dir={run}",
                                  f"trainer.master_port={free_port()}"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True,
+                                preexec_fn=terminal_signals)
     try:
         ranks = wait_for_training(proc, output)
         if how == "ctrl_c":
@@ -190,7 +191,7 @@ def test_a_one_process_stage_stopped_by_a_signal_says_one_line(tmp_path, samples
     with open(output, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", *one, f"run_dir={run}"], cwd=REPO,
                                 stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=terminal_signals)
     try:
         deadline = time.monotonic() + 600
         while not STEP.search(output.read_text(errors="replace")) and time.monotonic() < deadline:

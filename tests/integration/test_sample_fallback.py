@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specforge_lite.serving.vllm.engine import find_python
-from tests.conftest import REPO
+from tests.conftest import REPO, terminal_signals
 
 SAMPLE = ["sample", "+recipe=smoke", "sample.backend=auto", "data.max_samples=4", "sample.max_new_tokens=8"]
 
@@ -94,7 +94,7 @@ def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "sample", "+recipe=eagle_smollm2",
                                  f"run_dir={tmp_path / 'int'}", f"samples_dir={tmp_path / 'int'}", "sample.backend=vllm",
                                  "data.max_samples=8", "sample.max_new_tokens=64"], cwd=REPO, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, preexec_fn=terminal_signals)
     deadline = time.monotonic() + 600
     while not runners(temp) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
