@@ -152,13 +152,13 @@ def scaled_config(name: str, layers: int, ranks: int) -> dict:
 
 def build_model(config: dict, out: Path, seed: int) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from specforge_lite.targets.loading import byte_level_tokenizer
+    from specforge_lite.targets.model_types import config_from_dict
 
     torch.manual_seed(seed)
-    family = {k: v for k, v in config.items() if k != "model_type"}  # its own config class (Llama, Qwen3, ...)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **family))
+    model = AutoModelForCausalLM.from_config(config_from_dict(config))
     model.generation_config.eos_token_id = config["eos_token_id"]
     model.generation_config.pad_token_id = config["pad_token_id"]
     model.save_pretrained(out)

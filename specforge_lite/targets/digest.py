@@ -149,7 +149,9 @@ def hub_snapshot(repo_id: str) -> Path | None:
     offline; None when neither can be had. A snapshot holding only config.json (the door reads
     it alone) is completed first, so that a content key is the same on the run that downloads
     the target and on every later one."""
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
+
+    from specforge_lite.targets.loading import hub_offline
 
     try:
         folder = Path(snapshot_download(repo_id, local_files_only=True))
@@ -157,7 +159,7 @@ def hub_snapshot(repo_id: str) -> Path | None:
             return folder
     except Exception:  # noqa: BLE001  not in the cache (huggingface_hub's own errors vary by version)
         pass
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if hub_offline():
         return None
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))

@@ -27,7 +27,7 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.targets.accounting import record_target
 from specforge_lite.checked_io import ArtifactError, read_json, read_json_object, safetensors_header
-from specforge_lite.targets.model_types import check_model_type
+from specforge_lite.targets.model_types import check_model_type, config_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,13 @@ def resolve_target_path(path: str, key: str = "target.path") -> str:
     return path
 
 
+def hub_offline() -> bool:
+    """Whether the hub is off (HF_HUB_OFFLINE, as huggingface_hub read it or as set since)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
 def _check_hub_id(repo_id: str, key: str) -> None:
     """A hub id is usable when cached, or when the hub answers (a short probe, so a machine
     without network fails in seconds rather than after the hub client's retries)."""
@@ -236,7 +243,7 @@ def _check_hub_id(repo_id: str, key: str) -> None:
 
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if hub_offline():
         raise SpecforgeError(f"{key}={repo_id!r} is not a local directory, and as a hub id it is not in the "
                              "local cache (the hub is offline: HF_HUB_OFFLINE)")
     endpoint = urlparse(constants.ENDPOINT)
@@ -381,9 +388,8 @@ def sizing_config(path: str):
     the configs shipped in the package (no hub here), a built-in, or a local directory."""
     from transformers import AutoConfig
 
-    if path in KNOWN_CONFIGS:  # each family's own config class (Llama, Qwen3, Qwen3-MoE)
-        known = json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text())
-        return AutoConfig.for_model(known.pop("model_type"), **known)
+    if path in KNOWN_CONFIGS:
+        return config_from_dict(json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text()))
     if path.startswith("builtin:"):
         path = resolve_target_path(path)
     try:

@@ -27,3 +27,11 @@ def check_model_type(path: Path, target_cfg) -> None:
     raise SpecforgeError(f"target.path={target_cfg.path!r}: transformers {__version__} does not know model_type "
                          f"{kind!r} and the folder has no code for it (no auto_map in config.json); a newer "
                          "transformers may know it")
+
+
+def config_from_dict(values: dict):
+    """A family's own HF config class (Llama, Qwen3, Qwen3-MoE, ...) built from a config.json's values."""
+    from transformers import AutoConfig
+
+    values = dict(values)
+    return AutoConfig.for_model(values.pop("model_type"), **values)

@@ -60,14 +60,14 @@ def test_the_import_graph_sees_function_level_imports():
     assert "specforge_lite.drafters.methods" in graph["specforge_lite.stages.door"]
 
 
-def test_no_import_cycle():
-    graph = module_imports()
+def assert_no_cycle(graph: dict, what: str = "") -> None:
+    """Depth-first over `graph` (node -> its successors); fails naming the first loop found."""
     state: dict[str, int] = {}
 
     def visit(node, path):
         state[node] = 1
-        for dep in graph[node]:
-            assert state.get(dep) != 1, " -> ".join([*path, dep])
+        for dep in graph.get(node, ()):
+            assert state.get(dep) != 1, what + " -> ".join([*path, dep])
             if dep not in state:
                 visit(dep, [*path, dep])
         state[node] = 2
@@ -75,6 +75,10 @@ def test_no_import_cycle():
     for node in graph:
         if node not in state:
             visit(node, [node])
+
+
+def test_no_import_cycle():
+    assert_no_cycle(module_imports())
 
 
 GROUND = "ground"  # the root modules: errors, the contract, the stage table, run folders, checked reading
@@ -124,19 +128,7 @@ def test_every_package_declares_what_it_may_import_and_the_order_has_no_loop():
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"records"}
     assert packages <= set(allowed), f"packages without MAY_IMPORT: {packages - set(allowed)}"
     # the declarations themselves form one order: no package may import one that may import it
-    state: dict[str, int] = {}
-
-    def visit(node, path):
-        state[node] = 1
-        for dep in allowed.get(node, ()):
-            assert state.get(dep) != 1, "packages allowed in a loop: " + " -> ".join([*path, dep])
-            if dep not in state:
-                visit(dep, [*path, dep])
-        state[node] = 2
-
-    for node in allowed:
-        if node not in state:
-            visit(node, [node])
+    assert_no_cycle(allowed, "packages allowed in a loop: ")
 
 
 def test_no_import_runs_up_the_package_order():
