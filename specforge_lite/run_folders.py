@@ -143,6 +143,23 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+@contextmanager
+def replaced_as_one(final: Path, stage: str):
+    """A stage's outputs put into `final` as one unit, once the `with` block has written them
+    all into the folder it is given (a fresh one beside `final`): `place_files` then replaces
+    the previous run's files (removing those this run no longer writes, such as a plot not
+    drawn again) and keeps the user's; on any failure the previous outputs stay as they were."""
+    import shutil
+
+    Path(final).parent.mkdir(parents=True, exist_ok=True)
+    tmp = readable_temp_dir(Path(final).parent, f".{Path(final).name}-")
+    try:
+        yield tmp
+        place_files(tmp, final, stage)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_provenance(out_dir: Path, cfg: DictConfig) -> None:
     """Save the resolved config and package versions next to a stage's artifact."""
     atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -210,8 +227,11 @@ def take_lock(folder: Path, command: str) -> Path | None:
             if holder.get("pid") == mine["pid"] and holder.get("host") == mine["host"]:
                 return None
             if holder and lock_holder_alive(holder):
-                where = "this host" if holder["host"] == mine["host"] else f"host {holder['host']}"
-                gone = "" if holder["host"] == mine["host"] else f"; if that run is gone, delete {path}"
+                here = holder["host"] == mine["host"]
+                where = "this host" if here else f"host {holder['host']}"
+                # a pid can name another program (a lock copied between machines, a hand-made one)
+                gone = (f"; if pid {holder['pid']} is not that run, delete {path}" if here
+                        else f"; if that run is gone, delete {path}")
                 raise SpecforgeError(f"{folder} is in use by pid {holder['pid']} on {where} "
                                      f"(`{holder.get('command', '?')}`, since {holder.get('since', '?')}): wait for "
                                      f"it to end or stop it{gone}")

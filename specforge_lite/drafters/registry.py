@@ -95,3 +95,22 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     for name, module in DRAFTERS.items():
         cs.store(group="drafter", name=f"{name}_schema", node=module.Options)
+
+
+def warn_if_trained_for_other_weights(folder, layout: str, target_path: str) -> None:
+    """Say so (a warning) when the drafter in `folder`, our layout, records the target weights it
+    was trained for and they changed since; other layouts and older folders record none."""
+    import json
+    import logging
+
+    from specforge_lite.drafters.common import drafter_info
+    from specforge_lite.targets.digest import target_files
+
+    made = drafter_info(folder).get("target_files") or {} if layout == "ours" else {}
+    if not made.get("weights"):
+        return
+    now = json.loads(json.dumps(target_files(target_path), default=str))
+    if (made["weights"], made.get("config_sha256")) != (now.get("weights"), now.get("config_sha256")):
+        logging.getLogger(__name__).warning(
+            "%s was trained for other weights than the target's at %s now (they changed after training): it is "
+            "measured as it is; train again (python -m specforge_lite train ...) for these weights", folder, target_path)

@@ -9,7 +9,7 @@ after warm-up, and writes `run_dir/eval/`:
   bootstrap intervals of tau and speedup with the prompts and tokens behind them,
   per-position acceptance, time shares, `identical_to_plain` (greedy), per-category
   numbers, the prompt subset used, and `best_k` (the export stage reads it);
-- `report.md`: the same at a glance; PNG plots; `config.yaml` + `versions.json`.
+- `report.md`: the same at a glance; PNG plots; `config.yaml` + `versions.json` (all in place at once).
 
 Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1,
 the same text for every method.
@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.run_folders import atomic_write_json, atomic_write_text, samples_dir, stage_dir, write_provenance
+from specforge_lite.run_folders import (atomic_write_json, atomic_write_text, replaced_as_one, samples_dir,
+                                     stage_dir, write_provenance)
 from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.samples import answer_corpus
 from specforge_lite.data.eval_prompts import (cache_capacity, conversation, fitting_prompts, load_prompts,
@@ -56,7 +57,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
 from specforge_lite.drafters.methods import (HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed, hybrid_base,
                                            labelled_drafters, own_k_methods, run_order, tree_base)
-from specforge_lite.drafters.registry import DRAFTERS, detect_drafter
+from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, warn_if_trained_for_other_weights
 from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
 from specforge_lite.targets.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
@@ -160,6 +161,7 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
                              f"of a {name} recipe first, or set eval.drafter_dirs.{name}")
     found, layout = detect_drafter(path)
     log.info("%s: %s (%s layout)", name, path, layout)
+    warn_if_trained_for_other_weights(path, layout, cfg.target.path)
     if found != name:
         raise SpecforgeError(f"eval method {name}: {path} holds a {found} drafter, not {name}; "
                              f"set eval.drafter_dirs.{name} to a {name} drafter")
@@ -192,13 +194,13 @@ def run(cfg: DictConfig) -> None:
     report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
     for engine, result in results.items():
         report[engine.name] = engine.report_section(result, report, plain_tokens, cfg)
-    atomic_write_json(out / "report.json", report)
-    if ecfg.plots and ours:  # the plots draw our engine's per-position acceptance and forward costs
-        report["plots"] = write_plots(report, out)
-        atomic_write_json(out / "report.json", report)
-    markdown = render_markdown(report) if ours else alone_markdown(report, lead)
-    atomic_write_text(out / "report.md", markdown + "".join(e.markdown(report[e.name], cfg) for e in results))
-    write_provenance(out, cfg)
+    with replaced_as_one(out, "evaluate") as new:
+        if ecfg.plots and ours:  # the plots draw our engine's per-position acceptance and forward costs
+            report["plots"] = write_plots(report, new)
+        atomic_write_json(new / "report.json", report)
+        markdown = render_markdown(report) if ours else alone_markdown(report, lead)
+        atomic_write_text(new / "report.md", markdown + "".join(e.markdown(report[e.name], cfg) for e in results))
+        write_provenance(new, cfg)
     baseline = report.get("baseline", PLAIN)
     for name, entry in report["methods"].items():
         log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx vs %s%s", name, entry["tau"] or 0,

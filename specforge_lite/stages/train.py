@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.checked_io import ArtifactError, read_json_object, write_failure
+from specforge_lite.checked_io import ArtifactError, read_json_object, safetensors_header, write_failure
 from specforge_lite.run_folders import (atomic_write_json, modes_as_umask_says, place_files, readable_temp_dir,
                                      samples_dir, stage_dir, write_provenance)
 from specforge_lite.data.samples import damaged_shards, load_samples, readable_shards
@@ -163,6 +163,8 @@ def already_trained(cfg: DictConfig, stamp: str) -> bool:
     folder = Path(cfg.run_dir) / "train" / "drafter"
     try:
         info = drafter_info(folder)
+        for weights in sorted(folder.glob("*.safetensors")):  # whole, every byte its header promises
+            safetensors_header(weights)
     except ArtifactError as err:
         log.warning("%s; training again replaces it", err)
         return False
@@ -350,7 +352,8 @@ def run(cfg: DictConfig) -> None:
         final = out / "drafter"
 
         def write(tmp: Path) -> None:
-            module.save(raw, tmp, extra={"trained_steps": total_steps, "history": history, "fingerprint": stamp})
+            module.save(raw, tmp, extra={"trained_steps": total_steps, "history": history, "fingerprint": stamp,
+                                         "target_files": json.loads(json.dumps(target_files(cfg.target.path), default=str))})
             write_provenance(tmp, cfg)  # inside the drafter folder: renamed into place with it
 
         save_atomically(final, write)

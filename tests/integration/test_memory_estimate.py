@@ -31,7 +31,7 @@ from tests.conftest import compose
 pytestmark = pytest.mark.slow
 
 SMALL, LARGE = 1, 2
-SEQ = 128
+SEQ = 64
 RECIPES = ["eagle_smollm2", "medusa_smollm2", "dflash_smollm2", "peagle_smollm2"]
 
 

@@ -116,6 +116,14 @@ def test_a_finished_run_is_not_trained_again_unless_settings_change(sampled, tmp
     assert "already holds" not in proc.stdout + proc.stderr
     after = weights(run_dir)
     assert any(not (before[k] == after[k]).all() for k in before)
+    # a truncated drafter (a copy cut short) is not a trained one: it is trained again, saying why
+    model = run_dir / "train" / "drafter" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-1000])
+    proc = run_cli("train", *args, "train.lr=5e-3", check=True)
+    assert "already holds" not in proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert f"{model}: " in said and "truncated; training again replaces it" in said
+    assert weights(run_dir).keys() == after.keys()
 
 
 def test_source_conversations_only_never_touch_the_sample_stage(tmp_path):
@@ -128,3 +136,28 @@ def test_source_conversations_only_never_touch_the_sample_stage(tmp_path):
     assert not samples.exists()
     assert "training on 0 sampled + 6 source conversations" in proc.stdout + proc.stderr
     assert (tmp_path / "run" / "train" / "drafter" / "model.safetensors").exists()
+
+
+def test_evaluate_says_when_the_targets_weights_changed_after_training(tmp_path, caplog):
+    """Issue 52: a trained drafter records the target weights it was trained for (by content);
+    evaluate with the weights changed in place since says so, naming the drafter's folder."""
+    from safetensors.torch import save_file
+
+    from specforge_lite.drafters.registry import warn_if_trained_for_other_weights
+    from specforge_lite.targets.loading import resolve_target_path
+
+    target = tmp_path / "target"
+    shutil.copytree(resolve_target_path("builtin:tiny-llama"), target)
+    drafter = tmp_path / "run" / "train" / "drafter"
+    args = ["+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"target.path={target}", "train.use_samples=false",
+            "train.source_conversations=4", "train.max_steps=1", "train.checkpoint_every=0", "train.tracker=none"]
+    run_cli("train", *args, check=True)
+    warn_if_trained_for_other_weights(drafter, "ours", str(target))  # the same weights: nothing to say
+    assert "trained for other weights" not in caplog.text
+    tensors = load_file(str(target / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    changed = run_cli("evaluate", *args, "eval.methods=[plain,eagle3]", "eval.max_prompts=1", "eval.max_new_tokens=8",
+                      "eval.plots=false", "eval.warmup=0", check=True)
+    assert f"{drafter} was trained for other weights than the target's at {target} now" in changed.stdout + changed.stderr

@@ -44,6 +44,8 @@ def test_a_live_lock_refuses_with_its_pid_and_a_dead_one_is_taken_over(tmp_path,
     with pytest.raises(SpecforgeError, match=f"in use by pid {other_process.pid} on this host") as refused:
         take_lock(folder, "specforge_lite train")
     assert "\n" not in str(refused.value)
+    # the way out where that pid is some other program: the lock file to delete
+    assert str(refused.value).endswith(f"if pid {other_process.pid} is not that run, delete {lock_path(folder)}")
     holder(lock_path(folder), dead_pid())
     path = take_lock(folder, "specforge_lite train")
     assert json.loads(path.read_text())["pid"] == os.getpid()
@@ -131,3 +133,34 @@ def test_a_folder_of_an_earlier_version_counts_the_files_written_again_as_its_ow
     write_files(new, {"versions.json": "{}", "export.json": "new"})
     place_files(new, final, "export")
     assert (final / "export.json").read_text() == "new" and (final / "NOTES.md").read_text() == "mine"
+
+
+def test_outputs_are_replaced_as_one_unit_only_after_success(tmp_path):
+    """Issue 52: a re-run without plots leaves no plot of the previous run behind; a run that
+    fails while writing (or finds something of the user's in the way) keeps the previous
+    outputs whole; files the stage did not write stay."""
+    from specforge_lite.run_folders import replaced_as_one
+
+    out = tmp_path / "eval"
+    with replaced_as_one(out, "evaluate") as new:
+        for name in ("report.json", "plot.png", "config.yaml"):
+            (new / name).write_text("old")
+    (out / "vllm.log").write_text("log")  # written beside them, not by the report
+    first = {p.name: p.read_text() for p in out.iterdir() if p.name != MANIFEST}
+    with pytest.raises(RuntimeError):
+        with replaced_as_one(out, "evaluate") as new:
+            (new / "report.json").write_text("new")
+            raise RuntimeError("the stage failed after its report")
+    assert {p.name: p.read_text() for p in out.iterdir() if p.name != MANIFEST} == first
+    (out / "notes.md").mkdir()  # something of the user's where this run writes a file
+    with pytest.raises(SpecforgeError, match="notes.md is in the way"):
+        with replaced_as_one(out, "evaluate") as new:
+            (new / "report.json").write_text("new")
+            (new / "notes.md").write_text("new")
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file() and p.name != MANIFEST} == first
+    with replaced_as_one(out, "evaluate") as new:  # no plot this time
+        (new / "report.json").write_text("new")
+        (new / "config.yaml").write_text("new")
+    assert {p.name: p.read_text() for p in out.iterdir() if p.is_file() and p.name != MANIFEST} == \
+        {"report.json": "new", "config.yaml": "new", "vllm.log": "log"}
+    assert not list(tmp_path.glob(".eval-*"))  # no temp folder left
