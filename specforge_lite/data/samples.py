@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +118,32 @@ def remove_shard(data_dir: Path, index: int) -> None:
     stats_path(data_dir, index).unlink(missing_ok=True)
 
 
+def samples_meta(samples_dir: Path) -> dict:
+    """A samples folder's meta.json; {} where it is missing or damaged (the sample stage, which
+    rebuilds it, says which)."""
+    path = Path(samples_dir) / "meta.json"
+    try:
+        return read_json_object(path) if path.exists() else {}
+    except ArtifactError:
+        return {}
+
+
+def shard_fingerprint(data_dir: Path, index: int) -> str | None:
+    """The sample settings' fingerprint shard `index` records (None: unreadable stats, or a shard
+    written before shards recorded it)."""
+    try:
+        return read_json_object(stats_path(data_dir, index)).get("fingerprint")
+    except ArtifactError:
+        return None
+
+
 def completed_shards(data_dir: Path) -> list[int]:
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         return []
-    return sorted(int(p.stem.split("-")[1]) for p in data_dir.glob("shard-*.parquet"))
+    # only names the sample stage writes (`shard_path`): a stray `shard-x.parquet` is no shard
+    return sorted(int(m.group(1)) for p in data_dir.glob("shard-*.parquet")
+                  if (m := re.fullmatch(r"shard-(\d{5,})\.parquet", p.name)))
 
 
 def load_samples(samples_dir: Path):

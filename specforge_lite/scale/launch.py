@@ -358,8 +358,9 @@ def samples_missing(cfg) -> bool:
     """Whether train will sample first: it trains on samples and none complete are there."""
     if not cfg.train.use_samples:
         return False
-    meta = samples_dir(cfg) / "meta.json"
-    return not (meta.exists() and read_json_object(meta).get("complete"))
+    from specforge_lite.data.samples import samples_meta
+
+    return not samples_meta(samples_dir(cfg)).get("complete")
 
 
 def stage_overrides() -> list[str]:

@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.checked_io import read_json_object
+from specforge_lite.checked_io import ArtifactError, read_json_object
 from specforge_lite.run_folders import atomic_write_json, package_versions, samples_dir, stage_dir, write_provenance
 from specforge_lite.data.chat import prompt_ids, require_chat_template, tokenize_conversation
 from specforge_lite.data.readers import heldout_split, read_conversations
-from specforge_lite.data.samples import (completed_shards, damaged_shards, remove_shard, shard_path, stats_path,
-                                         write_shard)
+from specforge_lite.data.samples import (completed_shards, damaged_shards, remove_shard, samples_meta, shard_fingerprint,
+                                         shard_path, stats_path, write_shard)
 from specforge_lite.targets.digest import target_files
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.static_llama import unsupported_reason
@@ -240,13 +240,24 @@ def run(cfg: DictConfig) -> None:
 
     stamp = fingerprint(cfg)
     meta_path = out / "meta.json"
-    if meta_path.exists() and completed_shards(data_dir):
-        problem = stale_samples(cfg, read_json_object(meta_path), out)
-        if problem:
-            raise SpecforgeError(problem)
     shard_size = sample_cfg.shard_size
     num_shards = (len(train) + shard_size - 1) // shard_size
     mine = [j for j in range(num_shards) if j % world == rank]
+    if meta_path.exists() and completed_shards(data_dir):
+        try:
+            problem = stale_samples(cfg, read_json_object(meta_path), out)
+        except ArtifactError as err:  # a damaged meta.json: each shard's own record of its settings decides
+            log.warning("%s; keeping the shards that record these settings, sampling the others again", err)
+            for j in set(mine) & set(completed_shards(data_dir)):
+                if shard_fingerprint(data_dir, j) != stamp:
+                    remove_shard(data_dir, j)
+            problem = None
+        if problem:
+            raise SpecforgeError(problem)
+    if rank == 0:  # shard files of no shard of these samples (another run's, a copy): not theirs to keep
+        for j in [j for j in completed_shards(data_dir) if j >= num_shards]:
+            log.warning("%s is not one of these samples' %d shards; removed", shard_path(data_dir, j), num_shards)
+            remove_shard(data_dir, j)
     for j, problem in damaged_shards(data_dir, mine).items():  # checked against their recorded sha256
         log.warning("%s; rewriting that shard", problem)
         remove_shard(data_dir, j)
@@ -255,7 +266,7 @@ def run(cfg: DictConfig) -> None:
     size = lambda j: min(shard_size, len(train) - j * shard_size)  # noqa: E731
     if len(todo) < len(mine):
         log.info("resuming: %d of this rank's %d shards already written", len(mine) - len(todo), len(mine))
-    if not todo and meta_path.exists() and read_json_object(meta_path).get("complete"):
+    if not todo and samples_meta(out).get("complete"):
         # complete samples of these settings: their meta.json and config.yaml describe the run
         # that made them and stay as they are (another sample.backend names no shard here)
         log.info("%s already holds complete samples made with these settings; nothing to do", out)
@@ -291,7 +302,7 @@ def run(cfg: DictConfig) -> None:
             write_shard(data_dir, j, rows, {"records": len(chunk), "written": len(rows), "skipped": dict(skipped),
                                             "generated_tokens": sum(r["num_generated_tokens"] for r in rows),
                                             "seconds": time.perf_counter() - shard_started,
-                                            "backend": backend_used})
+                                            "backend": backend_used, "fingerprint": stamp})
             bar.update(len(chunk))
         bar.close()
         elapsed = time.perf_counter() - started

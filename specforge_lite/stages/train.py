@@ -112,7 +112,11 @@ def ensure_samples(cfg: DictConfig) -> None:
     from specforge_lite.stages import sample
 
     meta_path = samples_dir(cfg) / "meta.json"
-    meta = read_json_object(meta_path) if meta_path.exists() else {}
+    try:
+        meta = read_json_object(meta_path) if meta_path.exists() else {}
+    except ArtifactError as err:
+        log.warning("%s; the sample stage rebuilds it, keeping the shards that record these settings", err)
+        meta = {}
     if meta.get("complete"):
         problem = sample.stale_samples(cfg, meta, samples_dir(cfg))
         if problem:

@@ -55,6 +55,30 @@ def test_smoke_sample_writes_dataset_and_provenance(tmp_path):
         assert row["num_generated_tokens"] > 0
 
 
+def test_a_damaged_meta_json_or_a_stray_shard_is_repaired_not_a_loop(tmp_path):
+    """Issue 52: a damaged samples/meta.json used to stop sample and train with no way out, and a
+    stray shard file made train ask for the sample stage, which had nothing to do: a loop. Now
+    each shard's own record of its settings keeps it, meta.json is written again, and a shard
+    file that is none of these samples' is removed, with a line each."""
+    run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", check=True)
+    out, data = tmp_path / "samples", tmp_path / "samples" / "data"
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    (out / "meta.json").write_text('{"complete": tr')
+    train = ["+recipe=smoke", f"run_dir={tmp_path}", "train.max_steps=1", "train.checkpoint_every=0",
+             "train.tracker=none"]
+    proc = run_cli("train", *train, check=True)
+    said = proc.stdout + proc.stderr
+    assert f"{out / 'meta.json'}: invalid JSON" in said and "keeping the shards that record these settings" in said
+    assert "resuming: 4 of this rank's 4 shards already written" in said  # none sampled again
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+    assert json.loads((out / "meta.json").read_text())["complete"]
+    (data / "shard-00099.parquet").write_bytes(before["shard-00000.parquet"])  # a copy from elsewhere
+    proc = run_cli("train", *train, "train.max_steps=2", check=True)
+    said = proc.stdout + proc.stderr
+    assert f"{data / 'shard-00099.parquet'} is not one of these samples' 4 shards; removed" in said
+    assert sorted(completed_shards(data)) == [0, 1, 2, 3]
+
+
 def test_kill_and_resume_loses_nothing_and_duplicates_nothing(tmp_path):
     source = write_prompts(tmp_path / "prompts.jsonl", 60)
     args = ["sample.shard_size=2", "sample.batch_size=2", "sample.max_new_tokens=64"]
