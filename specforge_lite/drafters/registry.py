@@ -97,20 +97,43 @@ def register_configs() -> None:
         cs.store(group="drafter", name=f"{name}_schema", node=module.Options)
 
 
-def warn_if_trained_for_other_weights(folder, layout: str, target_path: str) -> None:
-    """Say so (a warning) when the drafter in `folder`, our layout, records the target weights it
-    was trained for and they changed since; other layouts and older folders record none."""
+def say_what_the_trained_folder_decides(folder, layout: str, cfg) -> None:
+    """Warn where a trained drafter (our layout) is not what the command line asked of it: the
+    target weights it records were changed since training, or a `drafter.*` setting given on
+    the command line differs from the value the folder was trained with (which is the one used;
+    the training settings are read from the folder, not from the config)."""
     import json
     import logging
 
     from specforge_lite.drafters.common import drafter_info
     from specforge_lite.targets.digest import target_files
 
-    made = drafter_info(folder).get("target_files") or {} if layout == "ours" else {}
-    if not made.get("weights"):
+    if layout != "ours":
         return
-    now = json.loads(json.dumps(target_files(target_path), default=str))
-    if (made["weights"], made.get("config_sha256")) != (now.get("weights"), now.get("config_sha256")):
-        logging.getLogger(__name__).warning(
-            "%s was trained for other weights than the target's at %s now (they changed after training): it is "
-            "measured as it is; train again (python -m specforge_lite train ...) for these weights", folder, target_path)
+    info, log = drafter_info(folder), logging.getLogger(__name__)
+    made = info.get("target_files") or {}
+    if made.get("weights"):
+        now = json.loads(json.dumps(target_files(cfg.target.path), default=str))
+        if (made["weights"], made.get("config_sha256")) != (now.get("weights"), now.get("config_sha256")):
+            log.warning("%s was trained for other weights than the target's at %s now (they changed after "
+                        "training): it is measured as it is; train again (python -m specforge_lite train ...) "
+                        "for these weights", folder, cfg.target.path)
+    for key, value in command_line_settings("drafter."):
+        if key in info and info[key] != value:
+            log.warning("drafter.%s=%s is a training setting: the drafter in %s was trained with %s=%s, which is "
+                        "used", key, json.dumps(value), folder, key, json.dumps(info[key]))
+
+
+def command_line_settings(prefix: str) -> list[tuple[str, object]]:
+    """`(key, value)` of the command line's `prefix*` overrides (values as YAML reads them);
+    none outside a Hydra run (a test composing its config)."""
+    import yaml
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = HydraConfig.get().overrides.task
+    except (ImportError, ValueError):
+        return []
+    pairs = [o.lstrip("+~").split("=", 1) for o in overrides if o.lstrip("+~").startswith(prefix) and "=" in o]
+    return [(key[len(prefix):], yaml.safe_load(value)) for key, value in pairs]

@@ -57,7 +57,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
 from specforge_lite.drafters.methods import (HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed, hybrid_base,
                                            labelled_drafters, own_k_methods, run_order, tree_base)
-from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, warn_if_trained_for_other_weights
+from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, say_what_the_trained_folder_decides
 from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
 from specforge_lite.targets.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
@@ -161,7 +161,7 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
                              f"of a {name} recipe first, or set eval.drafter_dirs.{name}")
     found, layout = detect_drafter(path)
     log.info("%s: %s (%s layout)", name, path, layout)
-    warn_if_trained_for_other_weights(path, layout, cfg.target.path)
+    say_what_the_trained_folder_decides(path, layout, cfg)
     if found != name:
         raise SpecforgeError(f"eval method {name}: {path} holds a {found} drafter, not {name}; "
                              f"set eval.drafter_dirs.{name} to a {name} drafter")

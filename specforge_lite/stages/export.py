@@ -30,7 +30,8 @@ from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.drafters.common import require_finite
 from specforge_lite.serving.llamacpp.checks import gguf_refusal
 from specforge_lite.serving.llamacpp.files import write_gguf_folder
-from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, sglang_refusal
+from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, say_what_the_trained_folder_decides,
+                                             sglang_refusal)
 from specforge_lite.targets.head import load_target_head
 from specforge_lite.targets.loading import HUB_IDS, resolve_target_path
 
@@ -58,6 +59,7 @@ def run(cfg: DictConfig) -> None:
     if cfg.export.gguf and (why := gguf_refusal(kind, {})):
         raise SpecforgeError(f"export.gguf=true: {trained} holds a {kind} drafter; {why}")
     log.info("exporting the %s drafter in %s (%s layout)", kind, trained, found)
+    say_what_the_trained_folder_decides(trained, found, cfg)
     final = Path(cfg.run_dir) / STAGE_DIRS["export"]
     if final.exists() and not final.is_dir():  # never renamed aside and left hidden
         raise SpecforgeError(f"{final} is a file, not an export folder; move or delete it (or set another run_dir)")

@@ -140,10 +140,12 @@ def test_source_conversations_only_never_touch_the_sample_stage(tmp_path):
 
 def test_evaluate_says_when_the_targets_weights_changed_after_training(tmp_path, caplog):
     """Issue 52: a trained drafter records the target weights it was trained for (by content);
-    evaluate with the weights changed in place since says so, naming the drafter's folder."""
+    evaluate with the weights changed in place since says so, naming the drafter's folder, and
+    says which value of a training setting given on its command line it used."""
     from safetensors.torch import save_file
 
-    from specforge_lite.drafters.registry import warn_if_trained_for_other_weights
+    from specforge_lite.drafters.registry import say_what_the_trained_folder_decides
+    from tests.conftest import compose
     from specforge_lite.targets.loading import resolve_target_path
 
     target = tmp_path / "target"
@@ -152,12 +154,16 @@ def test_evaluate_says_when_the_targets_weights_changed_after_training(tmp_path,
     args = ["+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"target.path={target}", "train.use_samples=false",
             "train.source_conversations=4", "train.max_steps=1", "train.checkpoint_every=0", "train.tracker=none"]
     run_cli("train", *args, check=True)
-    warn_if_trained_for_other_weights(drafter, "ours", str(target))  # the same weights: nothing to say
+    say_what_the_trained_folder_decides(drafter, "ours", compose(["stage=evaluate", *args]))  # the same weights
     assert "trained for other weights" not in caplog.text
     tensors = load_file(str(target / "model.safetensors"))
     name = sorted(tensors)[0]
     tensors[name] = tensors[name] + 1
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    # and a training setting on evaluate's command line is said to be the trained folder's, not the line's
     changed = run_cli("evaluate", *args, "eval.methods=[plain,eagle3]", "eval.max_prompts=1", "eval.max_new_tokens=8",
-                      "eval.plots=false", "eval.warmup=0", check=True)
-    assert f"{drafter} was trained for other weights than the target's at {target} now" in changed.stdout + changed.stderr
+                      "eval.plots=false", "eval.warmup=0", "drafter.norm_before_residual=false", check=True)
+    said = changed.stdout + changed.stderr
+    assert f"{drafter} was trained for other weights than the target's at {target} now" in said
+    assert (f"drafter.norm_before_residual=false is a training setting: the drafter in {drafter} was trained with "
+            "norm_before_residual=true, which is used") in said
