@@ -44,6 +44,7 @@ class BatchChoice:
     batch_size: int | None = None  # the global micro-batch in sequences ("batch_size" mode)
     token_budget: int | None = None
     raised_from: int | None = None  # train.batch_size as given, when below the world size
+    asked: int | None = None  # train.tokens_per_step as given ("tokens" mode)
     fits: int | None = None  # the largest micro-batch per rank the device holds, when known
     memory: str = ""  # what the device memory was read from
 
@@ -64,6 +65,10 @@ class BatchChoice:
             why = (f"the most {self.memory} holds" if self.mode == "auto" and self.fits is not None
                    else "auto on a device of unknown memory" if self.mode == "auto" else "train.tokens_per_step")
             head = f"batch: train.tokens_per_step={'auto' if self.mode == 'auto' else self.tokens_per_step}"
+            if self.mode == "tokens" and self.asked not in (None, self.tokens_per_step):  # whole sequences per rank
+                how = "raised" if self.asked < self.tokens_per_step else "rounded"
+                head = (f"batch: train.tokens_per_step={self.asked} {how} to {self.tokens_per_step} (whole "
+                        f"{self.max_length}-token sequences on every rank)")
             what = (f"micro-batch of {self.token_budget} padded tokens per rank ({self.per_rank} x {self.max_length}"
                     f"-token sequence(s), {why}), rows packed by length")
         return (f"{head}: {what} x {self.world} rank(s) x grad_accum {self.grad_accum} = "
@@ -73,7 +78,7 @@ class BatchChoice:
         return {"mode": self.mode, "micro_batch_per_rank": self.per_rank, "ranks": self.world,
                 "grad_accum": self.grad_accum, "tokens_per_step": self.tokens_per_step,
                 "token_budget_per_rank": self.token_budget, "batch_size": self.batch_size,
-                "raised_from": self.raised_from, "fits_per_rank": self.fits}
+                "raised_from": self.raised_from, "tokens_per_step_asked": self.asked, "fits_per_rank": self.fits}
 
 
 def parse_tokens(value) -> int | str | None:
@@ -114,7 +119,7 @@ def choose(tokens_per_step, batch_size: int, grad_accum: int, max_length: int, w
                              f"tokens per rank per micro-batch on {world} rank(s) with train.grad_accum={grad_accum}; "
                              f"{memory or 'the device'} holds {fits}: set train.grad_accum={accum} "
                              "or train.tokens_per_step=auto")
-    return BatchChoice("tokens", per_rank, token_budget=budget, **common)
+    return BatchChoice("tokens", per_rank, token_budget=budget, asked=tokens_per_step, **common)
 
 
 # --------------------------------------------------------------------------- the plans

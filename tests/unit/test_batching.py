@@ -76,6 +76,15 @@ def test_a_token_count_below_one_sequence_or_above_memory_is_refused_naming_the_
     assert parse_tokens("65_536") == 65536 and parse_tokens("AUTO") == "auto" and parse_tokens(None) is None
 
 
+def test_a_token_count_raised_to_whole_sequences_says_both_values():
+    """Issue 52: train.tokens_per_step=256 on 2 ranks of 256-token sequences trains 512 tokens a
+    step; the line used to quote 512 as if the user had set it."""
+    raised = choose(256, 8, 1, 256, 2)
+    assert raised.tokens_per_step == 512 and raised.record()["tokens_per_step_asked"] == 256
+    assert raised.line().startswith("batch: train.tokens_per_step=256 raised to 512 (whole 256-token sequences")
+    assert choose(1024, 8, 1, 256, 2).line().startswith("batch: train.tokens_per_step=1024: ")
+
+
 def test_plan_batches_keeps_its_old_home():
     from specforge_lite.stages import train
 
