@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from specforge_lite import SpecforgeError
 from specforge_lite.decoding.report import k_text
 from specforge_lite.records import gpu_section, results, topics
 from specforge_lite.records.gpu_section import identity_words
@@ -63,7 +64,21 @@ def report_of(d: dict) -> dict | None:
     return None
 
 
-def report_table(report: dict) -> list[str]:
+FIGURES = ("tau", "tokens_per_s", "speedup")  # what a published row of a report's method shows
+
+
+def require_figures(methods: dict, source: str, figures=FIGURES) -> None:
+    """Every method of a results file carries the figures its published row shows (a figure
+    measured as none is recorded as null and shown as '-'); a missing one is an error naming
+    the file, never a '-' published with exit 0."""
+    for method, m in methods.items():
+        if absent := [f for f in figures if f not in m]:
+            raise SpecforgeError(f"results file benchmarks/results/{source}.json: method {method} has no "
+                                 f"{', '.join(absent)}: run again the benchmark that writes it (its section's command)")
+
+
+def report_table(report: dict, source: str) -> list[str]:
+    require_figures(report["methods"], source)
     settings = report.get("settings", {})
     k = k_text(settings) if "num_draft_tokens" in settings else "k = None"
     lines = [f"{report.get('num_prompts', '?')} MT-Bench first turns, greedy, batch 1, {k}, "
@@ -94,10 +109,10 @@ def eval_block(name: str, d: dict) -> list[str]:
     for kind, t in (d.get("trained") or {}).items():
         lines.append(f"Drafter `{kind}`: {t['steps']} steps, final simulated tau {num(t.get('final_simulated_tau'))}, "
                      f"{num(t.get('tokens_per_s'), 0)} training tokens/s.")
-    lines += [""] + report_table(report_of(d)) + recommendation(report_of(d))
+    lines += [""] + report_table(report_of(d), name) + recommendation(report_of(d))
     if isinstance(d.get("report_at_best_k"), dict):
         lines += ["", f"The same drafters at the best k the run above estimated (`{d.get('best_k_command', '')}`):", ""]
-        lines += report_table(d["report_at_best_k"]) + recommendation(d["report_at_best_k"])
+        lines += report_table(d["report_at_best_k"], name) + recommendation(d["report_at_best_k"])
     return lines
 
 
@@ -120,6 +135,7 @@ def llamacpp_block(name: str, d: dict) -> list[str]:
              f"target `{d['target']}`, {d['num_prompts']} MT-Bench first turns, {d['max_new_tokens']} new tokens, "
              f"greedy, k = {d['k']}. Command: `{current_command(d['command'])}`.", "",
              "| method | tau | tokens/s | x llama.cpp plain | output = plain |", "|---|---:|---:|---:|:---:|"]
+    require_figures(d["methods"], name, ("tau", "tokens_per_s"))
     for method, m in d["methods"].items():
         ratio = m["tokens_per_s"] / plain if plain else None
         lines.append(f"| {method} | {with_ci(m['tau'], m.get('tau_ci'))} | "
@@ -148,6 +164,7 @@ def glance_row(recipe: str, engine: str, name: str, method: str, section: str) -
     d = load(name)
     report = report_of(d)
     if report is not None:
+        require_figures({method: report["methods"][method]}, name)
         m, k = report["methods"][method], report["settings"].get("num_draft_tokens")
         speed = with_ci(m.get("speedup"), m.get("speedup_ci"), suffix="x")
         rate = num(m.get("tokens_per_s"), 1)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -265,7 +266,8 @@ def test_every_new_error_has_a_troubleshooting_entry():
 
 
 @pytest.mark.parametrize("name,damage", [("eval_eagle_smollm2", b'{"date": "2026-11-2'),
-                                         ("gpu_check_nvidia_h200", b"\xff\xfe not text")])
+                                         ("gpu_check_nvidia_h200", b"\xff\xfe not text"),
+                                         ("eval_eagle_smollm2", "no tau")])
 def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, monkeypatch, capsys, name, damage):
     """make docs (and --check) on a results file that is not JSON: one `error:` line naming the file,
     exit 2, nothing written (it used to be a JSONDecodeError naming no file)."""
@@ -275,7 +277,12 @@ def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, 
 
     copy = tmp_path / "benchmarks" / "results"
     shutil.copytree(results.RESULTS, copy)
-    (copy / f"{name}.json").write_bytes(damage)
+    if damage == "no tau":  # whole JSON, one figure missing: it was published as '-' with exit 0
+        d = json.loads((copy / f"{name}.json").read_text())
+        del docs.report_of(d)["methods"]["eagle3"]["tau"]
+        (copy / f"{name}.json").write_text(json.dumps(d))
+    else:
+        (copy / f"{name}.json").write_bytes(damage)
     monkeypatch.setattr(results, "RESULTS", copy)
     monkeypatch.setattr(results, "ROOT", tmp_path)
     readme = tmp_path / "README.md"  # what `make docs` would rewrite: a copy, the only file it reaches
@@ -291,6 +298,7 @@ def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, 
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"error: results file benchmarks/results/{name}.json: "), err
         assert "run again the benchmark that writes it" in err and "Traceback" not in err, err
+        assert damage != "no tau" or "method eagle3 has no tau" in err, err
     assert readme.read_text() == original
     assert not (tmp_path / "BENCHMARKS.md").exists()
 
