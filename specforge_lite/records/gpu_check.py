@@ -48,7 +48,9 @@ from typing import Callable
 
 from specforge_lite import SpecforgeError
 from specforge_lite.records import results
+from specforge_lite.records.gpu_section import runs_of
 from specforge_lite.records.results import ROOT, machine
+from specforge_lite.runtime.machine import source_state
 
 TRAIN_STEPS = {"train_batch1": 60, "train_batched": 20}  # a device-sized step holds many times batch 1's tokens
 EVAL_METHODS = "[plain,eagle3,ngram]"
@@ -86,20 +88,26 @@ def run_steps(steps: list[Step], path: Path, header: dict, kept: dict | None = N
     ("ok" or "failed"), date, seconds, measurements, and for a failure the error's last line and
     whether it ran out of memory. A failed step is listed in `failed_steps`; the next still runs.
     kept: records of steps not run now (an earlier run's, `--keep`), written beside the new ones.
-    `complete`: every step of STEPS is recorded and ok."""
+    Each step records the run it ran in (`run`: its date, commit and whether the tree was clean).
+    `complete`: every step of STEPS is recorded and ok, all in runs of one commit on a clean tree
+    (`runs` lists which steps ran in which run); a step that could not run here (no vLLM) is
+    `skipped`, not ok."""
+    run = {"date": header.get("date"), **source_state()}
     doc = {"benchmark": "gpu_check", **header, "steps_planned": [s.name for s in steps],
-           "steps": dict(kept or {}), "failed_steps": [], "complete": False}
-    doc["failed_steps"] = [name for name, r in doc["steps"].items() if r.get("status") != "ok"]
+           "steps": dict(kept or {}), "failed_steps": [], "skipped_steps": [], "complete": False}
+    doc["failed_steps"] = [name for name, r in doc["steps"].items() if r.get("status") not in ("ok", "skipped")]
     write(path, doc)
     for step in steps:
         doc["steps"].pop(step.name, None)
-        record: dict = {"status": "running", "date": time.strftime("%Y-%m-%d %H:%M")}
+        record: dict = {"status": "running", "date": time.strftime("%Y-%m-%d %H:%M"), "run": run}
         doc["steps"][step.name] = record
         write(path, doc)
         start = time.perf_counter()
         try:
             step.run(record, doc)
             record["status"] = "ok"
+        except StepSkipped as why:
+            record.update(status="skipped", note=str(why))
         except BaseException as err:  # noqa: BLE001  a step's failure is recorded, then the next step runs
             if isinstance(err, KeyboardInterrupt):
                 raise
@@ -113,13 +121,22 @@ def run_steps(steps: list[Step], path: Path, header: dict, kept: dict | None = N
         write(path, doc)
     order = [*STEPS, *(name for name in doc["steps"] if name not in STEPS)]
     doc["steps"] = {name: doc["steps"][name] for name in order if name in doc["steps"]}
-    doc["complete"] = not doc["failed_steps"] and set(doc["steps"]) == set(STEPS)
+    doc["skipped_steps"] = [name for name, r in doc["steps"].items() if r.get("status") == "skipped"]
+    doc["runs"] = runs_of(doc["steps"])
+    commits = {r.get("commit") for r in doc["runs"]}  # a copy measured elsewhere knows its commit, not its cleanness
+    one_code = len(commits) == 1 and None not in commits and not any(r.get("tree_clean") is False for r in doc["runs"])
+    doc["complete"] = (not doc["failed_steps"] and not doc["skipped_steps"] and set(doc["steps"]) == set(STEPS)
+                       and one_code)
     write(path, doc)
     return doc
 
 
 class StepFailed(RuntimeError):
     """A step's child process failed; the message is its last line of output."""
+
+
+class StepSkipped(RuntimeError):
+    """A step that cannot run on this machine (what it needs is not installed); the message says why."""
 
 
 # --------------------------------------------------------------------------- the steps
@@ -259,8 +276,8 @@ def step_vllm_tree(record: dict, doc: dict) -> None:
 
     python = find_python()
     if python is None:
-        record.update(vllm=None, serves_trees=None, note="no vLLM on this machine")
-        return
+        record.update(vllm=None, serves_trees=None)
+        raise StepSkipped("no vLLM on this machine (make vllm, or pip install '.[vllm]')")
     try:
         record.update(tree_support(python, timeout=STEP_LIMITS_S["vllm_tree"]))
     except SpecforgeError as err:
@@ -311,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
         steps = [s for s in default_steps(Path(work)) if s.name in chosen]
         doc = run_steps(steps, path, header, kept)
+    said = [f"failed: {', '.join(doc['failed_steps'])}"] if doc["failed_steps"] else []
+    said += [f"skipped: {', '.join(doc['skipped_steps'])}"] if doc["skipped_steps"] else []
+    said += [f"steps from {len(doc['runs'])} runs"] if len(doc["runs"]) > 1 else []
     print(f"gpu-check: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}; "
-          + ("all steps ok" if doc["complete"] else f"failed: {', '.join(doc['failed_steps'])}"))
-    return 0 if doc["complete"] else 1
+          + ("all steps ok, one run" if doc["complete"] else "not complete: " + "; ".join(said or ["tree not clean"])))
+    return 1 if doc["failed_steps"] else 0

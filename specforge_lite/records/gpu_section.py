@@ -35,12 +35,46 @@ def eval_rows(record: dict) -> list[str]:
     return rows
 
 
+def runs_of(steps: dict) -> list[dict]:
+    """The runs a record's steps come from, each with its steps (a step of an older file without
+    a run record counts as a run of unknown commit, told apart by its date)."""
+    runs: dict = {}
+    for name, record in steps.items():
+        run = record.get("run") or {"date": record.get("date"), "commit": None, "tree_clean": None}
+        key = (run.get("date"), run.get("commit"), run.get("tree_clean"))
+        runs.setdefault(key, {**run, "steps": []})["steps"].append(name)
+    return list(runs.values())
+
+
+def completeness(d: dict) -> str:
+    """'yes' (and which runs of the one commit its steps come from, when several), or 'no' with
+    why: failed or skipped steps (an older file's vLLM probe that found no vLLM counted as ok),
+    steps of different commits or of a changed tree, or an older file's steps that say neither."""
+    steps = d.get("steps", {})
+    skipped = [n for n, r in steps.items() if r.get("status") == "skipped"
+               or (n == "vllm_tree" and r.get("status") == "ok" and r.get("vllm", True) is None)]
+    runs = d.get("runs") or runs_of(steps)
+    listed = "; ".join(f"{r.get('date')}, {(r.get('commit') or '')[:10] or 'commit unknown'}: {', '.join(r['steps'])}"
+                       for r in runs)
+    why = [f"failed: {', '.join(d['failed_steps'])}"] if d.get("failed_steps") else []
+    why += [f"skipped: {', '.join(skipped)}"] if skipped else []
+    if steps and not any(r.get("run") for r in steps.values()):
+        why.append("recorded before each step named its run: which steps ran together, and on which commit, "
+                   "is unknown")
+    elif len({r.get("commit") for r in runs}) > 1 or any(not r.get("commit") for r in runs):
+        why.append(f"steps of different or unknown commits ({listed})")
+    elif any(r.get("tree_clean") is False for r in runs):
+        why.append("measured on a tree with uncommitted changes")
+    if d.get("complete") and not why:
+        return "yes" + (f" (steps from {len(runs)} runs of one commit: {listed})" if len(runs) > 1 else "")
+    return "no (" + "; ".join(why or ["not every step ran"]) + ")"
+
+
 def section(slug: str, d: dict) -> str:
     steps = d.get("steps", {})
     lines = [f"`make gpu-check` on one {d.get('gpu', '?')} ({d.get('gpu_memory_gib', '?')} GiB), torch "
              f"{d.get('torch', '?')}, CUDA {d.get('cuda', '?')}; results file `{slug}.json`, rendered by `{COMMAND}`. "
-             f"Complete: {'yes' if d.get('complete') else 'no'}"
-             + (f"; failed: {', '.join(d['failed_steps'])}" if d.get("failed_steps") else "") + ".", "",
+             f"Complete: {completeness(d)}.", "",
              "| step | status | date | seconds | limit (s) |", "|---|---|---|---|---|"]
     limits = d.get("limits_s", {})
     for name, r in steps.items():

@@ -65,6 +65,7 @@ def test_results_file_keeps_what_was_measured_when_a_step_fails(tmp_path):
     assert steps_on_disk["oom"]["out_of_memory"] is True and "CUDA out of memory" in steps_on_disk["oom"]["error"]
     assert steps_on_disk["reads_earlier"] == {"status": "ok", "earlier": 123.0,
                                               "date": steps_on_disk["reads_earlier"]["date"],
+                                              "run": steps_on_disk["measures"]["run"],
                                               "seconds": steps_on_disk["reads_earlier"]["seconds"]}
     for record in steps_on_disk.values():
         assert isinstance(record["seconds"], float)
@@ -76,6 +77,7 @@ def test_a_rerun_keeps_the_other_steps_and_is_complete_only_with_every_step(tmp_
     again replaces its record; `complete` needs every step of STEPS recorded and ok."""
     path = tmp_path / "gpu_check_test.json"
     monkeypatch.setattr(gpu_check, "STEPS", ("first", "second", "third"))
+    monkeypatch.setattr(gpu_check, "source_state", lambda: {"commit": "a" * 40, "tree_clean": True})
 
     def ok(record, doc):
         record["value"] = 1
@@ -94,6 +96,36 @@ def test_a_rerun_keeps_the_other_steps_and_is_complete_only_with_every_step(tmp_
     assert doc["complete"] and json.loads(path.read_text())["complete"]
     doc = gpu_check.run_steps([gpu_check.Step("first", fails)], path, {"gpu": "g"}, doc["steps"])
     assert doc["failed_steps"] == ["first"] and not doc["complete"]
+
+
+def test_steps_of_other_code_or_a_missing_tool_are_not_complete(tmp_path, monkeypatch):
+    """Issue 52: a record joined steps from runs on different commits, and counted the vLLM probe
+    that found no vLLM as ok, and said `complete: true`. Each step now names its run; complete
+    needs one commit on a clean tree, and a step that cannot run here is `skipped`."""
+    path = tmp_path / "gpu_check_test.json"
+    monkeypatch.setattr(gpu_check, "STEPS", ("first", "second"))
+
+    def ok(record, doc):
+        record["value"] = 1
+
+    def no_tool(record, doc):
+        raise gpu_check.StepSkipped("no vLLM on this machine")
+
+    monkeypatch.setattr(gpu_check, "source_state", lambda: {"commit": "a" * 40, "tree_clean": True})
+    doc = gpu_check.run_steps([gpu_check.Step("first", ok)], path, {"gpu": "g", "date": "d1"})
+    monkeypatch.setattr(gpu_check, "source_state", lambda: {"commit": "b" * 40, "tree_clean": True})
+    doc = gpu_check.run_steps([gpu_check.Step("second", ok)], path, {"gpu": "g", "date": "d2"}, doc["steps"])
+    assert not doc["complete"] and [r["steps"] for r in doc["runs"]] == [["first"], ["second"]]
+    said = gpu_section.completeness(doc)
+    assert said.startswith("no (steps of different or unknown commits (d1, aaaaaaaaaa: first; d2, bbbbbbbbbb: second")
+    doc = gpu_check.run_steps([gpu_check.Step("first", ok)], path, {"gpu": "g", "date": "d3"}, doc["steps"])
+    assert doc["complete"]  # two runs of one commit
+    assert gpu_section.completeness(doc) == "yes (steps from 2 runs of one commit: d3, bbbbbbbbbb: first; " \
+                                           "d2, bbbbbbbbbb: second)"
+    doc = gpu_check.run_steps([gpu_check.Step("second", no_tool)], path, {"gpu": "g", "date": "d4"}, doc["steps"])
+    assert doc["steps"]["second"]["status"] == "skipped" and doc["skipped_steps"] == ["second"]
+    assert not doc["complete"] and not doc["failed_steps"]
+    assert gpu_section.completeness(doc).startswith("no (skipped: second")
 
 
 def test_a_failing_child_names_its_last_line(tmp_path):
@@ -187,7 +219,7 @@ def test_the_benchmarks_section_shows_every_step_and_the_verdicts():
                                        "engine": {"used": "compiled"}},
                      "eval_float32": {"status": "failed", "dtype": "float32"}}}
     text = gpu_section.section("gpu_check_nvidia_h200", doc)
-    assert "Complete: no; failed: eval_float32." in text
+    assert "Complete: no (failed: eval_float32; recorded before each step named its run" in text
     assert "| tests | ok | 2026-11-26 19:04 | 67.7 | 80 |" in text
     assert "| train_batched | train.tokens_per_step=auto | 20 | 204,160 | 92.81 |" in text
     assert "| bfloat16 | eagle3 | 1.43 [1.39, 1.48] | 0.89x [0.57, 1.32] | 269 | 42% | " \
