@@ -54,7 +54,10 @@ class Engine(Protocol):
     - `report_section(results, report, plain_tokens, cfg)`: its section of `report`, beside our
       engine's methods (`plain_tokens`: our plain answers) or alone (`plain_tokens` None);
     - `markdown(section, cfg)`: the section in Markdown;
-    - `failures(section, out)`: one line per failure that fails the stage (none: empty).
+    - `failures(section, out)`: one line per failure that fails the stage (none: empty);
+    - `config_problems(cfg, target_config)` and `environment_problems(cfg)`: what the door
+      (`stages/door.py`) asks of it before any stage works: its settings, checked against the
+      target's config where known, and what it needs installed; one line per problem.
     """
 
     name: str
@@ -75,6 +78,10 @@ class Engine(Protocol):
     def markdown(self, section: dict, cfg) -> str: ...
 
     def failures(self, section: dict, out: Path) -> list[str]: ...
+
+    def config_problems(self, cfg, target_config) -> list[str]: ...
+
+    def environment_problems(self, cfg) -> list[str]: ...
 
 
 ENGINES: tuple[Engine, ...] = (Vllm(), LlamaCpp())  # run in this order, after our interleaved methods

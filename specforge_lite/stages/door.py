@@ -30,8 +30,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.run_folders import STAGE_DIRS, folder_problem, samples_dir
 from specforge_lite.stage_table import COMMANDS, SAMPLE, runs
-from specforge_lite.drafters.methods import VLLM_METHODS, length_problems, method_problems, tree_problems
-from specforge_lite.serving.llamacpp import checks as llamacpp_checks
+from specforge_lite.drafters.methods import length_problems, method_problems, tree_problems
+from specforge_lite.serving.engines import ENGINES
 from specforge_lite.drafters.registry import DRAFTERS, sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
 from specforge_lite.scale.launch import num_processes
@@ -76,8 +76,8 @@ def config_problems(cfg: DictConfig, target_config: Any = None) -> list[str]:
             problems.append(str(error))
     if not problems:  # cross-field rules assume every single value is sane
         problems += cross_field_problems(cfg)
-        # llama.cpp: export.gguf's drafter (its aux layers once the target is known), xllamacpp, draft GGUFs
-        problems += llamacpp_checks.gguf_export_problems(cfg, target_config) + llamacpp_checks.method_problems(cfg)
+        for engine in ENGINES:  # each serving engine's own settings (llama.cpp: export.gguf, draft GGUFs)
+            problems += engine.config_problems(cfg, target_config)
     return problems
 
 
@@ -228,17 +228,8 @@ def environment_problems(cfg: DictConfig) -> list[str]:
         own = written == SAMPLE.name and cfg.get("samples_dir")
         folder = samples_dir(cfg) if written == SAMPLE.name else Path(cfg.run_dir) / STAGE_DIRS[written]
         problems.append(folder_problem(folder, "samples_dir" if own else "run_dir"))
-    served = [m for m in cfg.eval.methods if m in VLLM_METHODS]
-    for key, needed, vcfg in (("eval.methods", served and runs(cfg.stage, "evaluate"), cfg.eval.vllm),
-                              ("sample.backend=vllm", cfg.sample.backend == "vllm" and runs(cfg.stage, "sample"),
-                               cfg.sample.vllm)):
-        if needed:
-            from specforge_lite.serving.vllm.engine import require_python
-
-            try:
-                require_python(vcfg.python)
-            except SpecforgeError as err:
-                problems.append(f"{key}" + (f" {served}" if key == "eval.methods" else "") + f": {err}")
+    for engine in ENGINES:  # what each serving engine needs installed (vLLM's interpreter)
+        problems += engine.environment_problems(cfg)
     if cfg.stage == "run" and cfg.export.sglang and (problem := sglang_refusal(cfg.drafter.name)):
         problems.append(f"export.sglang=true with drafter={cfg.drafter.name}: {problem}")
     return [p for p in problems if p]

@@ -126,6 +126,15 @@ class LlamaCpp:
     def markdown(self, section: dict, cfg) -> str:
         return markdown(section)
 
+    def config_problems(self, cfg, target_config) -> list[str]:
+        """export.gguf's drafter (its aux layers once the target is known), xllamacpp, draft GGUFs."""
+        from specforge_lite.serving.llamacpp import checks
+
+        return checks.gguf_export_problems(cfg, target_config) + checks.method_problems(cfg)
+
+    def environment_problems(self, cfg) -> list[str]:
+        return []
+
     def failures(self, section: dict, out) -> list[str]:
         """A llama.cpp method that failed fails the stage once the report is written."""
         if not section["failed"]:

@@ -175,6 +175,27 @@ class Vllm:
     def markdown(self, section: dict, cfg) -> str:
         return markdown(section, cfg.eval.num_draft_tokens)
 
+    def config_problems(self, cfg, target_config) -> list[str]:
+        return []
+
+    def environment_problems(self, cfg) -> list[str]:
+        """vLLM's interpreter, where the stage runs a vllm_* method or samples with vLLM."""
+        from specforge_lite import SpecforgeError
+        from specforge_lite.serving.vllm.engine import require_python
+        from specforge_lite.stage_table import runs
+
+        served = [m for m in cfg.eval.methods if m in VLLM_METHODS]
+        problems = []
+        for key, needed, vcfg in (("eval.methods", served and runs(cfg.stage, "evaluate"), cfg.eval.vllm),
+                                  ("sample.backend=vllm", cfg.sample.backend == "vllm" and runs(cfg.stage, "sample"),
+                                   cfg.sample.vllm)):
+            if needed:
+                try:
+                    require_python(vcfg.python)
+                except SpecforgeError as err:
+                    problems.append(f"{key}" + (f" {served}" if key == "eval.methods" else "") + f": {err}")
+        return problems
+
     def failures(self, section: dict, out: Path) -> list[str]:
         """A vLLM method that failed fails the stage once the report is written."""
         if not section["failed"]:
