@@ -18,7 +18,7 @@ SHAPE = dict(vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_l
              num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-5,
              bos_token_id=257, eos_token_id=258, pad_token_id=258, initializer_range=0.1)
 # the families our static (and compiled) forward covers; the others run on transformers' forward
-STATIC_FAMILIES = ("qwen3", "qwen3_moe")
+STATIC_FAMILIES = ("qwen3", "qwen3_moe", "mistral")
 # a window shorter than the smoke prompts, so sliding layers really drop positions while decoding
 WINDOW = 16
 
@@ -32,7 +32,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                                      sliding_window=WINDOW, rope_parameters={"rope_type": "default",
                                                                              "rope_theta": 150000.0})),
-    # a sliding window on every layer (the static forward refuses it)
+    # a sliding window on every layer (the static forward masks what it left)
     "mistral": ("MistralConfig", dict(sliding_window=WINDOW)),
     # five sliding layers to one full, tied head, GELU, scaled embeddings, q/k norms
     "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=WINDOW, query_pre_attn_scalar=16,

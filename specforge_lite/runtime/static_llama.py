@@ -15,9 +15,9 @@ on the same weights (q/k/v and gate/up fused into one product each):
 - rotary tables come from the model's own rotary module (every RoPE variant
   transformers implements), computed once for the cache length.
 
-Supported: `llama`, `mistral` without a sliding window, `qwen2` (q/k/v biases), `qwen3`
-(per-head q/k RMS norms before the rotary, attention biases where its config has them, no
-sliding window) and `qwen3_moe` (the same attention; experts behind a top-k router, each
+Supported: `llama`, `mistral` (its sliding window on every layer: the cache keeps every
+position and the mask hides those the window left), `qwen2` (q/k/v biases), `qwen3`
+(per-head q/k RMS norms before the rotary, attention biases where its config has them) and `qwen3_moe` (the same attention; experts behind a top-k router, each
 token's experts gathered by index at decoding widths, one expert at a time over a prefill)
 with the SiLU MLP; `unsupported_reason(config)` says why not otherwise, and the engine then
 keeps Hugging Face's forward.
@@ -30,6 +30,8 @@ from typing import Iterable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from specforge_lite.runtime.hf_runner import sliding_windows
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # attention windows grow in steps of this many cache slots (a multiple of SIMD widths and >= 2,
@@ -44,11 +46,22 @@ def unsupported_reason(config) -> str | None:
         return f"model_type {kind!r} (the static forward covers {', '.join(SUPPORTED_TYPES)})"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r}"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "a sliding attention window"
+    if sliding_window(config) is None and sliding_windows(config):
+        return "sliding-window layers beside full-attention ones"
     if getattr(config, "mlp_bias", False):
         return "MLP biases"
     return None
+
+
+def sliding_window(config) -> int | None:
+    """The window every layer attends over (Mistral's `sliding_window`, a Qwen2 with
+    `use_sliding_window` on every layer), or None: no window, or one only some layers have."""
+    windows = sliding_windows(config)
+    types = getattr(config, "layer_types", None)
+    if not windows or (types is not None and set(types) != {"sliding_attention"}):
+        return None
+    (window,) = windows.values()
+    return window
 
 
 def _frozen(tensor: torch.Tensor) -> nn.Parameter:
@@ -120,6 +133,7 @@ class StaticLlama(nn.Module):
         self.eps = config.rms_norm_eps
         self.capacity = capacity
         self.batch = batch
+        self.sliding = sliding_window(config)  # a key older than this many positions is not attended
         self.hidden_layers = tuple(hidden_layers)
         self.embed = _frozen(inner.embed_tokens.weight)
         self.final_norm = _frozen(inner.norm.weight)
@@ -175,6 +189,8 @@ class StaticLlama(nn.Module):
             cos, sin = self.cos[rotary][:, None], self.sin[rotary][:, None]
             own = slots[None, None, :] >= start[:, None, None]  # [B, 1, span]
             visible = (visible[None] & (own | (slots[None, :] == positions[:, None])[None]))[:, None]
+        if self.sliding is not None:  # slots are positions here (a tree's nodes sit after the context)
+            visible = visible & (slots[None, :] > positions[:, None] - self.sliding)
         x = F.embedding(ids, self.embed)
         hidden = [x] if 0 in self.hidden_layers else []
         for i, layer in enumerate(self.layers):
@@ -234,13 +250,21 @@ class StaticLlama(nn.Module):
                 layer.k_cache[b, :, width - (hi - lo):width] = k[0, :, lo:hi]
                 layer.v_cache[b, :, width - (hi - lo):width] = v[0, :, lo:hi]
                 parts.append(F.scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi],
-                                                            is_causal=True,
+                                                            is_causal=self.sliding is None,
+                                                            attn_mask=self._row_mask(hi - lo, device),
                                                             enable_gqa=self.num_kv_heads != self.num_heads))
             attn = torch.cat(parts, dim=2)
             x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o, layer.o_bias)
             x = x + mlp(layer, rms_norm(x, layer.post_norm, self.eps))
         last = x[0, [hi - 1 for _, hi in spans]]
         return F.linear(rms_norm(last, self.final_norm, self.eps), self.lm_head)
+
+    def _row_mask(self, n: int, device) -> torch.Tensor | None:
+        """A prefill row's causal mask within the sliding window (None without a window)."""
+        if self.sliding is None:
+            return None
+        i = torch.arange(n, device=device)
+        return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - self.sliding)
 
 
 def mlp(layer: _Layer, h: torch.Tensor) -> torch.Tensor:
