@@ -80,6 +80,37 @@ def test_the_sampled_digest_of_a_large_file_sees_a_byte_in_the_middle(target_cop
     assert weights.stat().st_size == size and len({first, second, third}) == 3
 
 
+def test_a_file_past_whole_bytes_is_sampled_where_the_digest_says(tmp_path, monkeypatch):
+    """Issue 52: at the real threshold (a 72 MiB file, past WHOLE_BYTES): what a fine-tune
+    rewritten in place changes (each tensor's start, middle and end, the header) changes the
+    digest, the file is not read whole, and a byte between the sampled windows is the documented
+    limit (targets/digest.py): it leaves the digest as it was."""
+    from safetensors.torch import save_file
+
+    from specforge_lite.targets import digest
+
+    monkeypatch.setenv("SPECFORGE_LITE_CACHE", str(tmp_path / "cache"))
+    weights = tmp_path / "model.safetensors"
+    torch.manual_seed(0)
+    save_file({"a": torch.randn(9 << 20), "b": torch.randn(9 << 20)}, str(weights))  # 2 x 36 MiB
+    assert weights.stat().st_size > digest.WHOLE_BYTES
+    reads, sampled = [], digest._spans
+
+    def spy(*args):
+        reads.append(sampled(*args))
+        return reads[-1]
+
+    monkeypatch.setattr(digest, "_spans", spy)
+    file_digest(weights)
+    assert sum(end - begin for begin, end in reads[0][1]) < weights.stat().st_size // 8  # sampled, not whole
+    begin, end = data_span(weights, "b")
+    for offset, seen in ((begin + 5, True), (begin + (end - begin) // 2, True), (end - 3, True),
+                         (begin + (end - begin) // 4, False)):  # the last: between the windows
+        before = file_digest(weights)
+        rewrite_byte(weights, offset)
+        assert (file_digest(weights) != before) is seen, offset
+
+
 def test_a_digest_is_kept_by_file_version_and_a_rewrite_with_its_old_mtime_is_seen(target_copy, tmp_path):
     weights = target_copy / "model.safetensors"
     first = file_digest(weights)
