@@ -230,17 +230,46 @@ def test_a_proposal_equals_the_training_block(tiny_target, causal):
     assert decode.length == 17
 
 
+def fitted_drafter(tiny_target, sequences, causal, steps=20):
+    """A DFlash drafter trained (a few Adam steps, the train stage's loss) on `sequences`: the
+    target's own greedy answers, so that decoding them accepts some of its drafts."""
+    from specforge_lite.training.features import target_hidden
+
+    model, _ = tiny_target
+    torch.manual_seed(0)
+    drafter = tiny_drafter(tiny_target, causal=causal, scale=0.3, draft_vocab_size=320).train()
+    optimizer = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in sequences])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    with torch.no_grad():
+        aux, last = target_hidden(model, ids, torch.ones_like(ids), AUX)
+    cfg = options(causal=causal, draft_vocab_size=320)
+    for _ in range(steps):
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask}
+        dflash.batch_preparer(drafter, model)(batch, aux, last, True)
+        loss, num, _ = dflash.loss_and_metrics(drafter, batch, cfg)
+        optimizer.zero_grad()
+        (loss / num).backward()
+        optimizer.step()
+    return drafter.eval()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_greedy_decoding_is_identical_to_plain(tiny_target, causal):
     model, _ = tiny_target
-    drafter = dflash.decoder(tiny_drafter(tiny_target, causal=causal, scale=0.3))
+    prompts = [torch.randint(0, 256, (5 + 7 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+               for seed in range(3)]
+    plains = [generate_plain(model, prompt, 30) for prompt in prompts]
+    drafter = dflash.decoder(fitted_drafter(tiny_target, [p + a.tokens for p, a in zip(prompts, plains)], causal))
     assert drafter.sequential is False and drafter.max_drafts == 3
-    for seed in range(3):
-        prompt = torch.randint(0, 256, (5 + 7 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
-        plain = generate_plain(model, prompt, 30)
+    accepted = 0
+    for prompt, plain in zip(prompts, plains):
         spec = generate_speculative(model, drafter, prompt, 30, 3)
         assert spec.tokens == plain.tokens
         assert max(spec.draft_lengths) == 3
+        accepted += sum(spec.accepted_lengths)
+    assert accepted > 0  # identity with drafts accepted, not only rejected
 
 
 def test_sampling_keeps_the_target_law():

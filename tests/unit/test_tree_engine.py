@@ -81,15 +81,19 @@ def test_eagle3_trees_are_lossless_and_branch_one_is_the_chain(tiny_target):
 
     target = tiny_target[0]
     decode = Eagle3DecodeDrafter(tiny_drafter(tiny_target, 64), capacity=128)
+    accepted = {"chain": 0, "tree": 0}
     for prompt in prompts(3, seed=5):
         plain = generate_plain(target, prompt, 20).tokens
         chain = generate_speculative(target, decode, prompt, 20, 3)
         assert chain.tokens == plain
+        accepted["chain"] += sum(chain.accepted_lengths)
         for drafter in (decode, MixedTreeDrafter(decode, NgramDrafter())):
             tree = generate_tree(target, drafter, prompt, 20, TreeShape(4, 3, 10))
             assert tree.tokens == plain and max(tree.draft_lengths) <= 10
+            accepted["tree"] += sum(tree.accepted_lengths)
         same = generate_tree(target, decode, prompt, 20, TreeShape(3, 1, 3))
         assert same.accepted_lengths == chain.accepted_lengths  # a one-branch tree drafts the chain
+    assert all(accepted.values()), accepted  # identity with drafts accepted, not only rejected
     # the dynamic tree holds the chain's first two drafts as a root path, its first child first
     torch.manual_seed(0)
     ids = torch.randint(0, 256, (12,)).tolist()
