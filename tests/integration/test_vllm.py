@@ -86,6 +86,10 @@ def test_vllm_serves_eagle3_export_losslessly_and_counts_like_us(smollm2_run):
     assert eagle3["speculative_config"] == {"method": "eagle3", "model": str(run_dir / "export" / "speculators"),
                                             "num_speculative_tokens": 3}
     assert plain["identical_to_plain"] and eagle3["identical_to_plain"] and eagle3["identical_to_vllm_plain"]
+    # the aux layers our export records are the ones vLLM feeds the drafter (issue 53: read back per family)
+    exported = json.loads((run_dir / "export" / "speculators" / "config.json").read_text())
+    assert eagle3["draft_as_read"]["aux_hidden_state_layer_ids"] == exported["eagle_aux_hidden_state_layer_ids"]
+    assert plain["draft_as_read"] is None
     # counting: plain decoding is one target forward per token after the prefill, tau exactly 1
     assert plain["tau"] == 1.0 and plain["counters"]["num_drafts"] == 0
     assert eagle3["counters"]["num_drafts"] > 0

@@ -45,6 +45,9 @@ def test_vllm_serves_dflash_export_losslessly_and_counts_like_us(tmp_path, vllm_
     assert served["speculative_config"] == {"method": "dflash", "model": str(tmp_path / "export" / "speculators"),
                                             "num_speculative_tokens": 3}
     assert served["identical_to_plain"]
+    # vLLM feeds the drafter the target layers our export records
+    exported = json.loads((tmp_path / "export" / "speculators" / "config.json").read_text())
+    assert served["draft_as_read"]["aux_hidden_state_layer_ids"] == exported["aux_hidden_state_layer_ids"]
     assert served["counters"]["num_drafts"] > 0
     assert served["counters"]["num_draft_tokens"] == 3 * served["counters"]["num_drafts"]
     assert abs(served["tau"] - report["methods"]["dflash"]["tau"]) <= TAU_TOLERANCE, (

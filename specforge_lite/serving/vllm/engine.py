@@ -179,7 +179,7 @@ class VllmEngine:
         except BaseException:  # a failed or interrupted start: nothing of it stays
             self._stop()
             raise
-        self.load_s, self.version = reply["load_s"], reply["vllm_version"]
+        self.load_s, self.version, self.draft = reply["load_s"], reply["vllm_version"], reply.get("draft")
 
     def _call(self, request: dict) -> dict:
         try:
@@ -369,7 +369,7 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out:
     `target` (`serving.engines.ServedTarget`: the path resolved once by the stage, its config,
     the dtype our engine loads it in, its stop ids, our engine's model and tokenizer or None).
 
-    Returns name -> {"outputs": [runner outputs], "load_s", "speculative_config", "vllm_version"},
+    Returns name -> {"outputs", "load_s", "speculative_config", "vllm_version", "draft_as_read"},
     or {"error": message} for a method vLLM could not load or run (the others still run; the
     engine's `failures` fail the stage once the report is written).
     """
@@ -395,6 +395,6 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out:
             results[name] = {"error": str(err).split("\n--- last lines")[0], "speculative_config": spec}
             continue
         results[name] = {"outputs": reply["outputs"], "load_s": engine.load_s, "speculative_config": spec,
-                         "vllm_version": engine.version}
+                         "vllm_version": engine.version, "draft_as_read": engine.draft}
         log.info("%s: %d answers in %.1f s (engine load %.1f s)", name, len(requests), reply["seconds"], engine.load_s)
     return results

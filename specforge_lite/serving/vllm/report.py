@@ -52,6 +52,7 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | 
         forwards = counters["iterations"] - len(outputs)
         entry = {
             "speculative_config": result["speculative_config"], "engine_load_s": result["load_s"],
+            "draft_as_read": result.get("draft_as_read"),
             "num_answers": len(outputs), "num_tokens": tokens, "wall_s": seconds,
             "tokens_per_s": tokens / seconds if seconds else None,
             "counters": {**counters, "accepted_per_position": per_pos},

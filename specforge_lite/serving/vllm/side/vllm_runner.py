@@ -99,6 +99,25 @@ def generate(llm, request: dict) -> dict:
     return {"ok": True, "outputs": outputs, "seconds": time.perf_counter() - started}
 
 
+def draft_as_read(llm):
+    """What vLLM read of the drafter's config: the target layers whose hidden states it feeds the
+    drafter (EAGLE-3's ids, DFlash's target layers shifted as vLLM counts them) and the drafter
+    class it built; None without a drafter model (plain, ngram) or where this vLLM keeps it elsewhere."""
+    try:
+        spec = llm.llm_engine.vllm_config.speculative_config
+        hf_config = spec.draft_model_config.hf_config if spec is not None and spec.draft_model_config else None
+    except AttributeError:
+        return None
+    if hf_config is None:
+        return None
+    ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None)
+    dflash = getattr(hf_config, "dflash_config", None)
+    if not ids and isinstance(dflash, dict):
+        ids = [i + 1 for i in dflash.get("target_layer_ids") or []]
+    return {"aux_hidden_state_layer_ids": list(ids) if ids else None,
+            "architectures": list(getattr(hf_config, "architectures", None) or [])}
+
+
 def main() -> None:
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # from here on, anything printed (by vLLM or its workers) goes to stderr
@@ -115,7 +134,8 @@ def main() -> None:
 
         started = time.perf_counter()
         llm = LLM(**first["engine"])
-        reply({"ok": True, "load_s": time.perf_counter() - started, "vllm_version": vllm.__version__})
+        reply({"ok": True, "load_s": time.perf_counter() - started, "vllm_version": vllm.__version__,
+               "draft": draft_as_read(llm)})
     except Exception as err:  # noqa: BLE001  reported to the parent, which raises it
         reply({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
         return
