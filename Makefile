@@ -19,7 +19,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs gpu-check clean
+.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs families gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -98,6 +98,9 @@ bench:  ## list the benchmarks (group, module, what it measures); run one with p
 
 docs:  ## recipe cards' results blocks, README's results at a glance, docs/BENCHMARKS.md by topic
 	$(PY) -m specforge_lite docs
+
+families: setup  ## run the family tests and record docs/ENGINES.md's family x stage x engine table (then make docs)
+	$(PY) -m specforge_lite families
 
 # no `setup` prerequisite: a GPU machine runs it with its own torch (make gpu-check PY=python3);
 # docs/GPU_CHECK.md says what it runs and what it writes

@@ -94,16 +94,17 @@ def _dispatch(cfg) -> None:
 
 # commands that are no stage: they take their own options and run before Hydra composes anything
 TOOLS = {"docs": "write the figures of the recipe cards, README and docs/BENCHMARKS.md from benchmarks/results",
-         "gpu-check": "on one CUDA GPU: GPU tests, demo training, bf16/fp32 evaluation, projections, recorded"}
+         "gpu-check": "on one CUDA GPU: GPU tests, demo training, bf16/fp32 evaluation, projections, recorded",
+         "families": "run the family tests (every stage, each forward) and record the family x stage x engine table"}
 
 
 def run_tool(name: str, argv: list[str]) -> int:
     """A command of TOOLS with its own options; a SpecforgeError (a damaged results file, an unknown
     step) is one `error:` line and exit status 2, as for a stage."""
-    from specforge_lite.records import docs, gpu_check  # they import torch: loaded for these commands only
+    from specforge_lite.records import docs, families, gpu_check  # they import torch: loaded for these only
 
     try:
-        return {"docs": docs.main, "gpu-check": gpu_check.main}[name](argv)
+        return {"docs": docs.main, "gpu-check": gpu_check.main, "families": families.main}[name](argv)
     except SpecforgeError as err:
         if os.environ.get(DEBUG_ENV):
             raise

@@ -25,7 +25,7 @@ import re
 
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.report import k_text
-from specforge_lite.records import gpu_section, results, topics
+from specforge_lite.records import families, gpu_section, results, topics
 from specforge_lite.records.gpu_section import identity_words
 from specforge_lite.records.results import ROOT, machine_name, num, read_results, with_ci
 from specforge_lite.records.topics import order_benchmarks, slug
@@ -212,6 +212,8 @@ def render_block(name: str) -> str:
     """The text between `<!-- results:NAME -->` markers."""
     if name == "glance":
         lines = glance_block()
+    elif name == "families":
+        lines = families.table(load(name))
     else:
         d = load(name)
         if report_of(d) is not None:

@@ -33,7 +33,7 @@ def one_thread(monkeypatch):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_stage_runs_each_family_on_its_forward(family, family_target, tmp_path):
+def test_every_stage_runs_each_family_on_its_forward(family, family_target, tmp_path, record_property):
     """Every stage on each family: on our static forward where it covers the family
     (tests/unit/test_static_families.py compares it and the compiled one with transformers'),
     else on transformers' forward, which eval.engine=auto falls back to with the reason."""
@@ -45,6 +45,8 @@ def test_every_stage_runs_each_family_on_its_forward(family, family_target, tmp_
     assert (run_dir / "train" / "drafter" / "model.safetensors").exists()
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     engine = report["settings"]["engine"]
+    record_property("engine", engine["used"])  # for the family table (python -m specforge_lite families)
+    record_property("fallback", engine.get("fallback") or "")
     if static:
         assert engine["used"] == "static", engine
     else:
