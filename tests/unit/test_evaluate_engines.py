@@ -25,7 +25,7 @@ class FakeVllm:
 
     def __init__(self, kwargs, vcfg, log_path=None):
         self.started.append(kwargs)
-        self.load_s, self.version = 0.1, "stand-in"
+        self.load_s, self.version, self.draft = 0.1, "stand-in", None
 
     def generate(self, prompts, params, one_at_a_time=False):
         outputs = [{"token_ids": list(range(3, 3 + params["max_tokens"])), "finish_reason": "length",
