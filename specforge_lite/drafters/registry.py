@@ -106,15 +106,14 @@ def say_what_the_trained_folder_decides(folder, layout: str, cfg) -> None:
     import logging
 
     from specforge_lite.drafters.common import drafter_info
-    from specforge_lite.targets.digest import target_files
+    from specforge_lite.targets.digest import recorded_files, same_weights
 
     if layout != "ours":
         return
     info, log = drafter_info(folder), logging.getLogger(__name__)
     made = info.get("target_files") or {}
     if made.get("weights"):
-        now = json.loads(json.dumps(target_files(cfg.target.path), default=str))
-        if (made["weights"], made.get("config_sha256")) != (now.get("weights"), now.get("config_sha256")):
+        if not same_weights(made, recorded_files(cfg.target.path)):
             log.warning("%s was trained for other weights than the target's at %s now (they changed after "
                         "training): it is measured as it is; train again (python -m specforge_lite train ...) "
                         "for these weights", folder, cfg.target.path)

@@ -48,7 +48,7 @@ from typing import Callable
 
 from specforge_lite import SpecforgeError
 from specforge_lite.records import results
-from specforge_lite.records.gpu_section import runs_of
+from specforge_lite.records.gpu_section import incomplete, runs_of
 from specforge_lite.records.results import ROOT, machine
 from specforge_lite.runtime.machine import source_state
 
@@ -123,10 +123,7 @@ def run_steps(steps: list[Step], path: Path, header: dict, kept: dict | None = N
     doc["steps"] = {name: doc["steps"][name] for name in order if name in doc["steps"]}
     doc["skipped_steps"] = [name for name, r in doc["steps"].items() if r.get("status") == "skipped"]
     doc["runs"] = runs_of(doc["steps"])
-    commits = {r.get("commit") for r in doc["runs"]}  # a copy measured elsewhere knows its commit, not its cleanness
-    one_code = len(commits) == 1 and None not in commits and not any(r.get("tree_clean") is False for r in doc["runs"])
-    doc["complete"] = (not doc["failed_steps"] and not doc["skipped_steps"] and set(doc["steps"]) == set(STEPS)
-                       and one_code)
+    doc["complete"] = set(doc["steps"]) == set(STEPS) and not incomplete(doc)  # the rule the docs render
     write(path, doc)
     return doc
 
@@ -328,9 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
         steps = [s for s in default_steps(Path(work)) if s.name in chosen]
         doc = run_steps(steps, path, header, kept)
-    said = [f"failed: {', '.join(doc['failed_steps'])}"] if doc["failed_steps"] else []
-    said += [f"skipped: {', '.join(doc['skipped_steps'])}"] if doc["skipped_steps"] else []
-    said += [f"steps from {len(doc['runs'])} runs"] if len(doc["runs"]) > 1 else []
     print(f"gpu-check: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}; "
-          + ("all steps ok, one run" if doc["complete"] else "not complete: " + "; ".join(said or ["tree not clean"])))
+          + ("all steps ok" if doc["complete"]
+             else "not complete: " + "; ".join(incomplete(doc) or ["a step did not run"])))
     return 1 if doc["failed_steps"] else 0

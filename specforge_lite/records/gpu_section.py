@@ -46,27 +46,37 @@ def runs_of(steps: dict) -> list[dict]:
     return list(runs.values())
 
 
-def completeness(d: dict) -> str:
-    """'yes' (and which runs of the one commit its steps come from, when several), or 'no' with
-    why: failed or skipped steps (an older file's vLLM probe that found no vLLM counted as ok),
-    steps of different commits or of a changed tree, or an older file's steps that say neither."""
+def incomplete(d: dict) -> list[str]:
+    """Why a record's steps do not make one complete check (none: they do, if every step ran):
+    failed or skipped steps (an older file's vLLM probe that found no vLLM counted as ok), steps
+    of different or unknown commits or of a changed tree, or an older file's steps that say neither."""
     steps = d.get("steps", {})
     skipped = [n for n, r in steps.items() if r.get("status") == "skipped"
                or (n == "vllm_tree" and r.get("status") == "ok" and r.get("vllm", True) is None)]
     runs = d.get("runs") or runs_of(steps)
-    listed = "; ".join(f"{r.get('date')}, {(r.get('commit') or '')[:10] or 'commit unknown'}: {', '.join(r['steps'])}"
-                       for r in runs)
     why = [f"failed: {', '.join(d['failed_steps'])}"] if d.get("failed_steps") else []
     why += [f"skipped: {', '.join(skipped)}"] if skipped else []
     if steps and not any(r.get("run") for r in steps.values()):
         why.append("recorded before each step named its run: which steps ran together, and on which commit, "
                    "is unknown")
     elif len({r.get("commit") for r in runs}) > 1 or any(not r.get("commit") for r in runs):
-        why.append(f"steps of different or unknown commits ({listed})")
+        why.append(f"steps of different or unknown commits ({runs_text(runs)})")
     elif any(r.get("tree_clean") is False for r in runs):
         why.append("measured on a tree with uncommitted changes")
+    return why
+
+
+def runs_text(runs: list[dict]) -> str:
+    return "; ".join(f"{r.get('date')}, {(r.get('commit') or '')[:10] or 'commit unknown'}: {', '.join(r['steps'])}"
+                     for r in runs)
+
+
+def completeness(d: dict) -> str:
+    """'yes' (and which runs of the one commit its steps come from, when several), or 'no' with why."""
+    why = incomplete(d)
     if d.get("complete") and not why:
-        return "yes" + (f" (steps from {len(runs)} runs of one commit: {listed})" if len(runs) > 1 else "")
+        runs = d.get("runs") or runs_of(d.get("steps", {}))
+        return "yes" + (f" (steps from {len(runs)} runs of one commit: {runs_text(runs)})" if len(runs) > 1 else "")
     return "no (" + "; ".join(why or ["not every step ran"]) + ")"
 
 

@@ -240,6 +240,7 @@ class StaticLlama(nn.Module):
         q_size = self.num_heads * self.head_dim
         n = ids.shape[1]
         x = F.embedding(ids, self.embed)
+        masks = [self._row_mask(hi - lo, device) for lo, hi in spans]  # the same in every layer
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -251,7 +252,7 @@ class StaticLlama(nn.Module):
                 layer.v_cache[b, :, width - (hi - lo):width] = v[0, :, lo:hi]
                 parts.append(F.scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi],
                                                             is_causal=self.sliding is None,
-                                                            attn_mask=self._row_mask(hi - lo, device),
+                                                            attn_mask=masks[b],
                                                             enable_gqa=self.num_kv_heads != self.num_heads))
             attn = torch.cat(parts, dim=2)
             x = x + F.linear(attn.transpose(1, 2).reshape(1, n, q_size), layer.o, layer.o_bias)

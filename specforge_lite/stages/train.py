@@ -42,7 +42,7 @@ from specforge_lite.scale.dry_run import dry_run
 from specforge_lite.training.feature_formats import stores_last
 from specforge_lite.training.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
                                               target_hidden)
-from specforge_lite.targets.digest import target_files
+from specforge_lite.targets.digest import recorded_files, target_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
 from specforge_lite.training.checkpoints import latest_checkpoint, resume
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
@@ -357,7 +357,7 @@ def run(cfg: DictConfig) -> None:
 
         def write(tmp: Path) -> None:
             module.save(raw, tmp, extra={"trained_steps": total_steps, "history": history, "fingerprint": stamp,
-                                         "target_files": json.loads(json.dumps(target_files(cfg.target.path), default=str))})
+                                         "target_files": recorded_files(cfg.target.path)})
             write_provenance(tmp, cfg)  # inside the drafter folder: renamed into place with it
 
         save_atomically(final, write)

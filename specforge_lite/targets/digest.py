@@ -184,3 +184,14 @@ def target_files(path: str) -> dict:
     config = folder / "config.json"
     return {"path": str(folder.resolve()), "weights": folder_digests(folder),
             "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.exists() else None}
+
+
+def recorded_files(path: str) -> dict:
+    """`target_files(path)` as a JSON file records it (and reads it back): what a stage writes
+    beside its output to say which weights it was made from."""
+    return json.loads(json.dumps(target_files(path), default=str))
+
+
+def same_weights(recorded: dict, now: dict) -> bool:
+    """Whether two `recorded_files` name the same weights and config (wherever the folder is)."""
+    return (recorded.get("weights"), recorded.get("config_sha256")) == (now.get("weights"), now.get("config_sha256"))

@@ -84,3 +84,14 @@ def test_greedy_speculative_decoding_is_plain_decoding(family_model, compiled, r
             assert spec.tokens == plain.tokens
             accepted += sum(spec.accepted_lengths)
     assert accepted > 0  # drafts were accepted: the wide verify forwards ran
+
+
+def test_a_batched_prefill_gives_each_row_its_own_last_logits(family_model):
+    """`prefill_rows` (the batched sampler's prefill: rows packed, attention per row) against
+    transformers' forward of each row alone; one row longer than Mistral's window."""
+    rows = [list(range(20, 45)), list(range(50, 60))]
+    static = StaticLlama(family_model, capacity=64, batch=2)
+    with torch.no_grad():
+        got = static.prefill_rows(rows)
+        for b, row in enumerate(rows):
+            torch.testing.assert_close(got[b], family_model(torch.tensor([row])).logits[0, -1], atol=2e-4, rtol=1e-4)
