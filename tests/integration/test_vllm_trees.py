@@ -36,7 +36,8 @@ def test_the_probe_reads_the_installed_vllm_and_the_gpu_check_records_it(vllm_py
     assert record == info
     monkeypatch.setattr("specforge_lite.serving.vllm.engine.find_python", lambda configured=None: None)
     record = {}
-    gpu_check.step_vllm_tree(record, {})  # no vLLM: recorded, not a failure
+    with pytest.raises(gpu_check.StepSkipped, match="no vLLM on this machine"):  # recorded as skipped, not ok
+        gpu_check.step_vllm_tree(record, {})
     assert record["vllm"] is None and record["serves_trees"] is None
 
 
