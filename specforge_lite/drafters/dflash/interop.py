@@ -5,8 +5,9 @@
   trainer (`models/dflash`: `DFlashSpeculatorConfig`, `DFlashDraftModel.save_pretrained`). The
   weight names are ours; `aux_hidden_state_layer_ids` are our ids (the input of decoder layer
   k). A trainer's folder also holds `layer_types` in its Qwen3 `transformer_layer_config`;
-  `verifier_norm` / `verifier_lm_head` (training-only) are dropped when present and a missing
-  `embed_tokens` is the target's.
+  `verifier_norm` / `verifier_lm_head` (training-only) are dropped when present; a missing
+  `embed_tokens` is the target's, and so is a missing `lm_head` of a full-vocabulary draft
+  (speculators' converter saves neither: tests/golden/dflash).
 - `specforge`: SpecForge's (and z-lab's) Hugging Face folder: a Qwen3 config naming
   `DFlashDraftModel`, `block_size` (top level or in `dflash_config`), `dflash_config.
   {target_layer_ids, mask_token_id}`; weights `fc`, `hidden_norm`, `norm`, `layers.*` only
@@ -105,11 +106,15 @@ def load_speculators(directory: Path, target) -> DFlashDrafter:
     for name in TRAINING_ONLY:
         weights.pop(name, None)
     expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
-    if cfg.draft_vocab_size == cfg.vocab_size:  # speculators saves no maps for the full vocabulary
+    full = cfg.draft_vocab_size == cfg.vocab_size
+    if full:  # speculators saves no maps for the full vocabulary
         expected.pop("d2t"), expected.pop("t2d")
     path = weights_path(Path(directory))
-    check_weights(path, weights, expected, optional=("embed_tokens.weight",))
+    # a full-vocabulary head is the target's own: speculators' converter saves none
+    check_weights(path, weights, expected, optional=("embed_tokens.weight",) + (("lm_head.weight",) if full else ()))
     weights.setdefault("embed_tokens.weight", target.get_input_embeddings().weight.detach().cpu())
+    if full:
+        weights.setdefault("lm_head.weight", target.get_output_embeddings().weight.detach().cpu())
     try:
         check_vocab_maps(path, weights, expected, cfg.draft_vocab_size)
     except ValueError as err:
