@@ -58,3 +58,10 @@ def training_loss(name) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     its string): forward KL as soft cross-entropy (the same gradient, without the teacher's entropy)."""
     name = getattr(name, "value", name)
     return soft_cross_entropy if name == "forward_kl" else LOSSES[name]
+
+
+def loss_bytes(logit_rows: int, scored_rows: int, vocab: int) -> int:
+    """Peak bytes of a step's logits [logit_rows, vocab] and of a divergence above over
+    `scored_rows` of them: the logits (fp32 at most), and the loss's masked copy, gathered fp32
+    teacher rows, softmax, log-softmax and their product (tests/integration/test_memory_estimate.py)."""
+    return (logit_rows + 5 * scored_rows) * vocab * 4

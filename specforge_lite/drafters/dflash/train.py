@@ -176,12 +176,16 @@ def load(directory: Path, target) -> DFlashDrafter:
 def activation_bytes(cfg: DFlashConfig, batch: int, seq: int, anchors: int, checkpointing: bool) -> int:
     """Largest activations of one micro-batch: per layer ~ [B, Q, 12H] fp32 block rows and
     [B, kv_heads, T, 2D] context keys, the scores [B, heads, Q, T + Q] fp32 x2 (one layer's at a
-    time with gradient checkpointing), logits and softmax [B, Q, V_d] fp32 x3."""
+    time with gradient checkpointing), the logits [B, Q, V_d] and the loss over all rows but the
+    anchors' (`losses.loss_bytes`)."""
+    from specforge_lite.training.losses import loss_bytes
+
     q = anchors * cfg.block_size
     layers = cfg.num_layers
     scores = batch * cfg.num_attention_heads * q * (seq + q) * 4 * 2
     rows = layers * batch * (q * 12 * cfg.hidden_size + seq * 2 * cfg.num_key_value_heads * cfg.head_dim) * 4
-    return rows + batch * q * cfg.draft_vocab_size * 4 * 3 + (scores if checkpointing else layers * scores)
+    logits = loss_bytes(batch * q, batch * anchors * (cfg.block_size - 1), cfg.draft_vocab_size)
+    return rows + logits + (scores if checkpointing else layers * scores)
 
 
 def anchors_per_row(opts, seq: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from specforge_lite.contract import DrySize
+from specforge_lite.training.losses import loss_bytes
 from specforge_lite.drafters.peagle.decode import PEagleDecodeDrafter
 from specforge_lite.drafters.peagle.export import export, layout
 from specforge_lite.drafters.peagle.export import load_any as load
@@ -43,7 +44,7 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
     """Built on the meta device. A row holds N = T * (1 + sum_d max(r^d, floor)) entries
     (every depth-0 anchor, the kept deeper ones at most), not T * D. Activations per layer
     ~ [B, N, 12H] fp32 and attention scores [B, heads, N, N] fp32 x2 (one layer's at a time
-    with trainer.gradient_checkpointing); logits, softmax and grad [B, N, V_d] fp32 x3."""
+    with trainer.gradient_checkpointing); the logits [B, N, V_d] and their loss (`losses.loss_bytes`)."""
     opts = cfg.drafter
     draft_cfg = PEagleConfig.from_target(target_config, opts, mask_token_id=0)
     with torch.device("meta"):
@@ -56,7 +57,7 @@ def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
     layers, heads, h, vd = draft_cfg.num_layers, draft_cfg.num_attention_heads, draft_cfg.hidden_size, \
         draft_cfg.draft_vocab_size
     scores = batch * heads * n * n * 4 * 2
-    activations = layers * batch * n * 12 * h * 4 + batch * n * vd * 4 * 3 \
+    activations = layers * batch * n * 12 * h * 4 + loss_bytes(batch * n, batch * n, vd) \
         + (scores if cfg.trainer.gradient_checkpointing else layers * scores)
     return DrySize(
         trainable_params=params, frozen_bytes=frozen,
