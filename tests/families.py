@@ -37,6 +37,25 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     # five sliding layers to one full, tied head, GELU, scaled embeddings, q/k norms
     "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=WINDOW, query_pre_attn_scalar=16,
                                              tie_word_embeddings=True)),
+    # multi-head latent attention (low-rank q and kv, a rotary part of each head), a dense first
+    # layer, then routed experts beside a shared one
+    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+                                             qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+                                             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                             n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1)),
+    # chunked attention on three layers of four (keys of the row's own chunk), no rotary embedding
+    # on the others, experts in every layer
+    "llama4_text": ("Llama4TextConfig", dict(attention_chunk_size=WINDOW, num_local_experts=4, num_experts_per_tok=1,
+                                             intermediate_size=32, intermediate_size_mlp=176,
+                                             interleave_moe_layer_step=1)),
+}
+# families the door refuses for speculative decoding, each for the reason the test checks
+REFUSED_FAMILIES: dict[str, tuple[str, dict]] = {
+    # gated-delta-net linear attention on three layers of four: a recurrent state, no rollback
+    "qwen3_next": ("Qwen3NextConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=32, linear_num_value_heads=4,
+                                           linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                                           full_attention_interval=4)),
 }
 
 
@@ -48,7 +67,7 @@ def build_family(name: str, out: Path) -> Path:
 
     from specforge_lite.targets.loading import byte_level_tokenizer
 
-    config_class, extra = FAMILIES[name]
+    config_class, extra = {**FAMILIES, **REFUSED_FAMILIES}[name]
     config = getattr(transformers, config_class)(**{**SHAPE, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -247,11 +247,20 @@ class DraftModelDrafter:
 
 # --------------------------------------------------------------------------- building
 
+def decoder_of(model):
+    """The decoder stack of a causal LM: `get_decoder()`, or `model.model` where that returns the
+    LM itself (Llama 4's text model in transformers 5)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if not hasattr(decoder, "layers"):
+        decoder = getattr(model, "model", decoder)
+    return decoder
+
+
 def truncated_copy(target, num_layers: int):
     """A causal LM made of the target's first `num_layers` decoder layers, its final
     norm and lm_head. The modules are shared with the target, not copied (no extra
     memory); the copy has its own config and is used with its own KV cache."""
-    decoder = target.get_decoder() if hasattr(target, "get_decoder") else None
+    decoder = decoder_of(target)
     layers = getattr(decoder, "layers", None)
     if layers is None or not hasattr(decoder, "norm") or not hasattr(decoder, "embed_tokens"):
         raise SpecforgeError(
@@ -266,7 +275,7 @@ def truncated_copy(target, num_layers: int):
         config.layer_types = config.layer_types[:num_layers]
     with torch.device("meta"):
         draft = type(target)(config)
-    draft_decoder = draft.get_decoder()
+    draft_decoder = decoder_of(draft)
     for name, module in decoder.named_children():
         if name == "layers":
             module = torch.nn.ModuleList(list(layers[:num_layers]))

@@ -34,6 +34,7 @@ COLUMNS = {
     "test_compiled_forward_equals_transformers": "compiled",
     "test_a_tree_verify_gives_each_branch_its_chain_logits": "static_tree",
     "test_greedy_speculative_decoding_is_plain_decoding": "static_identity",
+    "test_what_a_family_cannot_run_is_refused_at_the_door": "door",
 }
 COMMAND = "python -m specforge_lite families"
 
@@ -97,7 +98,10 @@ def table(d: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     for family, row in sorted(d["families"].items()):
         why = (row.get("fallback") or "").removeprefix("the static forward does not support ")
-        lines.append(f"| `{family}` | {cell(row, 'stages')} | {row.get('engine', '?')} | "
+        stages = cell(row, "stages")
+        if row.get("refused"):  # the door refuses its speculative methods (the test checks that line)
+            stages, why = f"refused at the door ({cell(row, 'door')})", row["refused"]
+        lines.append(f"| `{family}` | {stages} | {row.get('engine', '-')} | "
                      f"{cell(row, 'static', 'static_tree')} | {cell(row, 'compiled')} | "
                      f"{cell(row, 'static_identity_static')} / {cell(row, 'static_identity_compiled')} | "
                      f"{cell(row, 'hf_rollback')} | {why or '-'} |")

@@ -1,11 +1,12 @@
 """Hugging Face's own forward as a target runner: the model's dynamic KV cache, extended
 by each forward and cropped when drafts are rejected.
 
-Families with sliding-window layers (gpt-oss, Gemma 3, Mistral with its window) get a cache
-whose every layer keeps all past positions (`rollback_cache`): transformers' own sliding
+Families with sliding-window layers (gpt-oss, Gemma 3, Mistral with its window) or Llama 4's
+chunked attention get a cache whose every layer keeps all past positions (`rollback_cache`): transformers' own sliding
 layers drop what falls out of the window, and a rejected draft then cannot be rolled back.
 The window itself is kept by the attention masks: the model builds them on a chain forward,
-and `window_masks` does on a tree forward."""
+and `window_masks` does on a tree forward. A cache with recurrent layers cannot be rolled back at
+all (`rollback_problem`): the door refuses speculative methods on such a target."""
 
 from __future__ import annotations
 
@@ -49,18 +50,44 @@ def sliding_windows(config) -> dict[str, int]:
     return {"sliding_attention": int(window)} if "sliding_attention" in types else {}
 
 
+def attention_chunks(config) -> int | None:
+    """Llama 4's `chunked_attention` layers: a position sees only the keys of its own
+    `attention_chunk_size`-aligned chunk (transformers keeps them in a sliding cache layer)."""
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    chunk = getattr(config, "attention_chunk_size", None)
+    return int(chunk) if chunk and "chunked_attention" in (getattr(config, "layer_types", None) or ()) else None
+
+
+def rollback_problem(config) -> str | None:
+    """Why a rejected draft cannot be taken back out of this target's cache, or None: a layer
+    keeping a recurrent state (Qwen3-Next's linear attention, Mamba) holds no per-position
+    entries to crop."""
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        kinds = {type(layer).__name__ for layer in rollback_cache(config).layers if not isinstance(layer, DynamicLayer)}
+    except (TypeError, ValueError, AttributeError):  # a config transformers' cache cannot read
+        return None
+    if not kinds:
+        return None
+    return (f"its cache layers {sorted(kinds)} keep a recurrent state, which cannot be rolled back to drop "
+            "a rejected draft")
+
+
 def window_masks(config, mask: torch.Tensor, positions: torch.Tensor):
     """A tree forward's boolean `mask` [t, length + t] as the model's forward takes it: one
     mask, or {layer type: mask} where some layers see only a sliding window. A tree row at
     position p then also loses the keys at positions p - window and before, as it would in
     plain decoding (the cache slots before `length` hold positions 0.., the tree's rows
     `positions`); a 4D mask passed whole would reach every layer unwindowed."""
-    windows = sliding_windows(config)
-    if not windows:
+    windows, chunk = sliding_windows(config), attention_chunks(config)
+    if not windows and not chunk:
         return mask
     length = mask.shape[1] - mask.shape[0]
     keys = torch.cat([torch.arange(length, device=positions.device), positions])
     within = {kind: mask & (keys[None, :] > positions[:, None] - window) for kind, window in windows.items()}
+    if chunk:  # Llama 4: the keys of the row's own chunk
+        within["chunked_attention"] = mask & (keys[None, :] // chunk == positions[:, None] // chunk)
     if "" in within:
         return within[""]
     return {"full_attention": mask, **within}

@@ -116,8 +116,17 @@ def engine_problem(eval_cfg: DictConfig, target_config: Any) -> str | None:
     """`eval.engine` against the target's family: static and compiled are our own forward,
     which covers only some families (`static_llama.unsupported_reason`); refused here, before
     sample and train, rather than when evaluate builds the forward after them."""
+    from specforge_lite.runtime.hf_runner import rollback_problem
     from specforge_lite.runtime.static_llama import unsupported_reason
 
+    # our decoder and transformers' assisted generation crop the target's cache after a rejection
+    drafting = [m for m in eval_cfg.methods
+                if m not in ("plain", "hf_generate") and not m.startswith(("vllm", "llamacpp"))]
+    stuck = rollback_problem(target_config) if drafting else None
+    if stuck:
+        kind = getattr(target_config, "model_type", None)
+        return (f"eval.methods={drafting}: model_type {kind!r} cannot run them on our decoder: {stuck}; evaluate "
+                "it with eval.methods=[plain,hf_generate] or with vLLM's methods (vllm_*)")
     reason = unsupported_reason(target_config)
     if eval_cfg.engine not in ("static", "compiled") or not reason:
         return None

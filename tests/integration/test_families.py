@@ -1,5 +1,6 @@
 """Targets of other families (tests/families.py: Qwen3, Qwen3-MoE, gpt-oss, Mistral with its
-window, Gemma 3) through the stages, and what the door refuses for them (issue 53).
+window, Gemma 3, DeepSeek-V3, Llama 4) through the stages, and what the door refuses for them
+(Qwen3-Next's recurrent layers; issue 53).
 
 A family is one entry of `FAMILIES`; each test here is parametrised over them. None of them is
 covered by the static forward, so evaluate runs them on transformers' forward, whose cache the
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.families import FAMILIES, STATIC_FAMILIES, WINDOW, family_target  # noqa: F401  (a fixture)
+from tests.families import FAMILIES, REFUSED_FAMILIES, STATIC_FAMILIES, WINDOW, family_target  # noqa: F401  (a fixture)
 from tests.integration.test_bad_inputs import assert_user_error, cli, written
 
 # every stage at its smallest: a few conversations, a few steps, one held-out prompt timed once
@@ -66,11 +67,12 @@ def test_the_runner_rolls_back_chains_and_trees_past_the_window(family, family_t
     from transformers import AutoModelForCausalLM, DynamicCache
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
-    from specforge_lite.runtime.hf_runner import TargetRunner, sliding_windows
+    from specforge_lite.runtime.hf_runner import TargetRunner, attention_chunks, sliding_windows
 
     model = AutoModelForCausalLM.from_pretrained(family_target(family), dtype=torch.float32).eval()
     windowed = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in DynamicCache(config=model.config).layers)
-    assert windowed == bool(sliding_windows(model.config))  # the families with a window are the ones tested for it
+    # the families with a window (or chunks) are the ones tested for it
+    assert windowed == bool(sliding_windows(model.config) or attention_chunks(model.config))
     ids = torch.randint(0, 256, (3 * WINDOW,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.no_grad():
         whole = model(torch.tensor([ids])).logits[0]
@@ -119,11 +121,16 @@ DOOR_CASES = [
     ("qwen3+some_layers_sliding", ["run", "eval.engine=static", "eval.methods=[plain,eagle3]"],
      "eval.engine=static: the static forward does not support model_type 'qwen3' with sliding-window layers "
      "beside full-attention ones"),
+    # sample and train would run; evaluate's drafts could not be taken back out of the cache
+    ("qwen3_next", ["run", "eval.engine=hf", "eval.methods=[plain,hf_generate,eagle3,ngram]"],
+     "eval.methods=['eagle3', 'ngram']: model_type 'qwen3_next' cannot run them on our decoder: its cache layers "
+     "['LinearAttentionLayer'] keep a recurrent state"),
 ]
 
 
 @pytest.mark.parametrize("family,args,message", DOOR_CASES, ids=[c[0] for c in DOOR_CASES])
-def test_what_a_family_cannot_run_is_refused_at_the_door(capsys, family_target, tmp_path, family, args, message):
+def test_what_a_family_cannot_run_is_refused_at_the_door(capsys, family_target, tmp_path, family, args, message,
+                                                        record_property):
     import json
     import shutil
 
@@ -141,6 +148,8 @@ def test_what_a_family_cannot_run_is_refused_at_the_door(capsys, family_target, 
     assert_user_error(code, err, message)
     assert len(err.strip().splitlines()) == 1, err
     assert written(tmp_path) == set()
+    if family in REFUSED_FAMILIES:  # for the family table (python -m specforge_lite families)
+        record_property("refused", err.strip().split(": ", 2)[-1])
 
 
 def _retyped(source, folder, auto_map: bool):

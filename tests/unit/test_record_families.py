@@ -11,7 +11,7 @@ from specforge_lite.records import families
 
 def test_the_table_is_the_outcome_of_each_family_test(tmp_path):
     """A real pytest run of a stand-in test file with the family tests' names and ids (one passes,
-    one fails, one records the forward evaluate used) gives those outcomes, cell by cell."""
+    one fails, one records the forward evaluate used, one a family the door refuses) gives those outcomes, cell by cell."""
     tests = tmp_path / "test_stand_in.py"
     tests.write_text('''
 import pytest
@@ -20,6 +20,10 @@ import pytest
 def test_every_stage_runs_each_family_on_its_forward(family, record_property):
     record_property("engine", "static" if family == "qwen3" else "hf")
     record_property("fallback", "" if family == "qwen3" else "the static forward does not support model_type 'gpt_oss'")
+
+@pytest.mark.parametrize("family", ["qwen3_next"])
+def test_what_a_family_cannot_run_is_refused_at_the_door(family, record_property):
+    record_property("refused", "model_type 'qwen3_next' cannot run them")
 
 @pytest.fixture(params=["qwen3"])
 def family_model(request):
@@ -36,7 +40,10 @@ def test_greedy_speculative_decoding_is_plain_decoding(family_model, compiled):
     assert found == {"qwen3": {"stages": "passed", "engine": "static", "fallback": "",
                                "static_identity_static": "passed", "static_identity_compiled": "failed"},
                      "gpt_oss": {"stages": "passed", "engine": "hf",
-                                 "fallback": "the static forward does not support model_type 'gpt_oss'"}}
+                                 "fallback": "the static forward does not support model_type 'gpt_oss'"},
+                     "qwen3_next": {"door": "passed", "refused": "model_type 'qwen3_next' cannot run them"}}
     rows = families.table({"date": "2026-11-27 23:00", "machine": "m", "commit": "abc", "families": found})
     assert "| `qwen3` | yes | static | - | - | yes / FAILED | - | - |" in rows
     assert "| `gpt_oss` | yes | hf | - | - | - / - | - | model_type 'gpt_oss' |" in rows
+    assert "| `qwen3_next` | refused at the door (yes) | - | - | - | - / - | - | model_type 'qwen3_next' cannot " \
+           "run them |" in rows
