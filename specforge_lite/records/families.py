@@ -29,6 +29,7 @@ TESTS = ["tests/integration/test_families.py", "tests/unit/test_static_families.
 # test function -> the table's column
 COLUMNS = {
     "test_every_stage_runs_each_family_on_its_forward": "stages",
+    "test_dflash_runs_every_stage_on_each_family": "dflash",
     "test_the_runner_rolls_back_chains_and_trees_past_the_window": "hf_rollback",
     "test_static_forward_equals_transformers_over_steps_and_crops": "static",
     "test_compiled_forward_equals_transformers": "compiled",
@@ -92,13 +93,13 @@ def table(d: dict) -> list[str]:
              f"{d.get('machine', '?')}, commit {(d.get('commit') or '?')[:10]}: each cell is a test's outcome on "
              "that family's tiny random target (tests/families.py); `-`: the test does not run on that family "
              "(the reason is in the last column).", "",
-             "| family | sample, train, evaluate, export | evaluate's forward | static vs transformers (steps, crops, "
-             "tree) | compiled vs transformers | greedy identity, static / compiled | transformers' cache rolled "
-             "back past its window | why not our forward |",
+             "| family | sample, train, evaluate, export: EAGLE-3 / DFlash | evaluate's forward | static vs "
+             "transformers (steps, crops, tree) | compiled vs transformers | greedy identity, static / compiled | "
+             "transformers' cache rolled back past its window | why not our forward |",
              "|---|---|---|---|---|---|---|---|"]
     for family, row in sorted(d["families"].items()):
         why = (row.get("fallback") or "").removeprefix("the static forward does not support ")
-        stages = cell(row, "stages")
+        stages = f"{cell(row, 'stages')} / {cell(row, 'dflash')}"
         if row.get("refused"):  # the door refuses its speculative methods (the test checks that line)
             stages, why = f"refused at the door ({cell(row, 'door')})", row["refused"]
         lines.append(f"| `{family}` | {stages} | {row.get('engine', '-')} | "

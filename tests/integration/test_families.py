@@ -2,9 +2,10 @@
 window, Gemma 3, DeepSeek-V3, Llama 4) through the stages, and what the door refuses for them
 (Qwen3-Next's recurrent layers; issue 53).
 
-A family is one entry of `FAMILIES`; each test here is parametrised over them. None of them is
-covered by the static forward, so evaluate runs them on transformers' forward, whose cache the
-runner keeps whole for sliding-window layers (runtime/hf_runner.py `rollback_cache`).
+A family is one entry of `FAMILIES`; each test here is parametrised over them (EAGLE-3 through
+every stage, DFlash through every stage, the cache rolled back). Evaluate runs the families of
+`STATIC_FAMILIES` on our static forward and the others on transformers', whose cache the runner
+keeps whole for sliding-window and chunked layers (runtime/hf_runner.py `rollback_cache`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def test_every_stage_runs_each_family_on_its_forward(family, family_target, tmp_
         {m: True for m in report["methods"]}, report["methods"]
     export = json.loads((run_dir / "export" / "export.json").read_text())
     assert export["drafter"] == "eagle3" and export["strict_reload"] == "passed", export
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dflash_runs_every_stage_on_each_family(family, family_target, tmp_path):
+    """DFlash reads other target layers than EAGLE-3 (its aux layers from the target's depth) and
+    drafts a block in one forward: sample, train, evaluate (identical to plain) and export on each."""
+    run_dir = tmp_path / "run"
+    run_cli("run", "+recipe=smoke_dflash", f"target.path={family_target(family)}", f"run_dir={run_dir}",
+            "eval.engine=static" if family in STATIC_FAMILIES else "eval.engine=auto", "eval.methods=[plain,dflash]",
+            "eval.max_prompts=2", *SMALL, check=True)
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert {m: e["identical_to_plain"] for m, e in report["methods"].items()} == {"plain": True, "dflash": True}
+    export = json.loads((run_dir / "export" / "export.json").read_text())
+    assert export["drafter"] == "dflash" and export["strict_reload"] == "passed", export
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -43,7 +43,7 @@ def test_greedy_speculative_decoding_is_plain_decoding(family_model, compiled):
                                  "fallback": "the static forward does not support model_type 'gpt_oss'"},
                      "qwen3_next": {"door": "passed", "refused": "model_type 'qwen3_next' cannot run them"}}
     rows = families.table({"date": "2026-11-27 23:00", "machine": "m", "commit": "abc", "families": found})
-    assert "| `qwen3` | yes | static | - | - | yes / FAILED | - | - |" in rows
-    assert "| `gpt_oss` | yes | hf | - | - | - / - | - | model_type 'gpt_oss' |" in rows
+    assert "| `qwen3` | yes / - | static | - | - | yes / FAILED | - | - |" in rows
+    assert "| `gpt_oss` | yes / - | hf | - | - | - / - | - | model_type 'gpt_oss' |" in rows
     assert "| `qwen3_next` | refused at the door (yes) | - | - | - | - / - | - | model_type 'qwen3_next' cannot " \
            "run them |" in rows
