@@ -17,22 +17,20 @@ sequences only, per rank in metrics.json.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import random
 import shutil
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
-from specforge_lite.checked_io import ArtifactError, read_json_object, safetensors_header, write_failure
+from specforge_lite.checked_io import ArtifactError, read_json_object, write_failure
 from specforge_lite.run_folders import (atomic_write_json, modes_as_umask_says, place_files, readable_temp_dir,
                                      samples_dir, stage_dir, write_provenance)
 from specforge_lite.data.samples import damaged_shards, load_samples, readable_shards
@@ -42,14 +40,15 @@ from specforge_lite.scale.dry_run import dry_run
 from specforge_lite.training.feature_formats import stores_last
 from specforge_lite.training.features import (FeatureCache, cache_key, collate, computed_dtype, draft_vocab_targets,
                                               target_hidden)
-from specforge_lite.targets.digest import recorded_files, target_files
+from specforge_lite.targets.digest import recorded_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
-from specforge_lite.training.checkpoints import latest_checkpoint, resume
+from specforge_lite.training.checkpoints import check_written_by, latest_checkpoint, resume
+from specforge_lite.stages.train_keys import already_trained, fingerprint, fingerprint_parts
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
                                             require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
 from specforge_lite.training.throughput import per_device
-from specforge_lite.drafters.registry import RENAMED, chosen_drafter
+from specforge_lite.drafters.registry import chosen_drafter
 from specforge_lite.scale.sizing import (batch_choice, dry_run_choice,
                                         report as size_every_stage, settle_allocator)
 from specforge_lite.training.strategies import build_strategy
@@ -137,49 +136,6 @@ def ensure_samples(cfg: DictConfig) -> None:
 
 
 # what decides the trained weights (not logging, tracking or checkpoint cadence)
-UNTRACKED_TRAIN_KEYS = ("log_every", "tracker", "wandb", "checkpoint_every", "keep_checkpoints", "resume", "dry_run",
-                        "peak_tflops")
-
-
-def fingerprint(cfg: DictConfig) -> str:
-    """Hash of what decides the trained weights: the target (its settings and files), the data, the samples (when
-    used), the chosen drafter's options (less its `UNTRACKED_OPTIONS`) and the training
-    settings (less logging, tracking and checkpoint cadence)."""
-    import hashlib
-
-    module = chosen_drafter(cfg)
-    meta = samples_dir(cfg) / "meta.json"
-    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in UNTRACKED_TRAIN_KEYS}
-    drafter = {k: v for k, v in OmegaConf.to_container(cfg.drafter, resolve=True).items()
-               if k not in module.UNTRACKED_OPTIONS}
-    samples = read_json_object(meta).get("fingerprint") if cfg.train.use_samples and meta.exists() else None
-    keys = {"target": OmegaConf.to_container(cfg.target, resolve=True), "target_files": target_files(cfg.target.path),
-            "data": OmegaConf.to_container(cfg.data, resolve=True),
-            "samples": samples, "drafter": drafter, "train": train}
-    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def already_trained(cfg: DictConfig, stamp: str) -> bool:
-    """True (and says so) when run_dir/train/drafter was trained to the end with these
-    settings (`stamp`, from `fingerprint`)."""
-    from specforge_lite.drafters.common import drafter_info
-
-    folder = Path(cfg.run_dir) / "train" / "drafter"
-    try:
-        info = drafter_info(folder)
-        for weights in sorted(folder.glob("*.safetensors")):  # whole, every byte its header promises
-            safetensors_header(weights)
-    except ArtifactError as err:
-        log.warning("%s; training again replaces it", err)
-        return False
-    if info.get("fingerprint") == stamp and RENAMED.get(info.get("drafter"), info.get("drafter")) == cfg.drafter.name:
-        log.info("%s already holds a %s drafter trained with these settings (%s steps); nothing to do "
-                 "(delete that folder to train again)", Path(cfg.run_dir) / "train" / "drafter",
-                 cfg.drafter.name, info.get("trained_steps"))
-        return True
-    return False
-
-
 # --------------------------------------------------------------------------- the stage
 
 def run(cfg: DictConfig) -> None:
@@ -203,6 +159,13 @@ def run(cfg: DictConfig) -> None:
     out = stage_dir(cfg, "train")
     strategy = build_strategy(cfg)  # trainer.strategy: the process group, wrapping, checkpoints
     accelerator = strategy.accelerator
+    parts = fingerprint_parts(cfg)
+    ckpt_dir = out / "checkpoints"
+    if tcfg.resume and (newest := latest_checkpoint(ckpt_dir)) is not None:  # before features are built
+        try:
+            check_written_by(newest, strategy.name, stamp, parts)
+        except ArtifactError:  # damaged: `resume` reports it and takes the one before
+            pass
     # the provenance (config.yaml, versions.json) is written with the drafter it describes, at
     # the end: a run stopped before (a bad drafter.init_from) leaves the earlier drafter's as it was
 
@@ -247,10 +210,9 @@ def run(cfg: DictConfig) -> None:
 
     optimizer = build_optimizer(tcfg.optimizer, drafter, params, tcfg.lr, tcfg.weight_decay,
                                 low_precision=strategy.mixed == "bf16")
-    strategy.module, strategy.stamp = module, stamp  # what checkpoints save and check
+    strategy.module, strategy.stamp, strategy.stamp_parts = module, stamp, parts  # what checkpoints save and check
     drafter, optimizer = strategy.prepare(drafter, optimizer)
 
-    ckpt_dir = out / "checkpoints"
     start = 0
     if tcfg.resume:  # the newest intact checkpoint (a damaged one is reported and skipped)
         start, latest = resume(ckpt_dir, strategy.load_checkpoint)

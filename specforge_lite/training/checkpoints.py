@@ -153,17 +153,29 @@ def resume(ckpt_dir: Path, load: Callable[[Path], int]) -> tuple[int, Path | Non
     return 0, None
 
 
-def check_written_by(path: Path, strategy: str, stamp: str | None = None) -> dict:
+# what each part of the training fingerprint (stages/train.py `fingerprint_parts`) covers
+FINGERPRINT_PARTS = {"target": "the target settings (target.*)",
+                     "target_files": "the target's weights (the files of target.path)",
+                     "data": "the data settings (data.*)", "samples": "the samples",
+                     "drafter": "the drafter options (drafter.*)", "train": "the training settings (train.*)"}
+
+
+def check_written_by(path: Path, strategy: str, stamp: str | None = None, parts: dict | None = None) -> dict:
     """`state.json` of checkpoint `path`, after checking it was written by `strategy` with the
-    same training fingerprint `stamp` (a checkpoint of other settings is not resumed)."""
+    same training fingerprint `stamp` (a checkpoint of other settings is not resumed); `parts`,
+    the fingerprint's parts, name what changed where the checkpoint recorded its own."""
     state = read_state(path)
     written_by = state.get("strategy", "ddp")  # checkpoints from before strategies are DDP's
     if written_by != strategy:
         raise SpecforgeError(f"checkpoint {path} was written with trainer={written_by}; resume it with that trainer "
                              f"(now trainer={strategy}) or set train.resume=false to start over")
     if stamp is not None and state.get("fingerprint") not in (None, stamp):
-        raise SpecforgeError(f"checkpoint {path} was written with other training settings; resuming it would "
-                             "mix two runs. Use another run_dir, delete that folder, or set train.resume=false")
+        before = state.get("fingerprint_parts") or {}
+        changed = [FINGERPRINT_PARTS.get(k, k) for k in (parts or {}) if k in before and before[k] != parts[k]]
+        what = (f"for other inputs: {', '.join(changed)} changed since" if changed
+                else "with other training settings")
+        raise SpecforgeError(f"checkpoint {path} was written {what}; resuming it would mix two runs. Use another "
+                             f"run_dir, delete {Path(path).parent}, or set train.resume=false to start over")
     return state
 
 

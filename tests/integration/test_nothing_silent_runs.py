@@ -160,3 +160,27 @@ def test_an_idle_rank_counts_zero_tokens_on_two_gloo_ranks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text()) == {"tokens_per_rank": [33, 10], "idle_steps_per_rank": [0, 2], "steps": 3}
     assert "rank 1 trained on no real token in 2 of 3 steps" in proc.stdout + proc.stderr
+
+
+def test_a_checkpoint_of_other_weights_names_them_before_features_are_built(tmp_path):
+    """After the target's weights change, a checkpoint made for the old ones is refused naming the
+    weights (it said "other training settings", none having changed), and before offline
+    features are built again for nothing."""
+    from specforge_lite.targets.loading import resolve_target_path
+
+    target = tmp_path / "target"
+    shutil.copytree(resolve_target_path("builtin:tiny-llama"), target)
+    args = ["train", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"target.path={target}", "data.max_samples=4",
+            "train.use_samples=false", "train.source_conversations=4", "train.mode=offline", "train.max_steps=4",
+            "train.checkpoint_every=2"]
+    run_cli(*args, check=True)  # leaves its step-2 checkpoint (none at the last step)
+    shutil.rmtree(tmp_path / "run" / "train" / "drafter")
+    features = tmp_path / "run" / "train" / "features"
+    built = {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*")}
+    rewrite_byte(target / "model.safetensors", middle_of(target / "model.safetensors", WEIGHT))
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = error_lines(proc)
+    assert "was written for other inputs: the target's weights (the files of target.path) changed since" in line
+    assert "train.resume=false" in line
+    assert {p.name: p.stat().st_mtime_ns for p in features.glob("shard-*")} == built  # nothing rebuilt first
