@@ -204,6 +204,7 @@ ENTRIES = {
     "specforge_lite/__main__.py": ["unresolved"],
     "specforge_lite/stages/door.py": ["engine_problem"],
     "specforge_lite/runtime/hf_runner.py": ["rollback_problem"],
+    "specforge_lite/training/checkpoints.py": ["check_written_by"],
     "specforge_lite/targets/model_types.py": ["check_model_type"],
     "specforge_lite/records/results.py": ["read_results"],
 }
