@@ -159,13 +159,6 @@ def run(cfg: DictConfig) -> None:
     out = stage_dir(cfg, "train")
     strategy = build_strategy(cfg)  # trainer.strategy: the process group, wrapping, checkpoints
     accelerator = strategy.accelerator
-    parts = fingerprint_parts(cfg)
-    ckpt_dir = out / "checkpoints"
-    if tcfg.resume and (newest := latest_checkpoint(ckpt_dir)) is not None:  # before features are built
-        try:
-            check_written_by(newest, strategy.name, stamp, parts)
-        except ArtifactError:  # damaged: `resume` reports it and takes the one before
-            pass
     # the provenance (config.yaml, versions.json) is written with the drafter it describes, at
     # the end: a run stopped before (a bad drafter.init_from) leaves the earlier drafter's as it was
 
@@ -174,7 +167,13 @@ def run(cfg: DictConfig) -> None:
     if problem := no_loss_position(samples, cfg.data.max_length):
         raise SpecforgeError(f"train: {problem}")
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
-    drafter = module.build(cfg, target, counts)
+    drafter = module.build(cfg, target, counts)  # a bad drafter.init_from / student is named first
+    parts, ckpt_dir = fingerprint_parts(cfg), out / "checkpoints"
+    if tcfg.resume and (newest := latest_checkpoint(ckpt_dir)) is not None:  # before features are built
+        try:
+            check_written_by(newest, strategy.name, stamp, parts)
+        except ArtifactError:  # damaged: `resume` reports it and takes the one before
+            pass
     aux_ids = module.target_layers(drafter)
     prepare = module.batch_preparer(drafter, target)
     params = [p for p in drafter.parameters() if p.requires_grad]
