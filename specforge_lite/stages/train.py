@@ -43,7 +43,8 @@ from specforge_lite.training.features import (FeatureCache, cache_key, collate, 
 from specforge_lite.targets.digest import recorded_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
 from specforge_lite.training.checkpoints import check_written_by, latest_checkpoint, resume
-from specforge_lite.stages.train_keys import already_trained, fingerprint, fingerprint_parts
+# fingerprint: read from here by the tests and older callers
+from specforge_lite.stages.train_keys import already_trained, fingerprint, fingerprint_and_parts  # noqa: F401
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
                                             require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
@@ -135,7 +136,6 @@ def ensure_samples(cfg: DictConfig) -> None:
         readable_shards(samples_dir(cfg))  # some hold rows, none is damaged: before anything is written
 
 
-# what decides the trained weights (not logging, tracking or checkpoint cadence)
 # --------------------------------------------------------------------------- the stage
 
 def run(cfg: DictConfig) -> None:
@@ -152,7 +152,7 @@ def run(cfg: DictConfig) -> None:
     if cfg.target.device != "cpu" and (setting := settle_allocator()):
         log.info("CUDA allocator: %s (PYTORCH_CUDA_ALLOC_CONF sets another)", setting)
     ensure_samples(cfg)
-    stamp = fingerprint(cfg)  # after sampling: it covers the samples' own fingerprint
+    stamp, parts = fingerprint_and_parts(cfg)  # after sampling: it covers the samples' own fingerprint
     if already_trained(cfg, stamp):
         return
     tcfg = cfg.train
@@ -168,7 +168,7 @@ def run(cfg: DictConfig) -> None:
         raise SpecforgeError(f"train: {problem}")
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
     drafter = module.build(cfg, target, counts)  # a bad drafter.init_from / student is named first
-    parts, ckpt_dir = fingerprint_parts(cfg), out / "checkpoints"
+    ckpt_dir = out / "checkpoints"
     if tcfg.resume and (newest := latest_checkpoint(ckpt_dir)) is not None:  # before features are built
         try:
             check_written_by(newest, strategy.name, stamp, parts)

@@ -24,12 +24,14 @@ def fingerprint(cfg: DictConfig) -> str:
     """Hash of what decides the trained weights: the target (its settings and files), the data, the samples (when
     used), the chosen drafter's options (less its `UNTRACKED_OPTIONS`) and the training
     settings (less logging, tracking and checkpoint cadence)."""
-    return _digest(fingerprint_keys(cfg))
+    return fingerprint_and_parts(cfg)[0]
 
 
-def fingerprint_parts(cfg: DictConfig) -> dict[str, str]:
-    """The hash of each part of `fingerprint` (checkpoints record them to name what changed)."""
-    return {name: _digest(value) for name, value in fingerprint_keys(cfg).items()}
+def fingerprint_and_parts(cfg: DictConfig) -> tuple[str, dict[str, str]]:
+    """`fingerprint` and the hash of each of its parts (checkpoints record them to name what
+    changed), from one reading of the settings and the target's files."""
+    keys = fingerprint_keys(cfg)
+    return _digest(keys), {name: _digest(value) for name, value in keys.items()}
 
 
 def _digest(value) -> str:
@@ -45,10 +47,9 @@ def fingerprint_keys(cfg: DictConfig) -> dict:
     drafter = {k: v for k, v in OmegaConf.to_container(cfg.drafter, resolve=True).items()
                if k not in module.UNTRACKED_OPTIONS}
     samples = read_json_object(meta).get("fingerprint") if cfg.train.use_samples and meta.exists() else None
-    keys = {"target": OmegaConf.to_container(cfg.target, resolve=True), "target_files": target_files(cfg.target.path),
+    return {"target": OmegaConf.to_container(cfg.target, resolve=True), "target_files": target_files(cfg.target.path),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
             "samples": samples, "drafter": drafter, "train": train}
-    return keys
 
 
 def already_trained(cfg: DictConfig, stamp: str) -> bool:

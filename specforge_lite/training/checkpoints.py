@@ -153,7 +153,7 @@ def resume(ckpt_dir: Path, load: Callable[[Path], int]) -> tuple[int, Path | Non
     return 0, None
 
 
-# what each part of the training fingerprint (stages/train.py `fingerprint_parts`) covers
+# what each part of the training fingerprint (stages/train_keys.py `fingerprint_and_parts`) covers
 FINGERPRINT_PARTS = {"target": "the target settings (target.*)",
                      "target_files": "the target's weights (the files of target.path)",
                      "data": "the data settings (data.*)", "samples": "the samples",
