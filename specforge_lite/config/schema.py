@@ -171,7 +171,7 @@ class BootstrapConfig:
 
 @dataclass
 class EvalConfig:
-    dataset: str = "builtin:mt_bench"  # builtin:mt_bench | heldout | path to a prompts JSONL
+    dataset: str = "builtin:mt_bench"  # builtin:mt_bench | builtin:sharegpt_tasks | heldout | a prompts JSONL
     max_prompts: Optional[int] = checked(None, ge=1)  # a subset spread over the categories (round robin)
     max_turns: Optional[int] = checked(None, ge=1)  # user turns per prompt; later turns see the target's own answers
     max_new_tokens: int = checked(128, ge=1)

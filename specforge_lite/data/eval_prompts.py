@@ -1,5 +1,5 @@
-"""Evaluation prompt sets: MT-Bench, a prompts file, or the held-out conversations of the
-training source, as `{"id", "category", "system", "turns": [user message, ...]}`."""
+"""Evaluation prompt sets: MT-Bench, ShareGPT's held-out task areas, a prompts file, or the
+held-out conversations of the training source, as `{"id", "category", "system", "turns": [...]}`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from specforge_lite.checked_io import read_json_object
 from specforge_lite.run_folders import samples_dir
 from specforge_lite.config.draft_tokens import widest_k
 from specforge_lite.data.chat import prompt_ids
-from specforge_lite.data.readers import (MT_BENCH_MEMBER, BadRecord, ReadStats, heldout_split, iter_json_array,
-                                         iter_jsonl, package_file, read_conversations)
+from specforge_lite.data.readers import (MT_BENCH_MEMBER, SHAREGPT_MEMBER, BadRecord, ReadStats, heldout_split,
+                                         iter_json_array, iter_jsonl, package_file, read_conversations)
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 def load_prompts(cfg: DictConfig) -> list[dict]:
     """Eval prompts as {"id", "category", "system", "turns": [user message, ...]}."""
     dataset = cfg.eval.dataset
-    if dataset != "heldout":
+    if dataset == SHAREGPT_TASKS:
+        prompts = read_task_prompts(cfg)
+    elif dataset != "heldout":
         prompts = [{**p, "system": None} for p in read_eval_prompts(dataset, cfg.data.strict)]
     else:
         records, _ = read_conversations(cfg.data.source, cfg.data.format, cfg.data.strict)
@@ -50,6 +52,44 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
     prompts = unique_ids(prompts, dataset, cfg.data.strict)
     if cfg.eval.max_turns is not None:
         prompts = [{**p, "turns": p["turns"][:cfg.eval.max_turns]} for p in prompts]
+    return prompts
+
+
+SHAREGPT_TASKS = "builtin:sharegpt_tasks"
+TASKS_FILE = Path(__file__).resolve().parent.parent / "assets" / "sharegpt_tasks.json"
+
+
+def read_task_prompts(cfg: DictConfig) -> list[dict]:
+    """`builtin:sharegpt_tasks`: the first user turn of the ShareGPT conversations that
+    assets/sharegpt_tasks.json names, each with its task area as its category. They were picked
+    from the held-out side of the default split; a run whose own split would train on one of
+    them (data.source is ShareGPT with another data.split_seed or a smaller
+    data.heldout_fraction) is refused, since its drafter may have seen them."""
+    spec = read_json_object(TASKS_FILE, required=("source", "split", "prompts"))
+    records, _ = read_conversations(spec["source"], "auto", cfg.data.strict)
+    by_id = {r["id"]: r for r in records}
+    missing = [p["id"] for p in spec["prompts"] if p["id"] not in by_id]
+    if missing:
+        raise SpecforgeError(f"eval.dataset={SHAREGPT_TASKS}: {len(missing)} of its conversations are not in the "
+                             f"installed ShareGPT file ({', '.join(missing[:3])}); reinstall it with:\n  "
+                             f"{SHAREGPT_MEMBER[2]}")
+    picked = [by_id[p["id"]] for p in spec["prompts"]]
+    if cfg.data.source == spec["source"]:
+        train, _ = heldout_split(picked, cfg.data.heldout_fraction, cfg.data.split_seed)
+        if train:
+            split = spec["split"]
+            raise SpecforgeError(
+                f"eval.dataset={SHAREGPT_TASKS}: {len(train)} of its {len(picked)} prompts are on the training side of "
+                f"this run's split (data.split_seed={cfg.data.split_seed}, data.heldout_fraction="
+                f"{cfg.data.heldout_fraction}); they were picked from the held-out side at data.split_seed="
+                f"{split['split_seed']}, data.heldout_fraction={split['heldout_fraction']}: use those, or another eval.dataset")
+    prompts = []
+    for entry, record in zip(spec["prompts"], picked):
+        messages = record["messages"]
+        first_user = next(m["content"] for m in messages if m["role"] == "user")
+        prompts.append({"id": record["id"], "category": entry["category"],
+                        "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
+                        "turns": [first_user]})
     return prompts
 
 

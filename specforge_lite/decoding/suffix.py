@@ -16,6 +16,8 @@ and an incremental n-gram index instead of explicit trees.)
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from specforge_lite.contract import DraftContext, DraftProposal
+from specforge_lite.decoding.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,42 @@ def follow(array: np.ndarray, starts: np.ndarray, k: int, min_prob: float) -> tu
     return tokens, score
 
 
+def follow_tree(array: np.ndarray, starts: np.ndarray, depth: int, branch: int, nodes: int,
+                min_prob: float) -> tuple[DraftTree, float]:
+    """The continuations from `starts` as a deterministic draft tree grown best first: of the
+    candidate nodes, the one of highest running product (its share of the continuations times
+    its parent's product) joins the tree next and offers its own `branch` most frequent next
+    tokens as candidates, down to `min_prob`; at most `nodes` nodes and `depth` levels. Returns
+    (tree, score = sum of the nodes' products: the tokens the target is expected to keep)."""
+    tree, score, order, candidates = DraftTree(), 0.0, itertools.count(), []
+
+    def offer(parent: int, product: float, level: int, where: np.ndarray) -> None:
+        if level == depth:
+            return
+        where = where[where < len(array)]
+        following = array[where]
+        kept = following != SEPARATOR
+        following, where = following[kept], where[kept]
+        if not len(following):
+            return
+        values, counts = np.unique(following, return_counts=True)
+        for i in np.argsort(-counts, kind="stable")[:branch]:
+            share = product * counts[i] / len(following)
+            if share < min_prob:
+                break
+            heapq.heappush(candidates, (-share, next(order), parent, int(values[i]), level + 1,
+                                        where[following == values[i]] + 1))
+
+    offer(-1, 1.0, 0, starts)
+    while candidates and len(tree) < nodes:
+        negative, _, parent, token, level, where = heapq.heappop(candidates)
+        tree.tokens.append(token)
+        tree.parents.append(parent)
+        score -= negative
+        offer(len(tree) - 1, -negative, level, where)
+    return tree, score
+
+
 def draft_length(match_len: int, k: int, factor: float) -> int:
     return max(1, min(k, math.ceil(factor * match_len)))
 
@@ -97,14 +136,20 @@ class CorpusIndex:
         hi = bisect.bisect_left(self.keys, key + (math.inf,))
         return self.starts[lo:hi]
 
-    def draft(self, context: Sequence[int], k: int, factor: float, min_prob: float) -> SuffixDraft:
-        """The corpus's draft for `context`: its longest suffix found (at most max_depth tokens)."""
+    def matches(self, context: Sequence[int]):
+        """(length, the positions after each occurrence) of the context's suffixes found in the
+        corpus, longest first (at most max_depth tokens)."""
         for length in range(min(self.max_depth, len(context)), 0, -1):
             starts = self.occurrences(context[-length:])
             if len(starts):
-                tokens, score = follow(self.array, starts + length, draft_length(length, k, factor), min_prob)
-                if tokens:
-                    return SuffixDraft(tokens, length, score, "corpus")
+                yield length, starts + length
+
+    def draft(self, context: Sequence[int], k: int, factor: float, min_prob: float) -> SuffixDraft:
+        """The corpus's draft for `context`: from its longest suffix found with a continuation."""
+        for length, after in self.matches(context):
+            tokens, score = follow(self.array, after, draft_length(length, k, factor), min_prob)
+            if tokens:
+                return SuffixDraft(tokens, length, score, "corpus")
         return SuffixDraft([])
 
 
@@ -125,15 +170,24 @@ class RequestIndex:
             for n in range(1, min(self.max_depth, end + 1) + 1):
                 self.after.setdefault(tuple(self.ids[end + 1 - n:end + 1]), []).append(end + 1)
 
-    def draft(self, k: int, factor: float, min_prob: float) -> SuffixDraft:
-        array = np.asarray(self.ids, dtype=np.int64)
+    @property
+    def array(self) -> np.ndarray:
+        return np.asarray(self.ids, dtype=np.int64)
+
+    def matches(self, context: Sequence[int] | None = None):
+        """(length, the positions after each earlier occurrence) of the request's suffixes that
+        occurred before, longest first (`context` is the request itself, indexed by `extend`)."""
         for length in range(min(self.max_depth, len(self.ids)), 0, -1):
             starts = self.after.get(tuple(self.ids[-length:]))
             if starts:
-                tokens, score = follow(array, np.asarray(starts, dtype=np.int64),
-                                       draft_length(length, k, factor), min_prob)
-                if tokens:
-                    return SuffixDraft(tokens, length, score, "request")
+                yield length, np.asarray(starts, dtype=np.int64)
+
+    def draft(self, k: int, factor: float, min_prob: float) -> SuffixDraft:
+        array = self.array
+        for length, after in self.matches():
+            tokens, score = follow(array, after, draft_length(length, k, factor), min_prob)
+            if tokens:
+                return SuffixDraft(tokens, length, score, "request")
         return SuffixDraft([])
 
 
@@ -167,6 +221,30 @@ class SuffixDrafter:
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         self.last = self.best(ctx, k)
         return DraftProposal(self.last.tokens[:k])
+
+    def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
+        """`suffix_tree`: each source's counts grown into a tree from its longest match with a
+        continuation (`follow_tree`); the higher-scoring source's tree first, the other's nodes
+        beside it while the budget lasts."""
+        self.request.extend(ctx.token_ids)
+        grown = []
+        for index in (self.request, self.corpus):
+            if index is None or not depth:
+                continue
+            array = index.array
+            for length, after in index.matches(ctx.token_ids):
+                tree, score = follow_tree(array, after, draft_length(length, depth, self.factor), branch, nodes,
+                                          self.min_prob)
+                if len(tree):
+                    grown.append((score, tree))
+                    break
+        if not grown:
+            return DraftTree()
+        grown.sort(key=lambda g: -g[0])
+        tree = grown[0][1]
+        for _, other in grown[1:]:
+            tree = tree.merged(other, nodes)
+        return tree
 
     def accept(self, num_accepted: int) -> None:
         pass  # the index follows the committed tokens

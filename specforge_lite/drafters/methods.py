@@ -51,13 +51,14 @@ TREE, MIXED_TREE = "_tree", "_mixed_tree"
 
 
 def branching() -> tuple[str, ...]:
-    """The chain methods that can draft trees: n-gram lookup and each drafter whose module
-    sets DRAFTS_TREES (its decoder has `propose_tree`)."""
-    return ("ngram", *(name for name, module in DRAFTERS.items() if getattr(module, "DRAFTS_TREES", False)))
+    """The chain methods that can draft trees: n-gram lookup, suffix decoding and each drafter
+    whose module sets DRAFTS_TREES (its decoder has `propose_tree`)."""
+    return ("ngram", SUFFIX, *(name for name, module in DRAFTERS.items() if getattr(module, "DRAFTS_TREES", False)))
 
 
 def tree_methods() -> list[str]:
-    return [f"{m}{TREE}" for m in branching()] + [f"{m}{MIXED_TREE}" for m in branching() if m != "ngram"]
+    """<method>_tree for each branching method; <drafter>_mixed_tree for the trained ones."""
+    return [f"{m}{TREE}" for m in branching()] + [f"{m}{MIXED_TREE}" for m in branching() if m not in ("ngram", SUFFIX)]
 
 
 def tree_base(method: str) -> tuple[str, bool] | None:

@@ -121,3 +121,27 @@ def test_mt_bench_builtin():
     assert len(prompts) == 80
     assert len({p["category"] for p in prompts}) == 8
     assert all(len(p["turns"]) == 2 for p in prompts)
+
+
+def test_sharegpt_tasks_are_held_out_first_turns_by_area():
+    from specforge_lite.data.eval_prompts import SHAREGPT_TASKS, load_prompts
+    from tests.conftest import compose
+
+    cfg = compose([f"eval.dataset={SHAREGPT_TASKS}", "data.source=builtin:sharegpt"])
+    prompts = load_prompts(cfg)
+    areas = {p["category"] for p in prompts}
+    assert len(prompts) == 24 and len(areas) == 6
+    assert all(sum(p["category"] == a for p in prompts) == 4 for a in areas)
+    # each the first user turn of its conversation, which sits on the held-out side of the default split
+    records = {r["id"]: r for r in read_conversations("builtin:sharegpt")[0]}
+    for prompt in prompts:
+        first = next(m["content"] for m in records[prompt["id"]]["messages"] if m["role"] == "user")
+        assert prompt["turns"] == [first]
+    train, heldout = heldout_split([records[p["id"]] for p in prompts], 0.02, 0)
+    assert not train and len(heldout) == 24
+    # a run whose split trains on some of them is refused, naming the keys to set
+    with pytest.raises(SpecforgeError, match=r"training side of this run's split \(data.split_seed=1"):
+        load_prompts(compose([f"eval.dataset={SHAREGPT_TASKS}", "data.source=builtin:sharegpt", "data.split_seed=1"]))
+    # a drafter trained on other data has seen none of them: no split to check
+    other = compose([f"eval.dataset={SHAREGPT_TASKS}", "data.source=builtin:smoke", "data.split_seed=1"])
+    assert [p["id"] for p in load_prompts(other)] == [p["id"] for p in prompts]

@@ -13,9 +13,10 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext
-from specforge_lite.decoding.engine import generate_plain, generate_speculative
+from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
 from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, HybridDrafter
-from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow
+from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow, follow_tree
+from specforge_lite.decoding.tree import TreeShape
 from specforge_lite.decoding.verify import SamplingParams
 from tests.conftest import assert_same_law, tokens_2_3_law
 
@@ -36,6 +37,39 @@ def test_follow_takes_the_most_frequent_continuation_and_scores_it():
     assert corpus.draft([5], 4, 1.0, 0.1).tokens == []
     tokens, score = follow(np.array([1, 2, -1, 1, 2]), np.array([1, 4]), 3, 0.0)
     assert tokens == [2] and score == 1.0
+
+
+def test_the_suffix_tree_grows_best_first_by_running_product():
+    # after 1 2: 3 four times (then 4 three times, 5 once), 6 twice
+    corpus = CorpusIndex([[1, 2, 3, 4]] * 3 + [[1, 2, 3, 5]] + [[1, 2, 6, 7]] * 2, max_depth=8)
+    starts = corpus.occurrences([1, 2]) + 2
+    tree, score = follow_tree(corpus.array, starts, depth=2, branch=2, nodes=3, min_prob=0.0)
+    # 3 (4/6), then 3->4 (4/6 * 3/4 = 1/2), then 6 (2/6): the budget of 3 keeps the three best
+    assert tree.tokens == [3, 4, 6] and tree.parents == [-1, 0, -1]
+    assert score == pytest.approx(4 / 6 + 1 / 2 + 2 / 6)
+    # one child per node is a chain, the same as `follow`'s draft
+    chain, chain_score = follow_tree(corpus.array, starts, depth=4, branch=1, nodes=8, min_prob=0.0)
+    assert chain.tokens == follow(corpus.array, starts, 4, 0.0)[0] and chain.parents == [-1, 0]
+    assert chain_score == pytest.approx(follow(corpus.array, starts, 4, 0.0)[1])
+    # below min_prob no node
+    assert len(follow_tree(corpus.array, starts, 2, 2, 8, min_prob=0.9)[0]) == 0
+    # the request's tree (1 2 -> 8 1, score 2) before the corpus's (score 1.5), whose nodes follow
+    drafter = SuffixDrafter(corpus, max_depth=8, factor=2.0, min_prob=0.0)
+    tree = drafter.propose_tree(DraftContext(token_ids=[1, 2, 8, 1, 2], num_prompt_tokens=5), 2, 2, 6)
+    assert tree.tokens == [8, 1, 3, 4, 6, 7] and tree.parents == [-1, 0, -1, 2, -1, 4]
+    assert len(drafter.propose_tree(DraftContext(token_ids=[1, 2, 8, 1, 2], num_prompt_tokens=5), 2, 2, 3)) == 3
+
+
+def test_the_suffix_tree_decodes_greedily_as_plain_and_accepts(tiny_target):
+    model, _ = tiny_target
+    corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 4, seed=1)])
+    accepted = 0
+    for ids in _prompts(model.config.vocab_size, 4, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2):
+        plain = generate_plain(model, ids, 24)
+        tree = generate_tree(model, SuffixDrafter(corpus), ids, 24, TreeShape(4, 2, 8))
+        assert tree.tokens == plain.tokens
+        accepted += sum(tree.accepted_lengths)
+    assert accepted > 0
 
 
 def test_the_request_index_matches_the_longest_suffix_as_tokens_arrive():
