@@ -89,7 +89,12 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
                             + (f" (its chain: {chain['speedup']:.2f}x {plain})" if chain else "")
                             + ": vLLM 0.32 and llama.cpp serve chains only; the export README gives the tree as "
                             "vLLM's speculative_token_tree for releases with tree attention")
-    if deploy in notes:
+    if deploy.endswith("_hybrid"):  # ours only: the fastest method a serving engine runs as measured
+        served = next((n for n in ranked if not n.endswith("_hybrid") and not lossless[n].get("tree")
+                       and n not in ("untrained_draft", plain)), None)
+        alternatives.append(notes[deploy] + (f"; the fastest method an engine serves is {served} "
+                                             f"({lossless[served]['speedup']:.2f}x {plain})" if served else ""))
+    elif deploy in notes:
         nxt = next((n for n in ranked if n not in notes), None)
         note = notes[deploy]
         alternatives.append(note + (f"; the next fastest is {nxt} ({lossless[nxt]['speedup']:.2f}x)" if nxt else ""))

@@ -48,6 +48,24 @@ def methods_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def sources_table(report: dict) -> str:
+    """One row per hybrid method (its `sources`, decoding/hybrid.py): the share of its steps each
+    source drafted, and the tokens the target kept per step of each. Empty without hybrids."""
+    rows = []
+    for name, m in report["methods"].items():
+        sources = m.get("sources")
+        if not sources:
+            continue
+        steps = sum(s["steps"] for s in sources.values()) or 1
+        rows.append(f"| {name} | " + " | ".join(
+            f"{100 * s['steps'] / steps:.0f}% ({s['steps']}) | {_fmt(s['accepted'] / s['steps'] if s['steps'] else None)}"
+            for s in (sources["lookup"], sources["drafter"])) + " |")
+    if not rows:
+        return ""
+    return "\n".join(["| method | lookup: steps | lookup: kept / step | drafter: steps | drafter: kept / step |",
+                      "|---|---:|---:|---:|---:|", *rows])
+
+
 def trees_table(report: dict) -> str:
     """One row per tree method (its `tree` fields, `choices.tree_fields`) beside the chain
     it grows from: tau and speedup with their intervals, nodes verified and path accepted per
@@ -183,6 +201,9 @@ def render_markdown(report: dict) -> str:
     if trees := trees_table(report):
         out += ["Tree methods (`eval.tree`) beside the chains they grow from; nodes verified / step is the verify "
                 "width less the pending token, path / step the drafts accepted.", "", trees, ""]
+    if sources := sources_table(report):
+        out += ["Hybrid methods (`<drafter>_hybrid`): the steps each source drafted and the tokens the target kept "
+                "per step of each.", "", sources, ""]
     rec = report.get("recommendation")
     if rec:
         out += ["## Recommendation", "", f"Deploy **{rec['deploy']}**: " + "; ".join(rec["reasons"]) + "."]
@@ -192,12 +213,14 @@ def render_markdown(report: dict) -> str:
         "tau: " + conventions["tau"] + ". a_i: " + conventions["per_position_acceptance"]
         + ". Speedup: " + conventions["speedup"] + "."
         + (" Intervals: " + conventions["intervals"] + "." if "intervals" in conventions else ""), "",
-        "## tau by category", "",
+        "## tau and speedup by category", "",
         "| category | " + " | ".join(methods) + " |",
         "|---|" + "---:|" * len(methods),
     ]
     for cat, taus in report["per_category_tau"].items():
-        out.append(f"| {cat} | " + " | ".join(_fmt(taus.get(m)) for m in methods) + " |")
+        speeds = {m: (report["methods"][m].get("per_category") or {}).get(cat, {}).get("speedup") for m in methods}
+        out.append(f"| {cat} | " + " | ".join(_fmt(taus.get(m)) + ("" if speeds[m] is None else f" / {speeds[m]:.2f}x")
+                                             for m in methods) + " |")
     costs = report["forward_costs"]
     out += ["", "## Best k", "",
             f"Target forward over t new tokens at context {costs['context_len']}: "

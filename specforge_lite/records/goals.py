@@ -13,6 +13,7 @@ what the measure must do:
     apart_from: OTHER            its 95% interval (`<measure>_ci`) wholly above OTHER's
     ahead_of_all: [EXCEPT, ...]  above every other method of the report but those
     deploy: METHOD               the report's recommendation deploys METHOD (no measure)
+    deploy_one_of: [M, ...]      it deploys one of these (those the report has)
 
 A goal of one figure (`value: what it is` and a bound) is checked with `check_value`. `{name}` in
 a key or a method is filled in by the record (the run's k, a DFlash method's name); `for_each:
@@ -30,7 +31,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.records.results import ROOT
 
 GOALS = ROOT / "benchmarks" / "goals.yaml"
-KINDS = ("at_least", "at_most", "ahead_of", "apart_from", "ahead_of_all", "deploy")
+KINDS = ("at_least", "at_most", "ahead_of", "apart_from", "ahead_of_all", "deploy", "deploy_one_of")
 
 
 def goals_of(name: str, fallback: str | None = None, path: Path | None = None) -> dict:
@@ -87,6 +88,13 @@ def check_one(spec: dict, report: dict) -> dict | None:
             return None
         deploy = (report.get("recommendation") or {}).get("deploy")
         return _verdict(deploy, deploy == spec["deploy"], f"the report deploys {spec['deploy']}", spec.get("note", ""))
+    if kind == "deploy_one_of":
+        choices = [m for m in spec["deploy_one_of"] if m in methods]
+        if not choices:
+            return None
+        deploy = (report.get("recommendation") or {}).get("deploy")
+        return _verdict(deploy, deploy in choices, f"the report deploys one of {', '.join(choices)}",
+                        spec.get("note", ""))
     measure = spec["measure"]
     other = next((spec[k] for k in ("over", "gain_over", "excess_over", "ahead_of", "apart_from") if k in spec), None)
     if method not in methods or (other is not None and other not in methods):

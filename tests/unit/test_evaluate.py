@@ -214,6 +214,13 @@ def test_recommendation_when_medusa_or_nothing_wins():
     assert any("0.33 removed it" in a and "next fastest is eagle3 (1.20x)" in a for a in rec["alternatives"])
     rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3": _entry(1.2, 7.0, 10.0)}})
     assert rec["deploy"] == "plain" and "no drafter beats plain" in rec["reasons"][1]
+    # a hybrid is ours only: the report names the fastest method a serving engine runs (no tree, no hybrid)
+    rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3_hybrid": _entry(2.0, 16.0, 10.0),
+                                 "eagle3_tree": {**_entry(2.2, 15.0, 10.0), "tree": {"chain": "eagle3"}},
+                                 "suffix": _entry(1.5, 13.0, 10.0), "eagle3": _entry(1.6, 12.0, 10.0)}})
+    assert rec["deploy"] == "eagle3_hybrid"
+    assert any("served by our engine only" in a and "the fastest method an engine serves is suffix (1.30x plain)" in a
+               for a in rec["alternatives"])
 
 
 def _timed_report(seconds: dict[str, list[float]], tokens: int = 21, forwards: dict[str, int] | None = None) -> dict:

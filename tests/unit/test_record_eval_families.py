@@ -78,6 +78,9 @@ def test_every_goal_kind_on_a_hand_made_report():
              "apart": {"method": "a", "measure": "speedup", "apart_from": "b"},
              "fastest": {"method": "a", "measure": "tokens_per_s", "ahead_of_all": ["plain"]},
              "deploys": {"deploy": "a"},
+             "deploys_one": {"deploy_one_of": ["b", "a", "c"]},
+             "deploys_other": {"deploy_one_of": ["b"]},
+             "deploys_absent": {"deploy_one_of": ["c"]},
              "{each}_tau": {"for_each": ["a", "b"], "method": "{each}", "measure": "tau", "at_least": 2.2},
              "absent": {"method": "c", "measure": "tau", "at_least": 1}}
     found = goals.check(specs, report)
@@ -89,6 +92,8 @@ def test_every_goal_kind_on_a_hand_made_report():
     assert found["apart"]["met"] is False  # 1.3 is not above 1.35
     assert found["fastest"]["value"] == [70.0, 60.0] and found["fastest"]["met"] is True
     assert found["deploys"]["met"] is True
+    assert found["deploys_one"] == {"value": "a", "met": True, "goal": "the report deploys one of b, a"}
+    assert found["deploys_other"]["met"] is False and "deploys_absent" not in found
     assert (found["a_tau"]["met"], found["b_tau"]["met"]) == (True, False)
     assert "absent" not in found
     assert goals.check_value({"x": {"value": "batched / one", "at_least": 3}}, "x", 2.5)["x"]["met"] is False
@@ -103,7 +108,8 @@ def test_every_goals_entry_reads_and_a_missing_one_falls_back(tmp_path):
 
     def specs(node):  # the goals of an entry, inside its groups
         for value in node.values():
-            if isinstance(value, dict) and ("measure" in value or "value" in value or "deploy" in value):
+            if isinstance(value, dict) and ("measure" in value or "value" in value or "deploy" in value
+                                            or "deploy_one_of" in value):
                 yield value
             elif isinstance(value, dict):
                 yield from specs(value)

@@ -1,0 +1,88 @@
+"""Record the hybrid-drafting comparison: lookup, suffix decoding, the trained drafter and their hybrid.
+
+    python -m benchmarks.records.record_hybrid --run RUN --command "..." [--run RUN2 --command "..."] [--wall "..."]
+
+Each RUN/eval/report.json is one evaluate of the same methods on one prompt set (the demo's
+MT-Bench first turns, `builtin:sharegpt_tasks`' held-out task areas): plain, n-gram, suffix
+decoding (chain and tree), the EAGLE-3 chain, its trees and `eagle3_hybrid`. Recorded per run:
+the methods table, the hybrid's steps and kept tokens per source, tau and speedup per task
+area, the report's recommendation, and the verdicts on the goals of the hybrid issue (the
+`eval_hybrid_smollm2` entry of benchmarks/goals.yaml). Writes benchmarks/results/eval_hybrid_smollm2.json
+and its section of docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.common import fail, num, run, run_file, update_doc_section, write_results
+from specforge_lite.decoding.report import methods_table, sources_table
+from specforge_lite.records import goals as issue_goals
+
+NAME = "eval_hybrid_smollm2"
+
+
+def areas_rows(report: dict) -> list[str]:
+    """tau and speedup over plain per prompt category (the task areas), one column per method."""
+    categories = list(report.get("per_category_tau", {}))
+    if len(categories) < 2:
+        return []
+    methods = [n for n in report["methods"] if n != "plain"]
+    rows = ["| area | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    for cat in categories:
+        cells = []
+        for name in methods:
+            c = report["methods"][name].get("per_category", {}).get(cat) or {}
+            cells.append(f"{num(c.get('tau'))} / {num(c.get('speedup'), 2, 'x')}")
+        rows.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def section(runs: list[dict], wall: str) -> str:
+    parts = ["## Hybrid drafting: lookup, suffix decoding, EAGLE-3 and `eagle3_hybrid` (SmolLM2, CPU)", ""]
+    for one in runs:
+        report, dataset = one["report"], one["report"]["settings"]["dataset"]
+        rec, settings = report.get("recommendation") or {}, report["settings"]
+        engine = settings.get("engine") if isinstance(settings.get("engine"), dict) else {}
+        tree = settings.get("tree") or {}
+        parts += [f"### `{dataset}`", "",
+                  f"Command: `{one['command']}`" + (f" ({wall})" if wall else "") + ". "
+                  f"{report.get('num_prompts', '?')} prompts, greedy, k = {settings.get('num_draft_tokens')}, "
+                  f"trees {tree.get('depth')}/{tree.get('branch')}/{tree.get('nodes')} (depth/branch/nodes), "
+                  f"target forward {engine.get('used', '?')} in {report.get('dtype', '?')}.",
+                  "", methods_table(report), ""]
+        if sources := sources_table(report):
+            parts += ["Which source drafted the hybrid's steps, and the tokens the target kept per step of each:", "",
+                      sources, ""]
+        if rows := areas_rows(report):
+            parts += ["tau / speedup over plain per task area:", "", *rows, ""]
+        parts += [f"Recommendation: deploy `{rec.get('deploy')}`"
+                  + (f"; {'; '.join(rec['reasons'])}" if rec.get("reasons") else "") + ".",
+                  "", "Goals (benchmarks/goals.yaml, `eval_hybrid_smollm2`):", "",
+                  *issue_goals.lines(one["goals"]), ""]
+    return "\n".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, action="append", required=True, help="an evaluate's run_dir; repeatable")
+    parser.add_argument("--command", action="append", required=True, help="its command, one per --run")
+    parser.add_argument("--wall", default="", help="the wall time of each evaluate, as measured")
+    args = parser.parse_args()
+    if len(args.run) != len(args.command):
+        fail(f"give one --command per --run ({len(args.run)} runs, {len(args.command)} commands)")
+    goals = issue_goals.goals_of(NAME)
+    runs = []
+    for run_dir, command in zip(args.run, args.command):
+        report = {k: v for k, v in run_file(run_dir, "eval/report.json").items() if k != "answers"}
+        runs.append({"command": command, "dataset": report["settings"]["dataset"],
+                     "goals": issue_goals.check(goals, report), "report": report})
+    write_results(NAME, {"commands": [r["command"] for r in runs], "wall": args.wall,
+                         "goals": {r["dataset"]: r["goals"] for r in runs}, "runs": runs})
+    update_doc_section(NAME, section(runs, args.wall))
+    print("\n".join(f"{r['dataset']}: " + "; ".join(issue_goals.lines(r["goals"])) for r in runs))
+
+
+if __name__ == "__main__":
+    run(main)
