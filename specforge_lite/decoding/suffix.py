@@ -250,10 +250,18 @@ class SuffixDrafter:
         pass  # the index follows the committed tokens
 
 
-def lookup_factory(scfg, answers: list[list[int]] | None) -> Callable[[], SuffixDrafter]:
+def lookup_factory(scfg, answers: list[list[int]] | None) -> Callable[..., SuffixDrafter]:
     """New `suffix` drafters with `eval.suffix`'s settings (`scfg`), one per method that drafts with
-    lookup, over one corpus of the target's `answers` indexed once (none: each request alone)."""
+    lookup, over one corpus of the target's `answers` indexed once (none: each request alone);
+    `make("arctic_suffix")`: Arctic Inference's own cache over the same answers and settings."""
     corpus = CorpusIndex(answers, scfg.max_depth) if answers else None
     log.info("suffix decoding: %s", f"each request and {corpus.num_tokens} tokens of the target's sampled answers"
              if corpus else "each request's own tokens (no samples of this target)")
-    return lambda: SuffixDrafter(corpus, scfg.max_depth, scfg.factor, scfg.min_prob)
+
+    def make(kind: str = "suffix"):
+        if kind == "arctic_suffix":
+            from specforge_lite.decoding.arctic import ArcticSuffixDrafter
+
+            return ArcticSuffixDrafter(answers or None, scfg.max_depth, scfg.factor, scfg.min_prob)
+        return SuffixDrafter(corpus, scfg.max_depth, scfg.factor, scfg.min_prob)
+    return make

@@ -16,6 +16,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.drafters.registry import DRAFTERS, RENAMED
 from specforge_lite.config.draft_tokens import method_k, widest_k
 from specforge_lite.config.schema import MAX_DRAFTS
+from specforge_lite.decoding.arctic import ARCTIC_SUFFIX, missing_problem  # Arctic Inference's suffix decoding
 
 PLAIN = "plain"
 ENGINE_DRAFTERS = ("ngram", "untrained_draft")
@@ -92,7 +93,7 @@ def chain_methods(methods) -> list[str]:
 def tree_problems(eval_cfg, target_config=None) -> list[str]:
     """`eval.tree` against the methods that use it (and, once known, the target's context)."""
     problems, tree = [], eval_cfg.get("tree")
-    chains = [PLAIN, *ENGINE_DRAFTERS, SUFFIX, *DRAFTERS, *HF_METHODS]
+    chains = [PLAIN, *ENGINE_DRAFTERS, SUFFIX, ARCTIC_SUFFIX, *DRAFTERS, *HF_METHODS]
     trees = [m for m in eval_cfg.methods if tree_base(m)]
     for method in trees:
         base = tree_base(method)[0]
@@ -153,7 +154,7 @@ def no_methods(methods: list[str]) -> str | None:
 def known() -> list[str]:
     """Every method name, in the order `--help` and error messages list them."""
     return [PLAIN, *ENGINE_DRAFTERS, SUFFIX, *DRAFTERS, *tree_methods(), *hybrid_methods(), *HF_METHODS,
-            *VLLM_METHODS, *LLAMACPP_METHODS]
+            ARCTIC_SUFFIX, *VLLM_METHODS, *LLAMACPP_METHODS]
 
 
 def labelled_drafters(eval_cfg) -> dict[str, str]:
@@ -175,6 +176,8 @@ def method_problems(eval_cfg) -> list[str]:
             problems.append(f"eval.methods: {method} was renamed: untrained_draft (a draft model used as it is) or "
                             f"{RENAMED[method]} (one trained here)")
     problems += tree_problems(eval_cfg)
+    if ARCTIC_SUFFIX in methods:  # whether `make arctic` built it
+        problems += [p for p in (missing_problem(),) if p]
     unknown = [m for m in methods if m not in names and m not in RENAMED
                and not (tree_base(m) and tree_base(m)[0] in names)]  # a chain method's tree: tree_problems
     if unknown:
@@ -214,7 +217,7 @@ def best_k_problem(method: str, methods: list[str], eval_cfg) -> str | None:
 # Hugging Face decoders that take a k (plain and hf_generate draft nothing; the serving engines
 # and the tree methods have one k, eval.num_draft_tokens, and one shape, eval.tree)
 def own_k_methods(eval_cfg) -> list[str]:
-    return [*ENGINE_DRAFTERS, SUFFIX, *DRAFTERS, *hybrid_methods(), "hf_prompt_lookup", "hf_assisted",
+    return [*ENGINE_DRAFTERS, SUFFIX, ARCTIC_SUFFIX, *DRAFTERS, *hybrid_methods(), "hf_prompt_lookup", "hf_assisted",
             *labelled_drafters(eval_cfg)]
 
 

@@ -55,8 +55,8 @@ from specforge_lite.decoding.recommend import recommend
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
-from specforge_lite.drafters.methods import (HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed, hybrid_base,
-                                           labelled_drafters, own_k_methods, run_order, tree_base)
+from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed,
+                                           hybrid_base, labelled_drafters, own_k_methods, run_order, tree_base)
 from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, say_what_the_trained_folder_decides
 from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
@@ -86,12 +86,12 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
         return assistant
 
     labelled, scfg, lookup = labelled_drafters(ecfg), ecfg.suffix, None
-    if SUFFIX in methods or any(map(hybrid_base, methods)):  # the target's own answers, indexed once
+    if {SUFFIX, ARCTIC_SUFFIX} & set(methods) or any(map(hybrid_base, methods)):  # the target's answers, once
         lookup = lookup_factory(scfg, scfg.samples and answer_corpus(samples_dir(cfg), cfg.target.path,
                                                                      scfg.max_corpus_tokens))
     for name in chain_methods(methods):  # every drafter first (a tree method's too): the engine serves their layers
-        if name == SUFFIX:
-            drafters[name] = lookup()
+        if name in (SUFFIX, ARCTIC_SUFFIX):
+            drafters[name] = lookup(name)
         elif name in BUILTIN or name in DRAFTERS or name in labelled:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())

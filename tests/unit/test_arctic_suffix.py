@@ -1,0 +1,59 @@
+"""`arctic_suffix`: Arctic Inference's own suffix decoding as a peer method (decoding/arctic.py), built
+by `make arctic`. Skipped where it is not built; an error instead with SPECFORGE_LITE_REQUIRE_ARCTIC=1
+(CI builds it). The door's refusal where it is missing needs no build."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specforge_lite.contract import DraftContext
+from specforge_lite.decoding import arctic
+from specforge_lite.decoding.engine import generate_plain, generate_speculative
+from specforge_lite.decoding.suffix import CorpusIndex, SuffixDrafter
+from tests.unit.test_suffix_hybrid import _prompts
+
+
+@pytest.fixture
+def built():
+    if arctic.missing_problem():
+        if os.environ.get("SPECFORGE_LITE_REQUIRE_ARCTIC") == "1":
+            pytest.fail(f"SPECFORGE_LITE_REQUIRE_ARCTIC=1 but {arctic.missing_problem()}")
+        pytest.skip(arctic.missing_problem())
+
+
+def test_it_drafts_what_our_suffix_drafts_on_a_plain_corpus(built):
+    # one continuation everywhere: both implementations must follow it, from the corpus and the request
+    answers = [[1, 2, 3, 4, 5, 6]] * 3
+    ours, theirs = SuffixDrafter(CorpusIndex(answers), factor=2.0), arctic.ArcticSuffixDrafter(answers, factor=2.0)
+    for ids, prompt in (([9, 1, 2, 3], 4), ([7, 8, 9, 7, 8], 5)):
+        ctx = DraftContext(token_ids=ids, num_prompt_tokens=prompt)
+        assert theirs.propose(ctx, 3).tokens == ours.propose(ctx, 3).tokens != []
+        theirs.reset()
+        ours.reset()
+    # an answer evaluated is evicted from the global tree when its request ends
+    theirs.propose(DraftContext(token_ids=[40, 41, 42, 43, 44], num_prompt_tokens=5), 2)
+    theirs.reset()
+    assert theirs.propose(DraftContext(token_ids=[50, 40, 41], num_prompt_tokens=3), 2).tokens == []
+
+
+def test_it_decodes_greedily_as_plain_with_acceptances(built, tiny_target):
+    model, _ = tiny_target
+    answers = [generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 4, seed=1)]
+    drafter, accepted = arctic.ArcticSuffixDrafter(answers), 0
+    for ids in _prompts(model.config.vocab_size, 4, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2):
+        out = generate_speculative(model, drafter, ids, 24, 3)
+        assert out.tokens == generate_plain(model, ids, 24).tokens
+        accepted += sum(out.accepted_lengths)
+    assert accepted > 0
+
+
+def test_the_door_names_the_build_when_it_is_missing(monkeypatch):
+    monkeypatch.setattr(arctic.importlib.util, "find_spec", lambda name: None)
+    assert "make arctic" in arctic.missing_problem()
+    from specforge_lite.drafters.methods import method_problems
+    from tests.conftest import compose
+
+    problems = method_problems(compose(["eval.methods=[plain,arctic_suffix]"]).eval)
+    assert any("arctic_suffix needs Arctic Inference's suffix decoding" in p for p in problems)
