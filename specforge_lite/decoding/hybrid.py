@@ -4,19 +4,22 @@ Per step the lookup's draft comes first (it costs next to nothing): its score is
 its tokens the target is expected to keep (`suffix.SuffixDraft.score`). The drafter's expected
 kept tokens is what it kept on average over its own earlier steps (its running
 acceptance; before its first step, `prior`), and its step costs its drafting time on top of the
-verify. Until both times are measured lookup drafts where its score reaches the drafter's expected
-kept tokens; from then on lookup drafts alone, and the drafter's forward is skipped, where
+verify. Until the times are measured lookup drafts where its score reaches the drafter's expected
+kept tokens, else the drafter. From then on each step takes the choice of most tokens per second:
 
-    (1 + lookup score) / verify_s  >=  (1 + drafter's expected kept) / (verify_s + draft_s)
+    lookup alone:   (1 + lookup score) / verify_s[lookup]
+    the drafter:    (1 + drafter's expected kept) / (verify_s[drafter] + draft_s)
+    no draft:       1 / verify_s[none]     (a plain step: where neither source pays for itself)
 
-(tokens per second of the two choices, both times measured in this run: the drafter's propose
-calls, and the time between the end of one propose and the start of the next, which is the verify
-and the engine's bookkeeping). A skipped step's target hidden states are kept and handed to the
+each time measured in this run: the drafter's propose calls, and per choice the time between the
+end of one propose and the start of the next (the verify of that choice's width and the engine's
+bookkeeping; a choice not yet timed is priced at the cheapest step timed). Lookup or no draft
+skips the drafter's forward. A skipped step's target hidden states are kept and handed to the
 drafter, in order, at its next step, so its cache holds every committed position exactly as if it
 had drafted every step (EAGLE-3, P-EAGLE and DFlash write an anchor per committed position).
 
-`sources` counts, over the drafter's life, the steps each source drafted and the tokens the
-target kept of them (the report's share of steps per source).
+`sources` counts, over the drafter's life, the steps each choice took and the tokens the target
+kept of them (the report's share of steps per source).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 from specforge_lite.contract import DraftContext, DraftProposal
 from specforge_lite.decoding.suffix import SuffixDrafter
 
-LOOKUP, DRAFTER = "lookup", "drafter"
+LOOKUP, DRAFTER, NONE = "lookup", "drafter", "none"
 
 
 class HybridDrafter:
@@ -41,11 +44,11 @@ class HybridDrafter:
         # measured over the drafter's life (a machine's costs and a drafter's acceptance hold across answers)
         self.kept, self.steps = 0, 0  # the drafter's own steps
         self.draft_s, self.drafter_calls = 0.0, 0
-        self.between_s, self.between_calls = 0.0, 0
+        self.between = {choice: [0.0, 0] for choice in (LOOKUP, DRAFTER, NONE)}  # verify seconds, steps
         self.reset()
 
     def clear_sources(self) -> None:
-        self.sources = {LOOKUP: {"steps": 0, "accepted": 0}, DRAFTER: {"steps": 0, "accepted": 0}}
+        self.sources = {choice: {"steps": 0, "accepted": 0} for choice in (LOOKUP, DRAFTER, NONE)}
 
     def reset(self) -> None:
         self.drafter.reset()
@@ -54,14 +57,18 @@ class HybridDrafter:
         self.ended = None  # when the last propose of this answer returned
         self.used = None
 
-    def _drafter_pays_less(self, lookup_score: float) -> bool:
-        """Whether lookup's draft alone is worth at least the drafter's, in tokens per second."""
+    def _choose(self, lookup_score: float | None) -> str:
+        """LOOKUP, DRAFTER or NONE: the most expected tokens per second (the module's rule)."""
         expected = self.kept / self.steps if self.steps else self.prior
-        if not self.between_calls or not self.drafter_calls:  # no times yet: the surer of the two drafts
-            return lookup_score >= expected
-        verify_s = self.between_s / self.between_calls
-        draft_s = self.draft_s / self.drafter_calls
-        return (1 + lookup_score) / verify_s >= (1 + expected) / (verify_s + draft_s)
+        timed = {c: seconds / n for c, (seconds, n) in self.between.items() if n}
+        if not timed or not self.drafter_calls:  # no times yet: the surer of the two drafts
+            return LOOKUP if lookup_score is not None and lookup_score >= expected else DRAFTER
+        cheapest = min(timed.values())
+        rates = {DRAFTER: (1 + expected) / (timed.get(DRAFTER, cheapest) + self.draft_s / self.drafter_calls),
+                 NONE: 1 / timed.get(NONE, cheapest)}
+        if lookup_score is not None:
+            rates[LOOKUP] = (1 + lookup_score) / timed.get(LOOKUP, cheapest)
+        return max(rates, key=rates.get)
 
     def _hand_over(self, ctx: DraftContext) -> DraftContext:
         """ctx with the skipped steps' hidden states before this step's (the positions in order)."""
@@ -78,20 +85,19 @@ class HybridDrafter:
             self.used = None
             return self.drafter.propose(self._hand_over(ctx), 0)
         start = time.perf_counter()
-        if self.ended is not None:
-            self.between_s += start - self.ended
-            self.between_calls += 1
+        if self.ended is not None and self.used is not None:  # the verify of the previous step's choice
+            self.between[self.used][0] += start - self.ended
+            self.between[self.used][1] += 1
         lookup = self.lookup.best(ctx, k)
-        if lookup.tokens and self._drafter_pays_less(lookup.score):
-            for layer in self.hidden_state_layers:
-                self.pending.setdefault(layer, []).append(ctx.hidden_states[layer])
-            self.used = LOOKUP
-            proposal = DraftProposal(lookup.tokens[:k])
-        else:
-            self.used = DRAFTER
+        self.used = self._choose(lookup.score if lookup.tokens else None)
+        if self.used == DRAFTER:
             proposal = self.drafter.propose(self._hand_over(ctx), k)
             self.draft_s += time.perf_counter() - start
             self.drafter_calls += 1
+        else:  # the drafter's forward is skipped: it gets this step's hidden states at its next one
+            for layer in self.hidden_state_layers:
+                self.pending.setdefault(layer, []).append(ctx.hidden_states[layer])
+            proposal = DraftProposal(lookup.tokens[:k] if self.used == LOOKUP else [])
         self.ended = time.perf_counter()
         return proposal
 

@@ -57,13 +57,14 @@ def sources_table(report: dict) -> str:
         if not sources:
             continue
         steps = sum(s["steps"] for s in sources.values()) or 1
+        none = sources.get("none", {"steps": 0})
         rows.append(f"| {name} | " + " | ".join(
             f"{100 * s['steps'] / steps:.0f}% ({s['steps']}) | {_fmt(s['accepted'] / s['steps'] if s['steps'] else None)}"
-            for s in (sources["lookup"], sources["drafter"])) + " |")
+            for s in (sources["lookup"], sources["drafter"])) + f" | {100 * none['steps'] / steps:.0f}% ({none['steps']}) |")
     if not rows:
         return ""
-    return "\n".join(["| method | lookup: steps | lookup: kept / step | drafter: steps | drafter: kept / step |",
-                      "|---|---:|---:|---:|---:|", *rows])
+    return "\n".join(["| method | lookup: steps | lookup: kept / step | drafter: steps | drafter: kept / step | no draft: steps |",
+                      "|---|---:|---:|---:|---:|---:|", *rows])
 
 
 def trees_table(report: dict) -> str:
@@ -202,8 +203,8 @@ def render_markdown(report: dict) -> str:
         out += ["Tree methods (`eval.tree`) beside the chains they grow from; nodes verified / step is the verify "
                 "width less the pending token, path / step the drafts accepted.", "", trees, ""]
     if sources := sources_table(report):
-        out += ["Hybrid methods (`<drafter>_hybrid`): the steps each source drafted and the tokens the target kept "
-                "per step of each.", "", sources, ""]
+        out += ["Hybrid methods (`<drafter>_hybrid`): the steps each source drafted (or none, a plain step) and the "
+                "tokens the target kept per step of each.", "", sources, ""]
     rec = report.get("recommendation")
     if rec:
         out += ["## Recommendation", "", f"Deploy **{rec['deploy']}**: " + "; ".join(rec["reasons"]) + "."]

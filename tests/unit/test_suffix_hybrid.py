@@ -14,7 +14,7 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
-from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, HybridDrafter
+from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, NONE, HybridDrafter
 from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow, follow_tree
 from specforge_lite.decoding.tree import TreeShape
 from specforge_lite.decoding.verify import SamplingParams
@@ -124,6 +124,35 @@ def test_suffix_and_hybrid_decode_greedily_as_plain_with_both_sources_accepted(t
     assert accepted["suffix"] > 0
     assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
     assert hybrid.sources[LOOKUP]["accepted"] > 0  # the corpus holds these answers: lookup is kept
+
+
+def test_each_step_takes_the_choice_of_most_tokens_per_second():
+    from specforge_lite.decoding.drafters import NgramDrafter
+
+    hybrid = HybridDrafter(NgramDrafter(), SuffixDrafter(None), prior=1.0)
+    assert hybrid._choose(1.0) == LOOKUP and hybrid._choose(0.5) == DRAFTER and hybrid._choose(None) == DRAFTER
+    # measured: verifies of 10 ms (lookup), 12 ms (drafter), 8 ms (none); drafting 4 ms; drafter keeps 0.5
+    hybrid.between = {LOOKUP: [0.010, 1], DRAFTER: [0.012, 1], NONE: [0.008, 1]}
+    hybrid.draft_s, hybrid.drafter_calls, hybrid.kept, hybrid.steps = 0.004, 1, 1, 2
+    # tokens/s: drafter 1.5 / 16 ms = 94, none 1 / 8 ms = 125, lookup (1 + s) / 10 ms
+    assert hybrid._choose(None) == NONE and hybrid._choose(0.2) == NONE and hybrid._choose(0.3) == LOOKUP
+    hybrid.kept = 4  # keeps 2 a step: 3 / 16 ms = 188
+    assert hybrid._choose(None) == DRAFTER and hybrid._choose(0.8) == DRAFTER and hybrid._choose(0.9) == LOOKUP
+    # a choice not yet timed is priced at the cheapest step timed
+    hybrid.between[NONE], hybrid.kept = [0.0, 0], 1
+    assert hybrid._choose(None) == NONE  # 1 / 10 ms beats 1.5 / 16 ms
+
+
+def test_steps_where_no_source_pays_draft_nothing_and_stay_lossless(tiny_target):
+    model, _ = tiny_target
+    corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 2, seed=1)])
+    hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0)
+    hybrid.draft_s, hybrid.drafter_calls, hybrid.kept, hybrid.steps = 1.0, 1, 0, 1000  # a drafter that never pays
+    hybrid.between[NONE] = [0.001, 1]
+    for ids in _prompts(model.config.vocab_size, 2, seed=1) + _prompts(model.config.vocab_size, 2, seed=2):
+        assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
+    assert hybrid.sources[NONE]["steps"] > 0 and hybrid.sources[LOOKUP]["accepted"] > 0
+    assert hybrid.sources[DRAFTER]["steps"] == 0 and hybrid.sources[NONE]["accepted"] == 0
 
 
 def test_a_drafter_after_skipped_steps_holds_what_a_drafter_of_every_step_holds(tiny_target):
