@@ -8,7 +8,7 @@ decoding (chain and tree), the EAGLE-3 chain, its trees and `eagle3_hybrid`. Rec
 the methods table, the hybrid's steps and kept tokens per source, tau and speedup per task
 area, the report's recommendation, and the verdicts on the goals of the hybrid issue (the
 `eval_hybrid_smollm2` entry of benchmarks/goals.yaml). Writes benchmarks/results/eval_hybrid_smollm2.json
-and its section of docs/BENCHMARKS.md.
+(MT-Bench; another prompt set: eval_hybrid_smollm2_<its name>) and their section of docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -72,14 +72,15 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.run) != len(args.command):
         fail(f"give one --command per --run ({len(args.run)} runs, {len(args.command)} commands)")
-    goals = issue_goals.goals_of(NAME)
     runs = []
     for run_dir, command in zip(args.run, args.command):
         report = {k: v for k, v in run_file(run_dir, "eval/report.json").items() if k != "answers"}
-        runs.append({"command": command, "dataset": report["settings"]["dataset"],
-                     "goals": issue_goals.check(goals, report), "report": report})
-    write_results(NAME, {"commands": [r["command"] for r in runs], "wall": args.wall,
-                         "goals": {r["dataset"]: r["goals"] for r in runs}, "runs": runs})
+        dataset = report["settings"]["dataset"]
+        name = NAME if dataset == "builtin:mt_bench" else f"{NAME}_{dataset.rsplit(':', 1)[-1].split('/')[-1]}"
+        goals = issue_goals.check(issue_goals.goals_of(name, NAME), report)
+        runs.append({"command": command, "dataset": dataset, "goals": goals, "report": report})
+        # one results file per prompt set, each an evaluate report the cards' results blocks can show
+        write_results(name, {"command": command, "wall": args.wall, "goals": goals, "report": report})
     update_doc_section(NAME, section(runs, args.wall))
     print("\n".join(f"{r['dataset']}: " + "; ".join(issue_goals.lines(r["goals"])) for r in runs))
 
