@@ -16,27 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.common import fail, num, run, run_file, update_doc_section, write_results
-from specforge_lite.decoding.report import methods_table, sources_table
+from benchmarks.common import fail, run, run_file, update_doc_section, write_results
+from specforge_lite.decoding.report import categories_table, methods_table, sources_table
 from specforge_lite.records import goals as issue_goals
 
 NAME = "eval_hybrid_smollm2"
-
-
-def areas_rows(report: dict) -> list[str]:
-    """tau and speedup over plain per prompt category (the task areas), one column per method."""
-    categories = list(report.get("per_category_tau", {}))
-    if len(categories) < 2:
-        return []
-    methods = [n for n in report["methods"] if n != "plain"]
-    rows = ["| area | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
-    for cat in categories:
-        cells = []
-        for name in methods:
-            c = report["methods"][name].get("per_category", {}).get(cat) or {}
-            cells.append(f"{num(c.get('tau'))} / {num(c.get('speedup'), 2, 'x')}")
-        rows.append(f"| {cat} | " + " | ".join(cells) + " |")
-    return rows
 
 
 def section(runs: list[dict], wall: str) -> str:
@@ -55,8 +39,9 @@ def section(runs: list[dict], wall: str) -> str:
         if sources := sources_table(report):
             parts += ["Which source drafted the hybrid's steps, and the tokens the target kept per step of each:", "",
                       sources, ""]
-        if rows := areas_rows(report):
-            parts += ["tau / speedup over plain per task area:", "", *rows, ""]
+        if len(report.get("per_category_tau", {})) > 1:
+            methods = [n for n in report["methods"] if n != "plain"]
+            parts += ["tau / speedup over plain per task area:", "", categories_table(report, methods), ""]
         parts += [f"Recommendation: deploy `{rec.get('deploy')}`"
                   + (f"; {'; '.join(rec['reasons'])}" if rec.get("reasons") else "") + ".",
                   "", "Goals (benchmarks/goals.yaml, `eval_hybrid_smollm2`):", "",

@@ -41,12 +41,7 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
             log.warning("%s not found (sample stage not run); splitting %s with data.heldout_fraction=%s",
                         split, cfg.data.source, cfg.data.heldout_fraction)
             _, heldout = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
-        prompts = []
-        for record in heldout:
-            messages = record["messages"]
-            prompts.append({"id": record["id"], "category": "heldout",
-                            "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
-                            "turns": [m["content"] for m in messages if m["role"] == "user"]})
+        prompts = [record_prompt(record, "heldout") for record in heldout]
     if not prompts:
         raise SpecforgeError(f"eval.dataset={dataset} gave no prompts")
     prompts = unique_ids(prompts, dataset, cfg.data.strict)
@@ -83,14 +78,16 @@ def read_task_prompts(cfg: DictConfig) -> list[dict]:
                 f"this run's split (data.split_seed={cfg.data.split_seed}, data.heldout_fraction="
                 f"{cfg.data.heldout_fraction}); they were picked from the held-out side at data.split_seed="
                 f"{split['split_seed']}, data.heldout_fraction={split['heldout_fraction']}: use those, or another eval.dataset")
-    prompts = []
-    for entry, record in zip(spec["prompts"], picked):
-        messages = record["messages"]
-        first_user = next(m["content"] for m in messages if m["role"] == "user")
-        prompts.append({"id": record["id"], "category": entry["category"],
-                        "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
-                        "turns": [first_user]})
-    return prompts
+    prompts = [record_prompt(record, entry["category"]) for entry, record in zip(spec["prompts"], picked)]
+    return [{**prompt, "turns": prompt["turns"][:1]} for prompt in prompts]
+
+
+def record_prompt(record: dict, category: str) -> dict:
+    """An eval prompt from a conversation record: its system message, its user turns in order."""
+    messages = record["messages"]
+    return {"id": record["id"], "category": category,
+            "system": messages[0]["content"] if messages[0]["role"] == "system" else None,
+            "turns": [m["content"] for m in messages if m["role"] == "user"]}
 
 
 def unique_ids(prompts: list[dict], source: str, strict: bool = False) -> list[dict]:

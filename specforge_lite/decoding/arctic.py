@@ -55,28 +55,26 @@ class ArcticSuffixDrafter:
         self.ids = itertools.count()
         self.request, self.fed = None, 0
 
-    def _end(self) -> None:
+    def reset(self) -> None:
+        """End the answer's request and evict its response from the global tree."""
         if self.request is not None:
             self.cache.stop_request(self.request)
             if self.request in self.cache.cached_requests:
                 self.cache.evict_cached_response(self.request)
             self.request = None
 
-    def reset(self) -> None:
-        self._end()
-
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         ids = ctx.token_ids
         if self.request is None:  # the first step of an answer: the prompt starts its request
             self.request = ("eval", next(self.ids))
-            self.cache.start_request(self.request, [int(t) for t in ids[:ctx.num_prompt_tokens]])
+            self.cache.start_request(self.request, ids[:ctx.num_prompt_tokens])
             self.fed = ctx.num_prompt_tokens
         if len(ids) > self.fed:  # the answer's tokens committed since
-            self.cache.add_active_response(self.request, [int(t) for t in ids[self.fed:]])
+            self.cache.add_active_response(self.request, ids[self.fed:])
             self.fed = len(ids)
         if k == 0:
             return DraftProposal([])
-        draft = self.cache.speculate(self.request, [int(t) for t in ids[-self.max_depth:]], max_spec_tokens=k,
+        draft = self.cache.speculate(self.request, ids[-self.max_depth:], max_spec_tokens=k,
                                      max_spec_factor=self.factor, min_token_prob=self.min_prob)
         return DraftProposal([int(t) for t in draft.token_ids[:k]])
 

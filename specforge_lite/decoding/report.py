@@ -48,6 +48,16 @@ def methods_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def categories_table(report: dict, methods: list[str]) -> str:
+    """tau / speedup over plain per prompt category (`per_category_tau`), a column per method."""
+    lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    for cat, taus in report["per_category_tau"].items():
+        speeds = {m: (report["methods"][m].get("per_category") or {}).get(cat, {}).get("speedup") for m in methods}
+        lines.append(f"| {cat} | " + " | ".join(_fmt(taus.get(m)) + ("" if speeds[m] is None else f" / {speeds[m]:.2f}x")
+                                               for m in methods) + " |")
+    return "\n".join(lines)
+
+
 def sources_table(report: dict) -> str:
     """One row per hybrid method (its `sources`, decoding/hybrid.py): the share of its steps each
     source drafted, and the tokens the target kept per step of each. Empty without hybrids."""
@@ -214,14 +224,8 @@ def render_markdown(report: dict) -> str:
         "tau: " + conventions["tau"] + ". a_i: " + conventions["per_position_acceptance"]
         + ". Speedup: " + conventions["speedup"] + "."
         + (" Intervals: " + conventions["intervals"] + "." if "intervals" in conventions else ""), "",
-        "## tau and speedup by category", "",
-        "| category | " + " | ".join(methods) + " |",
-        "|---|" + "---:|" * len(methods),
+        "## tau and speedup by category", "", categories_table(report, methods),
     ]
-    for cat, taus in report["per_category_tau"].items():
-        speeds = {m: (report["methods"][m].get("per_category") or {}).get(cat, {}).get("speedup") for m in methods}
-        out.append(f"| {cat} | " + " | ".join(_fmt(taus.get(m)) + ("" if speeds[m] is None else f" / {speeds[m]:.2f}x")
-                                             for m in methods) + " |")
     costs = report["forward_costs"]
     out += ["", "## Best k", "",
             f"Target forward over t new tokens at context {costs['context_len']}: "
