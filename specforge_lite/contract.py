@@ -73,10 +73,13 @@ class DraftProposal:
     """tokens: up to k draft ids (target vocabulary); probs: [len(tokens), V] the draft
     distributions they were drawn from, over the target's vocabulary (a reduced-vocab
     drafter such as EAGLE-3 scatters its q through d2t), after the same `warp_probs`
-    as the target; None in greedy mode or for a deterministic drafter (n-gram)."""
+    as the target; None in greedy mode or for a deterministic drafter (n-gram).
+    confidence: in greedy mode, the drafter's probability of each token it drafted (EAGLE-2's
+    confidence: a hybrid cuts the draft where more tokens do not pay); None where not given."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    confidence: list[float] | None = None
 
 
 class Drafter(Protocol):

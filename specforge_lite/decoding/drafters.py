@@ -221,11 +221,12 @@ class DraftModelDrafter:
         if k == 0:
             return DraftProposal([])
         feed = ids[self.cached:]  # the prompt on the first call, then the 1-2 tokens added since
-        tokens, probs = [], []
+        tokens, probs, confidence = [], [], []
         for _ in range(k):
             logits = self._next_logits(feed)
             if ctx.sampling.greedy:
                 token = int(logits.argmax())
+                confidence.append(float(torch.softmax(logits.float(), dim=-1)[token]))
             else:
                 q = warp_probs(logits, ctx.sampling)
                 token = int(torch.multinomial(q, 1, generator=ctx.generator))
@@ -233,7 +234,7 @@ class DraftModelDrafter:
             tokens.append(token)
             feed = [token]
         self.cached = len(ids) + k - 1  # the last draft token was never fed
-        return DraftProposal(tokens, torch.stack(probs) if probs else None)
+        return DraftProposal(tokens, torch.stack(probs) if probs else None, confidence or None)
 
     def accept(self, num_accepted: int) -> None:
         keep = self.base + min(num_accepted, max(self.last_k - 1, 0))

@@ -245,14 +245,12 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
     return _finished(gen, max_new_tokens, eos, clock() - start)
 
 
-def tree_decoding(model, drafters: dict, base: str, mixed: bool, cfg, sampling: SamplingParams, eos_ids, gen_for,
-                  target):
+def tree_decoding(model, drafter, mixed: bool, cfg, sampling: SamplingParams, eos_ids, gen_for, target):
     """The evaluate stage's decode(ids, max_new_tokens, seed) of a tree method: `eval.tree`'s
-    trees from the chain method `base`'s drafter (mixed: with n-gram lookup's match beside
-    them), verified on `target`'s forward (a `runtime.target_choice.TargetForward`)."""
-    drafter = drafters[base]
+    trees from its chain method's drafter (mixed: with n-gram lookup's match beside them),
+    verified on `target`'s forward (a `runtime.target_choice.TargetForward`)."""
     if not can_branch(drafter):
-        raise RuntimeError(f"{base} cannot branch: its drafter has no propose_tree")
+        raise RuntimeError(f"{drafter.name} cannot branch: its drafter has no propose_tree")
     if mixed:
         drafter = MixedTreeDrafter(drafter, build_ngram(cfg, model))
     shape = TreeShape(cfg.eval.tree.depth, cfg.eval.tree.branch, cfg.eval.tree.nodes)

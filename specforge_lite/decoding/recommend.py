@@ -13,6 +13,7 @@ SERVING_NOTES = {
     "suffix": "vLLM serves suffix decoding as `method: suffix` (arctic-inference; its corpus: the answers it served)",
     "arctic_suffix": "Arctic Inference's suffix decoding is vLLM's `method: suffix` (its corpus: the answers it served)",
 }
+HYBRIDS = ("_hybrid", "_hybrid_tree")  # <drafter>_hybrid and its tree (decoding/hybrid.py): our engine's own
 
 
 def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
@@ -64,9 +65,9 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
         reasons.append(f"the gain of {fastest_speculative} over plain decoding is not clear: the "
                        f"{_level(report)} interval of its speedup, {_interval(gain_ci)}, includes 1.00")
     notes = {**SERVING_NOTES, **(notes or {})}
-    for name in (n for n in lossless if n.endswith("_hybrid")):  # decoding/hybrid.py: our engine's own
+    for name in (n for n in lossless if n.endswith(HYBRIDS)):  # decoding/hybrid.py: our engine's own
         notes[name] = (f"{name} is served by our engine only: vLLM serves suffix decoding (`method: suffix`) and "
-                       f"the {name[:-len('_hybrid')]} drafter, each alone")
+                       f"the {name[:name.rindex('_hybrid')]} drafter, each alone")
     alternatives = []
     if speculative:
         top_tau = max(speculative, key=lambda n: speculative[n]["tau"])
@@ -90,8 +91,8 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
                             + (f" (its chain: {chain['speedup']:.2f}x {plain})" if chain else "")
                             + ": vLLM 0.32 and llama.cpp serve chains only; the export README gives the tree as "
                             "vLLM's speculative_token_tree for releases with tree attention")
-    if deploy.endswith("_hybrid"):  # ours only: the fastest method a serving engine runs as measured
-        served = next((n for n in ranked if not n.endswith("_hybrid") and not lossless[n].get("tree")
+    if deploy.endswith(HYBRIDS):  # ours only: the fastest method a serving engine runs as measured
+        served = next((n for n in ranked if not n.endswith(HYBRIDS) and not lossless[n].get("tree")
                        and n not in ("untrained_draft", plain)), None)
         alternatives.append(notes[deploy] + (f"; the fastest method an engine serves is {served} "
                                              f"({lossless[served]['speedup']:.2f}x {plain})" if served else ""))

@@ -46,6 +46,10 @@ VLLM_METHODS = tuple(VLLM_OF)
 LLAMACPP_METHODS = ("llamacpp_plain", "llamacpp_ngram", *(f"llamacpp_{name}" for name in gguf_drafters()))
 
 
+# <drafter>_hybrid: each step drafts from suffix lookup or the trained drafter, whichever pays
+# (decoding/hybrid.py)
+HYBRID = "_hybrid"
+
 # tree methods (`eval.tree`'s shape): <method>_tree for each method that can branch, and
 # <drafter>_mixed_tree, the drafter's tree with n-gram lookup's match beside it
 TREE, MIXED_TREE = "_tree", "_mixed_tree"
@@ -58,8 +62,11 @@ def branching() -> tuple[str, ...]:
 
 
 def tree_methods() -> list[str]:
-    """<method>_tree for each branching method; <drafter>_mixed_tree for the trained ones."""
-    return [f"{m}{TREE}" for m in branching()] + [f"{m}{MIXED_TREE}" for m in branching() if m not in ("ngram", SUFFIX)]
+    """<method>_tree for each branching method; <drafter>_mixed_tree and <drafter>_hybrid_tree (the
+    hybrid's choice per step, its drafter option a tree: decoding/hybrid.py) for the trained ones."""
+    trained = [m for m in branching() if m not in ("ngram", SUFFIX)]
+    return [f"{m}{TREE}" for m in branching()] + [f"{m}{MIXED_TREE}" for m in trained] + \
+        [f"{m}{HYBRID}{TREE}" for m in trained]
 
 
 def tree_base(method: str) -> tuple[str, bool] | None:
@@ -70,9 +77,6 @@ def tree_base(method: str) -> tuple[str, bool] | None:
     return None
 
 
-# <drafter>_hybrid: each step drafts from suffix lookup or the trained drafter, whichever pays
-# (decoding/hybrid.py)
-HYBRID = "_hybrid"
 
 
 def hybrid_methods() -> list[str]:
@@ -84,10 +88,16 @@ def hybrid_base(method: str) -> str | None:
     return method[:-len(HYBRID)] if method in hybrid_methods() else None
 
 
+def hybrid_of(method: str) -> str | None:
+    """The trained drafter of a hybrid method, chain (`<drafter>_hybrid`) or tree (`_hybrid_tree`)."""
+    return hybrid_base((tree_base(method) or (method,))[0])
+
+
 def chain_methods(methods) -> list[str]:
     """`methods` with each tree or hybrid method replaced by the chain method it grows from (whose
     drafter it drafts with)."""
-    return list(dict.fromkeys(hybrid_base(m) or (tree_base(m) or (m,))[0] for m in methods))
+    chains = ((tree_base(m) or (m,))[0] for m in methods)
+    return list(dict.fromkeys(hybrid_base(m) or m for m in chains))
 
 
 def tree_problems(eval_cfg, target_config=None) -> list[str]:

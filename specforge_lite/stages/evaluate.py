@@ -11,8 +11,7 @@ after warm-up, and writes `run_dir/eval/`:
   numbers, the prompt subset used, and `best_k` (the export stage reads it);
 - `report.md`: the same at a glance; PNG plots; `config.yaml` + `versions.json` (all in place at once).
 
-Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1,
-the same text for every method.
+Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1 (the same for every method).
 
 The serving engines (`serving/engines.py`: vLLM, llama.cpp) decode the same requests after
 ours, each in its own report section. With an engine's methods only (`drafters.methods.engine_needed`
@@ -56,7 +55,7 @@ from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
 from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed,
-                                           hybrid_base, labelled_drafters, own_k_methods, run_order, tree_base)
+                                           hybrid_of, labelled_drafters, own_k_methods, run_order, tree_base)
 from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, say_what_the_trained_folder_decides
 from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
@@ -86,7 +85,7 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
         return assistant
 
     labelled, scfg, lookup = labelled_drafters(ecfg), ecfg.suffix, None
-    if {SUFFIX, ARCTIC_SUFFIX} & set(methods) or any(map(hybrid_base, methods)):  # the target's answers, once
+    if {SUFFIX, ARCTIC_SUFFIX} & set(methods) or any(map(hybrid_of, methods)):  # the target's answers, once
         lookup = lookup_factory(scfg, scfg.samples and answer_corpus(samples_dir(cfg), cfg.target.path,
                                                                      scfg.max_corpus_tokens))
     for name in chain_methods(methods):  # every drafter first (a tree method's too): the engine serves their layers
@@ -122,11 +121,12 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     decoders = {PLAIN: lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}
     for name in methods:
+        if hybrid := hybrid_of(name):  # its drafter shared with the chain method; its own lookup and times
+            drafters[name] = HybridDrafter(drafters[hybrid], lookup())
         if tree_base(name):  # eval.tree's trees from its chain method's drafter (mixed: n-gram's match beside)
-            decoders[name] = tree_decoding(model, drafters, *tree_base(name), cfg, sampling, eos_ids, gen_for, target)
-        elif hybrid_base(name):  # its drafter shared with the chain method, and its own lookup
-            drafters[name] = HybridDrafter(drafters[hybrid_base(name)], lookup())
-        if name in drafters:
+            drafter = drafters[name] if hybrid else drafters[tree_base(name)[0]]
+            decoders[name] = tree_decoding(model, drafter, tree_base(name)[1], cfg, sampling, eos_ids, gen_for, target)
+        elif name in drafters:
             def decode(ids, n, seed, drafter=drafters[name], runner=target.runner(drafters[name].hidden_state_layers),
                        k=drafted_k(ecfg, name, drafters[name])):
                 return generate_speculative(model, drafter, ids, n, k, sampling, eos_ids, gen_for(seed), runner)
@@ -326,8 +326,7 @@ def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries
     categories = list(dict.fromkeys(p["category"] for p in prompts))
     return {
         "target": cfg.target.path, "dataset": ecfg.dataset, "settings": OmegaConf.to_container(ecfg, resolve=True),
-        "conventions": conventions, "num_prompts": len(prompts),
-        "num_answers": sum(len(p["turns"]) for p in prompts),
+        "conventions": conventions, "num_prompts": len(prompts), "num_answers": sum(len(p["turns"]) for p in prompts),
         "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
         "methods": entries,
         "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in entries}
@@ -368,7 +367,8 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
     entries = {}
     for name in methods:
         rows = by_method[name]
-        entry = summarise([a["gen"] for a in rows], drafted_k(ecfg, name, drafters[name]) if name in drafters else 0)
+        chain = name in drafters and not tree_base(name)
+        entry = summarise([a["gen"] for a in rows], drafted_k(ecfg, name, drafters[name]) if chain else 0)
         if name in own_k_methods(ecfg):
             entry["k"] = drafted_k(ecfg, name, drafters.get(name))
         entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
@@ -382,16 +382,16 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
                                           "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
         if hasattr(drafters.get(name), "sources"):  # a hybrid: the steps each source drafted, the tokens kept
             entry["sources"] = drafters[name].sources
-        if name in drafters:
+        if chain:
             entry["best_k"] = best_k_for(entry, drafters[name], paid, answer_shape, plain)
         elif tree_base(name):
             entry["tree"] = tree_fields(ecfg.tree, *tree_base(name), [a["gen"] for a in rows], entry,
-                                         drafters[tree_base(name)[0]], paid, answer_shape, plain)
+                                         drafters.get(name) or drafters[tree_base(name)[0]], paid, answer_shape, plain)
         entries[name] = entry
 
-    ours = [m for m in methods if m in drafters]
+    ours = [m for m in methods if m in drafters and not tree_base(m)]
     best_method = ecfg.best_k_method or (ours[0] if ours else None)
-    best = entries[best_method]["best_k"]["best_k"] if best_method in drafters else None
+    best = entries[best_method]["best_k"]["best_k"] if best_method in ours else None
     fields = {"dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
               "torch_threads": torch.get_num_threads(),
               "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},

@@ -1,6 +1,7 @@
 """Drafters users already have, through the real CLI on the smoke target: evaluate reads a
 speculators export and an SGLang folder as `eval.drafter_dirs.eagle3`, training starts from
-one (`drafter.init_from`), and export converts one (`export.drafter_dir`)."""
+one (`drafter.init_from`), and export converts one (`export.drafter_dir`). The first run's
+evaluate also takes the EAGLE-3 hybrids (chain and tree) through the stage."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ def test_evaluate_train_and_export_take_foreign_layouts(tmp_path):
     base = ["+recipe=smoke", f"samples_dir={tmp_path / 'samples'}", "drafter.norm_before_residual=false"]
     first = tmp_path / "first"
     run_cli("run", *base, f"run_dir={first}", "train.max_steps=3", "export.sglang=true",
-            "eval.methods=[plain,eagle3]", "eval.max_prompts=1", check=True)
+            "eval.methods=[plain,eagle3,eagle3_hybrid,eagle3_hybrid_tree]", "eval.max_prompts=1", check=True)
+    # the hybrids through the stage: lossless, each step's source counted in the report
+    methods = json.loads((first / "eval" / "report.json").read_text())["methods"]
+    for name in ("eagle3_hybrid", "eagle3_hybrid_tree"):
+        sources = methods[name]["sources"]
+        assert methods[name]["identical_to_plain"] is True and sum(s["steps"] for s in sources.values()) > 0
+    assert methods["eagle3_hybrid_tree"]["tree"]["chain"] == "eagle3_hybrid" and "best_k" in methods["eagle3_hybrid"]
     speculators, sglang = first / "export" / "speculators", first / "export" / "sglang"
     for folder, layout in ((speculators, "speculators"), (sglang, "sglang")):
         run_dir = tmp_path / f"eval_{layout}"

@@ -126,21 +126,122 @@ def test_suffix_and_hybrid_decode_greedily_as_plain_with_both_sources_accepted(t
     assert hybrid.sources[LOOKUP]["accepted"] > 0  # the corpus holds these answers: lookup is kept
 
 
+def _hybrid_bases(tiny_target):
+    """A tiny drafter of every trained kind, as the engine drafts with it."""
+    from specforge_lite.drafters.distilled.decode import decoder as distilled
+    from specforge_lite.drafters.distilled.model import truncated_student
+    from tests.unit import test_tree_drafters
+
+    return {"eagle3": lambda: _eagle3(tiny_target),
+            "peagle": lambda: test_tree_drafters.peagle_decoder(tiny_target),
+            "dflash": lambda: test_tree_drafters.dflash_decoder(tiny_target),
+            "medusa": lambda: test_tree_drafters.medusa_decoder(tiny_target),
+            "distilled": lambda: distilled(truncated_student(tiny_target[0], 1))}
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "medusa", "distilled"])
+def test_every_hybrid_decodes_greedily_as_plain_with_both_sources_drafting(tiny_target, kind):
+    """`<drafter>_hybrid` of each trained kind: lookup and the drafter both draft, lookup's drafts
+    are kept, and greedy output equals plain decoding, cut drafts and skipped steps included."""
+    from specforge_lite.drafters.methods import hybrid_methods
+
+    assert f"{kind}_hybrid" in hybrid_methods()
+    model, _ = tiny_target
+    corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 3, seed=1)],
+                         max_depth=16)
+    hybrid = HybridDrafter(_hybrid_bases(tiny_target)[kind](), SuffixDrafter(corpus), prior=0.5)
+    for ids in _prompts(model.config.vocab_size, 3, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2):
+        assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
+    assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
+    assert hybrid.sources[LOOKUP]["accepted"] > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "medusa"])  # the kinds that draft trees
+def test_every_hybrid_tree_decodes_greedily_as_plain_with_both_sources_drafting(tiny_target, kind):
+    """`<drafter>_hybrid_tree`: lookup's chain, or the drafter's tree with lookup's chain beside it."""
+    from specforge_lite.drafters.methods import tree_base, tree_methods
+
+    assert tree_base(f"{kind}_hybrid_tree") == (f"{kind}_hybrid", False) and f"{kind}_hybrid_tree" in tree_methods()
+    model, _ = tiny_target
+    corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 3, seed=1)],
+                         max_depth=16)
+    hybrid = HybridDrafter(_hybrid_bases(tiny_target)[kind](), SuffixDrafter(corpus), prior=0.5)
+    for ids in _prompts(model.config.vocab_size, 3, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2):
+        tree = generate_tree(model, hybrid, ids, 24, TreeShape(3, 2, 6))
+        assert tree.tokens == generate_plain(model, ids, 24).tokens
+    assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
+    assert hybrid.sources[LOOKUP]["accepted"] > 0
+
+
+def test_a_drafters_tree_is_pruned_to_the_nodes_that_pay():
+    """Nodes best first by path probability, priced by hand-set verify times (a cliff at width 5)."""
+    import math
+
+    from specforge_lite.decoding.drafters import NgramDrafter
+    from specforge_lite.decoding.tree import DraftTree
+
+    hybrid = HybridDrafter(NgramDrafter(), SuffixDrafter(None))
+    tree = DraftTree([5, 6, 7, 8], [-1, 0, 1, -1], scores=[math.log(p) for p in (0.9, 0.81, 0.729, 0.05)])
+    assert hybrid._pruned(tree) is tree  # no times yet
+    hybrid.verify = {1: [0.010, 1], 4: [0.010, 1], 5: [0.040, 1]}
+    pruned = hybrid._pruned(tree)  # 3 nodes: (1 + 2.44) / 10 ms; 4: (1 + 2.49) / 40 ms
+    assert (pruned.tokens, pruned.parents, hybrid.sources[DRAFTER]["cut"]) == ([5, 6, 7], [-1, 0, 1], 1)
+    hybrid.verify[5] = [0.010, 1]
+    assert hybrid._pruned(tree).tokens == [5, 6, 7, 8]  # flat costs: every node pays
+
+
 def test_each_step_takes_the_choice_of_most_tokens_per_second():
     from specforge_lite.decoding.drafters import NgramDrafter
 
     hybrid = HybridDrafter(NgramDrafter(), SuffixDrafter(None), prior=1.0)
-    assert hybrid._choose(1.0) == LOOKUP and hybrid._choose(0.5) == DRAFTER and hybrid._choose(None) == DRAFTER
-    # hand-set timings (not measurements): verify 10 / 12 / 8 ms for lookup / drafter / none, drafting 4 ms
-    hybrid.between = {LOOKUP: [0.010, 1], DRAFTER: [0.012, 1], NONE: [0.008, 1]}
+    assert hybrid._choose(1.0, 3, 3) == LOOKUP and hybrid._choose(0.5, 3, 3) == DRAFTER
+    assert hybrid._choose(None, 0, 3) == DRAFTER
+    # hand-set timings (not measurements): verify 8 ms at width 1, 10 ms at 3, 12 ms at 4; drafting 4 ms
+    hybrid.verify = {1: [0.008, 1], 3: [0.010, 1], 4: [0.024, 2]}
     hybrid.draft_s, hybrid.drafter_calls, hybrid.kept, hybrid.steps = 0.004, 1, 1, 2
-    # so the rates are drafter (1 + 0.5) / 16 ms, none 1 / 8 ms, lookup (1 + score) / 10 ms
-    assert hybrid._choose(None) == NONE and hybrid._choose(0.2) == NONE and hybrid._choose(0.3) == LOOKUP
+    # so the rates are drafter (1 + 0.5) / 16 ms, none 1 / 8 ms, a 2-token lookup (1 + score) / 10 ms
+    assert hybrid._choose(None, 0, 3) == NONE and hybrid._choose(0.2, 2, 3) == NONE
+    assert hybrid._choose(0.3, 2, 3) == LOOKUP
     hybrid.kept = 4  # keeps 2 a step: 3 / 16 ms = 188
-    assert hybrid._choose(None) == DRAFTER and hybrid._choose(0.8) == DRAFTER and hybrid._choose(0.9) == LOOKUP
-    # a choice not yet timed is priced at the cheapest step timed
-    hybrid.between[NONE], hybrid.kept = [0.0, 0], 1
-    assert hybrid._choose(None) == NONE  # 1 / 10 ms beats 1.5 / 16 ms
+    assert hybrid._choose(None, 0, 3) == DRAFTER and hybrid._choose(0.8, 2, 3) == DRAFTER
+    assert hybrid._choose(0.9, 2, 3) == LOOKUP
+    assert hybrid._choose(1.2, 3, 3) == DRAFTER and hybrid._choose(1.2, 2, 3) == LOOKUP  # width 4 costs more
+    # a width not timed is priced as the dearest timed width below it, else the cheapest timed
+    assert hybrid.verify_s(2) == 0.008 and hybrid.verify_s(9) == 0.012
+    hybrid.verify = {3: [0.010, 1]}
+    assert hybrid.verify_s(1) == 0.010 and hybrid._choose(None, 0, 3) == DRAFTER  # 1 / 10 ms < 3 / 14 ms
+
+
+def test_the_drafters_draft_is_cut_where_more_tokens_do_not_pay():
+    """EAGLE-2's confidence priced by the measured verify time per width (hand-set here)."""
+    from specforge_lite.contract import DraftProposal
+    from specforge_lite.decoding.hybrid import cut_length
+
+    flat = lambda width: 0.010  # noqa: E731  widths all cost the same: every token pays
+    cliff = lambda width: 0.010 if width <= 3 else 0.040  # noqa: E731  widths 4 and up cost 4x
+    assert cut_length([0.9, 0.1, 0.05], flat) == 3 and cut_length([0.0, 0.0], flat) == 0
+    assert cut_length([0.9, 0.9, 0.9], cliff) == 2  # (1 + .9 + .81) / 10 ms beats (1 + 2.44) / 40 ms
+    assert cut_length([], flat) == 0
+
+    class Fixed:  # a drafter whose greedy draft and confidences are set by hand
+        name, hidden_state_layers, sequential = "fixed", (), False
+
+        def reset(self):
+            pass
+
+        def accept(self, n):
+            pass
+
+        def propose(self, ctx, k):
+            return DraftProposal([5, 6, 7][:k], confidence=[0.9, 0.9, 0.9][:k])
+
+    hybrid = HybridDrafter(Fixed(), SuffixDrafter(None), prior=1.0)
+    ctx = DraftContext(token_ids=[1, 2, 3], num_prompt_tokens=3)
+    assert hybrid.propose(ctx, 3).tokens == [5, 6, 7]  # no times yet: nothing is cut
+    hybrid.accept(0)
+    hybrid.verify, hybrid.draft_s, hybrid.drafter_calls = {3: [0.010, 1], 4: [0.040, 1]}, 0.0, 1
+    hybrid.kept, hybrid.steps, hybrid.ended = 6, 1, None  # the drafter pays; no verify timed by this test
+    assert hybrid.propose(ctx, 3).tokens == [5, 6] and hybrid.sources[DRAFTER]["cut"] == 1
 
 
 def test_steps_where_no_source_pays_draft_nothing_and_stay_lossless(tiny_target):
@@ -148,7 +249,7 @@ def test_steps_where_no_source_pays_draft_nothing_and_stay_lossless(tiny_target)
     corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 2, seed=1)])
     hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0)
     hybrid.draft_s, hybrid.drafter_calls, hybrid.kept, hybrid.steps = 1.0, 1, 0, 1000  # a drafter that never pays
-    hybrid.between[NONE] = [0.001, 1]
+    hybrid.verify[1] = [0.001, 1]
     for ids in _prompts(model.config.vocab_size, 2, seed=1) + _prompts(model.config.vocab_size, 2, seed=2):
         assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
     assert hybrid.sources[NONE]["steps"] > 0 and hybrid.sources[LOOKUP]["accepted"] > 0

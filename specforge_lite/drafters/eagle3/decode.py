@@ -82,14 +82,15 @@ class _Chain:
 
 def _greedy_chain(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, k: int):
     """k greedy drafts (target-vocab ids [k]) chained from the newest anchor's output
-    `hidden` [1, 1, H] at position `anchor` [1]."""
+    `hidden` [1, 1, H] at position `anchor` [1], and the drafter's probability of each [k]."""
     chain = _Chain(d, kv, anchor)
-    tokens, hiddens = [], []
+    tokens, confidence, hiddens = [], [], []
     for step in range(k):
         logits, chained = d.readout(hidden)
         best = logits[0, -1].argmax().view(1)
         token = d.d2t.index_select(0, best) + best  # an index tensor, not a Python int: no graph break
         tokens.append(token)
+        confidence.append(torch.softmax(logits[0, -1].float(), dim=-1).index_select(0, best))
         hiddens.append(hidden)
         if step == k - 1:
             break
@@ -97,7 +98,7 @@ def _greedy_chain(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tens
     # The step inputs are returned only to keep them materialised: torch 2.13's inductor,
     # fusing a chain whose only output is the tokens, drafted a different third token than
     # eager mode (tests/unit/test_eagle3.py checks the compiled chain against eager).
-    return torch.cat(tokens), torch.cat(hiddens, dim=1)
+    return torch.cat(tokens), torch.cat(confidence), torch.cat(hiddens, dim=1)
 
 
 def _dynamic_tree(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, depth: int, branch: int,
@@ -179,7 +180,7 @@ class _GreedyChain(_CacheModule):
         super().__init__(drafter, kv)
         self.num_drafts = k
 
-    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return _greedy_chain(self.drafter, self, hidden, anchor, self.num_drafts)
 
 
@@ -308,8 +309,10 @@ class Eagle3DecodeDrafter:
         if ctx.sampling.greedy:
             if k == self.compiled_k:  # the graph was built for a standalone [1, 1, H] input
                 hidden = hidden.clone(memory_format=torch.contiguous_format)
-                return DraftProposal(self._chain_graph(hidden, anchor)[0].tolist())
-            return DraftProposal(_greedy_chain(d, self.kv, hidden, anchor, k)[0].tolist())
+                tokens, confidence, _ = self._chain_graph(hidden, anchor)
+            else:
+                tokens, confidence, _ = _greedy_chain(d, self.kv, hidden, anchor, k)
+            return DraftProposal(tokens.tolist(), confidence=confidence.tolist())
         chain = _Chain(d, self.kv, anchor)
         tokens, probs = [], []
         for step in range(k):

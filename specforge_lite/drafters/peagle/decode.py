@@ -147,8 +147,9 @@ class PEagleDecodeDrafter:
         if drafted is None:
             return DraftProposal([])
         drafts, logits = drafted
-        if ctx.sampling.greedy:
-            return DraftProposal(drafts.tolist())
+        if ctx.sampling.greedy:  # each row's probability of its draft: the hybrid's cut reads it
+            confidence = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+            return DraftProposal(drafts.tolist(), confidence=confidence.tolist())
         tokens, probs = sample_independent_rows(logits, d.draft_vocab, d.config.vocab_size, ctx.sampling,
                                                 ctx.generator)
         return DraftProposal(tokens, probs)
