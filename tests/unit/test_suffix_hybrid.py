@@ -1,6 +1,7 @@
 """Suffix decoding (decoding/suffix.py) and the hybrid drafter (decoding/hybrid.py): hand-counted
-drafts, greedy identity with acceptances on the tiny target, a drafter's cache after skipped steps,
-the sampled law, and the samples corpus refused for other weights."""
+drafts, the choice and the cut of a draft on hand-set timings, greedy identity with acceptances on
+the tiny target for every hybrid (chain and tree), a drafter's cache after skipped steps, the
+sampled law, and the samples corpus refused for other weights."""
 
 from __future__ import annotations
 
