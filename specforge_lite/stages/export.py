@@ -93,6 +93,9 @@ def run(cfg: DictConfig) -> None:
             readme = tmp / info["path"] / "README.md"
             readme.write_text(readme.read_text() + tree_readme(tree))
             info["speculative_token_tree"] = tree
+        if advice := recommendation_readme(cfg):  # what this run's evaluate recommends, and who serves it
+            readme = tmp / info["path"] / "README.md"
+            readme.write_text(readme.read_text() + advice)
         info.update({key: str(final / info[key]) for key in ("path", "sglang") if info.get(key)})  # final places
         atomic_write_json(tmp / "export.json", {**info, "drafter": kind, "speculative_tokens_source": k_source,
                                                 "verifier": verifier, "strict_reload": "passed"})
@@ -157,6 +160,21 @@ def static_tree(depth: int, branch: int, nodes: int) -> list[tuple[int, ...]]:
                     below.append(len(parents) - 1)
         frontier = below
     return DraftTree([0] * len(parents), parents).node_paths()
+
+
+def recommendation_readme(cfg: DictConfig) -> str:
+    """The README section on the method run_dir/eval/report.json recommends, with the report's
+    reasons and alternatives (which say where a method is ours only and what an engine serves
+    instead), or "" without a report or a recommendation."""
+    report = Path(cfg.run_dir) / "eval" / "report.json"
+    rec = (read_json_object(report).get("recommendation") or {}) if report.exists() else {}
+    if not rec.get("deploy"):
+        return ""
+    lines = ["", "## What evaluate recommends", "",
+             f"`{report}` recommends **{rec['deploy']}** on the machine and prompts it measured"
+             + (f": {'; '.join(rec['reasons'])}." if rec.get("reasons") else ".")]
+    lines += ["", *(f"- {line}" for line in rec.get("alternatives") or [])] if rec.get("alternatives") else []
+    return "\n".join(lines) + "\n"
 
 
 def tree_command(verifier: str, serving: tuple, node_paths: list) -> str:

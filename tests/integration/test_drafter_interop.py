@@ -25,6 +25,9 @@ def test_evaluate_train_and_export_take_foreign_layouts(tmp_path):
         assert methods[name]["identical_to_plain"] is True and sum(s["steps"] for s in sources.values()) > 0
     assert methods["eagle3_hybrid_tree"]["tree"]["chain"] == "eagle3_hybrid" and "best_k" in methods["eagle3_hybrid"]
     speculators, sglang = first / "export" / "speculators", first / "export" / "sglang"
+    # the export's README says what evaluate recommends (a hybrid: ours only, and what an engine serves)
+    deploy = json.loads((first / "eval" / "report.json").read_text())["recommendation"]["deploy"]
+    assert f"recommends **{deploy}**" in (speculators / "README.md").read_text()
     for folder, layout in ((speculators, "speculators"), (sglang, "sglang")):
         run_dir = tmp_path / f"eval_{layout}"
         proc = run_cli("evaluate", *base, f"run_dir={run_dir}", f"eval.drafter_dirs.eagle3={folder}",

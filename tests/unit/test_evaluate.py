@@ -203,7 +203,7 @@ def test_recommendation_follows_the_numbers():
     assert any(a.startswith("eagle3 has the highest tau (1.434 vs 1.433)") for a in rec["alternatives"])
 
 
-def test_recommendation_when_medusa_or_nothing_wins():
+def test_recommendation_when_medusa_or_nothing_wins(tmp_path):
     from specforge_lite.decoding.recommend import recommend
 
     from specforge_lite.drafters import medusa
@@ -221,6 +221,22 @@ def test_recommendation_when_medusa_or_nothing_wins():
     assert rec["deploy"] == "eagle3_hybrid"
     assert any("served by our engine only" in a and "the fastest method an engine serves is suffix (1.30x plain)" in a
                for a in rec["alternatives"])
+    # a hybrid tree likewise; and the export's README carries the recommendation with those words
+    import json
+
+    from omegaconf import OmegaConf
+
+    from specforge_lite.stages.export import recommendation_readme
+
+    rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "suffix": _entry(1.5, 13.0, 10.0),
+                                 "eagle3_hybrid_tree": {**_entry(2.2, 16.0, 10.0), "tree": {"chain": "eagle3_hybrid"}}}})
+    assert rec["deploy"] == "eagle3_hybrid_tree"
+    assert any("served by our engine only" in a and "the eagle3 drafter, each alone" in a for a in rec["alternatives"])
+    (tmp_path / "eval").mkdir()
+    assert recommendation_readme(OmegaConf.create({"run_dir": str(tmp_path)})) == ""  # no report
+    (tmp_path / "eval" / "report.json").write_text(json.dumps({"recommendation": rec}))
+    readme = recommendation_readme(OmegaConf.create({"run_dir": str(tmp_path)}))
+    assert "recommends **eagle3_hybrid_tree**" in readme and "the fastest method an engine serves is suffix" in readme
 
 
 def _timed_report(seconds: dict[str, list[float]], tokens: int = 21, forwards: dict[str, int] | None = None) -> dict:
