@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests import forked_cli
+
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "specforge_lite" / "conf"
 
@@ -69,9 +71,9 @@ def compose_cfg():
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, check: bool = False
             ) -> subprocess.CompletedProcess:
-    """Run `python -m specforge_lite ARGS` in a real subprocess."""
-    proc = subprocess.run([sys.executable, "-m", "specforge_lite", *args], cwd=cwd or REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    """Run `python -m specforge_lite ARGS` in a process of its own (tests/forked_cli.py: forked from
+    a server that imported torch, transformers and hydra once)."""
+    proc = forked_cli.run_cli(list(args), str(cwd or REPO), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"CLI {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -1,0 +1,115 @@
+"""`python -m specforge_lite ARGS` for the tests, without paying its imports at every call.
+
+Each call is a real process of its own running the real command line (`runpy`, as `python -m`
+does, with the caller's environment, working directory and arguments), forked from a server
+process that has imported torch, transformers and hydra once and run nothing else (the
+standard library's forkserver, one per test process). A tiny stage's command spent most of its
+seconds importing those; the project's own modules are imported afresh by every call, so
+nothing a call does reaches the next. The process ends as a fresh interpreter's would: its
+non-daemon threads are joined, its exit handlers run, Python's and C's output buffers are
+flushed, and its status is the command's (2 for a refused input, 1 for a traceback).
+
+`SPECFORGE_LITE_TEST_FRESH_PROCESS=1` starts a fresh interpreter per call instead. Tests about
+processes themselves (signals, ranks, locks) start theirs with subprocess directly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+
+# imported once by the server; nothing of ours (each call imports the project afresh)
+PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
+           "hydra", "omegaconf"]
+FRESH_ENV = "SPECFORGE_LITE_TEST_FRESH_PROCESS"
+_context = None
+
+
+def _server():
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"): printed, status 1, as the interpreter does
+    return 1
+
+
+def _command(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
+    """The forked process: `python -m specforge_lite ARGS` with stdin empty and stdout/stderr to files."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    if "OMP_NUM_THREADS" in env:  # the server's OpenMP read its environment when torch loaded
+        import torch
+
+        torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    multiprocessing.current_process().name = "MainProcess"  # as in a fresh interpreter
+    sys.argv = ["-m", *args]
+    code = 0
+    try:
+        runpy.run_module("specforge_lite", run_name="__main__", alter_sys=True)
+    except SystemExit as end:
+        code = _exit_code(end.code)
+    except BaseException:  # noqa: BLE001  as the interpreter: the traceback, status 1
+        traceback.print_exc()
+        code = 1
+    try:
+        threading._shutdown()  # the non-daemon threads, as at interpreter exit
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001  a closed stream has nothing left to write
+                pass
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).fflush(None)  # what C libraries wrote with stdio
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(code)
+
+
+def run_cli(args: list[str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m specforge_lite ARGS` in `cwd`: its status, stdout and stderr (subprocess.run's
+    result; subprocess.TimeoutExpired after `timeout` seconds, the process killed)."""
+    if os.environ.get(FRESH_ENV) == "1":
+        return subprocess.run([sys.executable, "-m", "specforge_lite", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="specforge_lite_cli_") as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        process = _server().Process(target=_command, args=(list(args), str(cwd), dict(os.environ), out, err))
+        process.start()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([sys.executable, "-m", "specforge_lite", *args], timeout)
+
+        def read(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        return subprocess.CompletedProcess([sys.executable, "-m", "specforge_lite", *args], process.exitcode,
+                                           read(out), read(err))
