@@ -102,7 +102,11 @@ def run_cli(args: list[str], cwd: str, timeout: float) -> subprocess.CompletedPr
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         process = _server().Process(target=_command, args=(list(args), str(cwd), dict(os.environ), out, err))
         process.start()
-        process.join(timeout)
+        try:
+            process.join(timeout)
+        except BaseException:  # a test's own timeout (pytest-timeout) or Ctrl-C: the command goes too
+            process.kill()
+            raise
         if process.is_alive():
             process.kill()
             process.join()
