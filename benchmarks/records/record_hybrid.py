@@ -4,7 +4,7 @@
 
 Each RUN/eval/report.json is one evaluate of the same methods on one prompt set (the demo's
 MT-Bench first turns, `builtin:sharegpt_tasks`' held-out task areas): plain, n-gram, suffix
-decoding (chain and tree), the EAGLE-3 chain, its trees and `eagle3_hybrid`. Recorded per run:
+decoding, the EAGLE-3 chain, its trees, `eagle3_hybrid` and `eagle3_hybrid_tree`. Recorded per run:
 the methods table, the hybrid's steps and kept tokens per source, tau and speedup per task
 area, the report's recommendation, and the verdicts on the goals of the hybrid issue (the
 `eval_hybrid_smollm2` entry of benchmarks/goals.yaml). Writes benchmarks/results/eval_hybrid_smollm2.json
@@ -24,7 +24,12 @@ NAME = "eval_hybrid_smollm2"
 
 
 def section(runs: list[dict], wall: str) -> str:
-    parts = ["## Hybrid drafting: lookup, suffix decoding, EAGLE-3 and `eagle3_hybrid` (SmolLM2, CPU)", ""]
+    parts = ["## Hybrid drafting: lookup, suffix decoding, EAGLE-3 and `eagle3_hybrid` (SmolLM2, CPU)", "",
+             "Each method's speedup is over plain decoding in the same run. A hybrid's steps take lookup, the "
+             "drafter or no draft, whichever this run's measured costs say gives the most tokens per second; "
+             "the drafter's draft is then cut to the length its confidence and the verify time per width say pays "
+             "(`cut`: drafted tokens left unverified). `eagle3_hybrid_tree` makes the same choice with the "
+             "drafter's tree.", ""]
     for one in runs:
         report, dataset = one["report"], one["report"]["settings"]["dataset"]
         rec, settings = report.get("recommendation") or {}, report["settings"]

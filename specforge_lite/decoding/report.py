@@ -68,13 +68,15 @@ def sources_table(report: dict) -> str:
             continue
         steps = sum(s["steps"] for s in sources.values()) or 1
         none = sources.get("none", {"steps": 0})
+        cut = sources["drafter"].get("cut")  # drafted tokens the cut left unverified (older reports: not counted)
         rows.append(f"| {name} | " + " | ".join(
             f"{100 * s['steps'] / steps:.0f}% ({s['steps']}) | {_fmt(s['accepted'] / s['steps'] if s['steps'] else None)}"
-            for s in (sources["lookup"], sources["drafter"])) + f" | {100 * none['steps'] / steps:.0f}% ({none['steps']}) |")
+            for s in (sources["lookup"], sources["drafter"])) + f" | {'-' if cut is None else cut} | "
+            f"{100 * none['steps'] / steps:.0f}% ({none['steps']}) |")
     if not rows:
         return ""
-    return "\n".join(["| method | lookup: steps | lookup: kept / step | drafter: steps | drafter: kept / step | no draft: steps |",
-                      "|---|---:|---:|---:|---:|---:|", *rows])
+    return "\n".join(["| method | lookup: steps | lookup: kept / step | drafter: steps | drafter: kept / step | "
+                      "drafter: tokens cut | no draft: steps |", "|---|---:|---:|---:|---:|---:|---:|", *rows])
 
 
 def trees_table(report: dict) -> str:

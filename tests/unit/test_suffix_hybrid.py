@@ -328,3 +328,14 @@ def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
         answer_corpus(samples, str(other), 10**6)
     assert len(str(err.value).splitlines()) == 1
     assert answer_corpus(tmp_path / "nothing", "builtin:tiny-llama", 10) is None
+
+
+def test_the_report_gives_each_hybrids_sources():
+    """The report's table of a hybrid's steps per source (hand-set counts), the cut included."""
+    from specforge_lite.decoding.report import sources_table
+
+    sources = {LOOKUP: {"steps": 6, "accepted": 9}, DRAFTER: {"steps": 3, "accepted": 3, "cut": 2},
+               NONE: {"steps": 1, "accepted": 0}}
+    table = sources_table({"methods": {"plain": {}, "eagle3_hybrid": {"sources": sources}}})
+    assert table.splitlines()[2] == "| eagle3_hybrid | 60% (6) | 1.50 | 30% (3) | 1.00 | 2 | 10% (1) |"
+    assert sources_table({"methods": {"plain": {}}}) == ""
