@@ -3,8 +3,8 @@
 Each call is a real process of its own running the real command line (`runpy`, as `python -m`
 does, with the caller's environment, working directory and arguments), forked from a server
 process that has imported torch, transformers and hydra once and run nothing else (the
-standard library's forkserver, one per test process). A tiny stage's command spent most of its
-seconds importing those; the project's own modules are imported afresh by every call, so
+standard library's forkserver, one per test process), so no call imports them again; the
+project's own modules are imported afresh by every call, so
 nothing a call does reaches the next. The process ends as a fresh interpreter's would: its
 non-daemon threads are joined, its exit handlers run, Python's and C's output buffers are
 flushed, and its status is the command's (2 for a refused input, 1 for a traceback).

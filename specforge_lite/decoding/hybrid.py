@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import accumulate
+from operator import mul
 
 import torch
 
@@ -55,14 +57,6 @@ def cut_length(gains: list[float], verify_s) -> int:
         if rate > best_rate:
             best, best_rate = length, rate
     return best
-
-
-def running_products(confidence: list[float]) -> list[float]:
-    out, running = [], 1.0
-    for c in confidence:
-        running *= c
-        out.append(running)
-    return out
 
 
 class HybridDrafter:
@@ -125,7 +119,7 @@ class HybridDrafter:
         each token's probability and this run has verify times."""
         if proposal.confidence is None or not self.verify or not proposal.tokens:
             return proposal
-        length = cut_length(running_products(proposal.confidence[:len(proposal.tokens)]), self.verify_s)
+        length = cut_length(list(accumulate(proposal.confidence[:len(proposal.tokens)], mul)), self.verify_s)
         self.sources[DRAFTER]["cut"] += len(proposal.tokens) - length
         probs = proposal.probs[:length] if proposal.probs is not None else None
         return DraftProposal(proposal.tokens[:length], probs, proposal.confidence[:length])
