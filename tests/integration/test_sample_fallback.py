@@ -16,6 +16,7 @@ import pytest
 
 from specforge_lite.serving.vllm.engine import find_python
 from tests.conftest import REPO, terminal_signals
+from tests.vllm_zygote import real_env
 
 SAMPLE = ["sample", "+recipe=smoke", "sample.backend=auto", "data.max_samples=4", "sample.max_new_tokens=8"]
 
@@ -75,7 +76,7 @@ def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
         pytest.skip("vLLM is not installed (make vllm)")
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = dict(os.environ, TMPDIR=str(temp))
+    env = real_env(dict(os.environ, TMPDIR=str(temp)))  # the runner found in /proc by its command line
     # SmolLM2, which vLLM's CPU kernels run: a stage that succeeds
     done = run_sample("sample", "+recipe=eagle_smollm2", f"run_dir={tmp_path / 'ok'}", f"samples_dir={tmp_path / 'ok'}",
                       "sample.backend=vllm", "data.max_samples=2", "sample.max_new_tokens=8", "sample.turns=last",

@@ -15,6 +15,7 @@ import pytest
 from specforge_lite.serving.vllm.engine import find_python
 from tests.conftest import REPO
 from tests.integration.test_sample_fallback import left_behind, runners
+from tests.vllm_zygote import real_env
 
 
 @pytest.mark.vllm
@@ -30,7 +31,7 @@ def test_sigterm_to_a_vllm_stage_stops_its_runner_and_removes_its_folder(tmp_pat
         proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "sample", "+recipe=eagle_smollm2",
                                  f"run_dir={tmp_path / 'run'}", f"samples_dir={tmp_path / 'run'}",
                                  "sample.backend=vllm", "data.max_samples=8", "sample.max_new_tokens=64"],
-                                cwd=REPO, env=dict(os.environ, TMPDIR=str(temp)), stdout=sink, stderr=subprocess.STDOUT)
+                                cwd=REPO, env=real_env(dict(os.environ, TMPDIR=str(temp))), stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
         while not runners(temp) and proc.poll() is None and time.monotonic() < deadline:

@@ -1,0 +1,93 @@
+"""tests/vllm_zygote.py, the tests' forked vLLM runner, with a stand-in runner script and a
+server that preloads `json` instead of vLLM: the stage's side sees one process, as with a fresh
+interpreter (its pipes, environment, folder, exit status and signals), and nothing outlives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import vllm_zygote
+
+RUNNER = """import os, sys, time
+line = sys.stdin.readline()
+print(line.strip(), os.environ["ZYGOTE_TEST"], os.getcwd(), os.getpid(), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if line.startswith("sleep"):
+    with open(os.environ["ZYGOTE_PID"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+sys.exit(int(line.split()[1]))
+"""
+
+
+@pytest.fixture
+def shim(tmp_path, monkeypatch):
+    monkeypatch.delenv(vllm_zygote.ENV, raising=False)
+    monkeypatch.delenv(vllm_zygote.REAL_ENV, raising=False)
+    server = vllm_zygote.install(str(tmp_path), sys.executable, preload="json")
+    shim_path = os.environ[vllm_zygote.ENV]
+    monkeypatch.setenv(vllm_zygote.ENV, shim_path)  # monkeypatch takes it back after the test
+    monkeypatch.setenv(vllm_zygote.REAL_ENV, sys.executable)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / vllm_zygote.RUNNER_NAME).write_text(RUNNER)
+    yield shim_path, tmp_path
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def start(shim_path, tmp_path, **env):
+    return subprocess.Popen([shim_path, str(tmp_path / "work" / vllm_zygote.RUNNER_NAME)], cwd=tmp_path / "work",
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "w"),
+                            env=dict(os.environ, ZYGOTE_TEST="seen", ZYGOTE_PID=str(tmp_path / "pid"), **env),
+                            text=True, start_new_session=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_the_forked_runner_has_the_callers_streams_environment_folder_and_status(shim):
+    shim_path, tmp_path = shim
+    proc = start(shim_path, tmp_path)
+    out, _ = proc.communicate("exit 3\n", timeout=60)
+    assert proc.returncode == 3
+    assert out.split()[:4] == ["exit", "3", "seen", str(tmp_path / "work")]
+    assert int(out.split()[4]) != proc.pid  # forked by the server, not the shim's own interpreter
+    assert (tmp_path / "err").read_text() == "to stderr\n"
+    # anything but the runner runs in the real interpreter
+    probe = subprocess.run([shim_path, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+    assert probe.stdout.strip() == sys.executable
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_signal_to_the_shim_ends_the_runner(shim, how):
+    """SIGTERM is passed on (the shim ends as the runner did, by the signal); SIGKILL of the shim
+    kills the runner's session."""
+    shim_path, tmp_path = shim
+    proc = start(shim_path, tmp_path)
+    proc.stdin.write("sleep 0\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    runner = int((tmp_path / "pid").read_text())
+    assert runner != proc.pid and alive(runner)
+    proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    assert proc.wait(timeout=60) == (-signal.SIGTERM if how == "sigterm" else -signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while alive(runner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(runner)

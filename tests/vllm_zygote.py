@@ -1,0 +1,268 @@
+"""vLLM's runner for the tests, without importing vLLM at every engine start.
+
+A stage starts vLLM as `PYTHON vllm_runner.py` (specforge_lite/serving/vllm/engine.py), and that
+interpreter spends most of a small engine's start importing vLLM. For the tests, PYTHON is a
+shim (`install`, through `$SPECFORGE_LITE_VLLM_PYTHON`) that asks a server of this test process,
+one that imported vLLM once in vLLM's own interpreter and ran nothing else, to fork the runner:
+
+- the forked runner is the real `vllm_runner.py`, run as a script (`runpy`) with the stage's
+  standard streams, environment, working directory and arguments, in a session of its own;
+- the shim passes SIGTERM, SIGINT and SIGHUP on to it and exits with its status (killed by a
+  signal: the same signal), so the stage sees one process, as with a fresh interpreter;
+- when the runner ends, what it left in its session (vLLM's engine core and workers) is killed,
+  as the stage does with a fresh runner's session; when the shim dies first (SIGKILL), so does
+  the runner's session;
+- any other command (`PYTHON -c ...`, a probe) runs in vLLM's real interpreter.
+
+vLLM's own processes (tensor-parallel workers) start as vLLM starts them (spawn: a fresh
+interpreter each). Tests that look for the runner in /proc by its command line and environment
+use the real interpreter (`real_env`). `SPECFORGE_LITE_TEST_FRESH_PROCESS=1` turns the server off.
+
+Standard library only: the shim runs in the tests' interpreter without site-packages (`-S`),
+the server in vLLM's.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+ENV = "SPECFORGE_LITE_VLLM_PYTHON"
+REAL_ENV = "SPECFORGE_LITE_TEST_REAL_VLLM_PYTHON"  # vLLM's interpreter behind the shim
+RUNNER_NAME = "vllm_runner.py"
+
+
+# --------------------------------------------------------------------------- messages
+
+def _send(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    payload = struct.pack("!I", len(data)) + data
+    if fds:
+        sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.sendall(payload)
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
+    """One message and the descriptors sent with it; (None, []) at end of stream."""
+    fds: list[int] = []
+    if with_fds:  # the descriptors come with the message's first bytes
+        head, ancillary, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(with_fds * 4))
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", data[:len(data) - len(data) % 4]).tolist()
+        head += _exactly(sock, 4 - len(head)) if head else b""
+    else:
+        head = _exactly(sock, 4)
+    if len(head) < 4:
+        return None, fds
+    body = _exactly(sock, struct.unpack("!I", head)[0])
+    return (json.loads(body) if body else None), fds
+
+
+def _status(wait_status: int) -> int:
+    return -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+
+
+# --------------------------------------------------------------------------- the shim (the tests' side)
+
+def shim(address: str, real_python: str, argv: list[str]) -> None:
+    """`PYTHON ARGS` as the stage ran it: the runner forked by the server, anything else exec'd."""
+    if len(argv) != 1 or os.path.basename(argv[0]) != RUNNER_NAME:
+        os.execv(real_python, [real_python, *argv])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(address)
+    except OSError:  # no server (it failed to start): the real interpreter
+        os.execv(real_python, [real_python, *argv])
+    _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds=[0, 1, 2])
+    for fd in (0, 1):  # the runner holds the stage's pipes now; their ends close with it alone
+        os.close(fd)
+    started, _ = _recv(sock)
+    if started is None:
+        sys.exit(1)
+    pid = started["pid"]
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    ended, _ = _recv(sock)
+    code = 1 if ended is None else ended["status"]
+    if code < 0:  # killed by a signal: so is the shim
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+# --------------------------------------------------------------------------- the server (vLLM's side)
+
+def _run_runner(request: dict, fds: list[int]) -> None:
+    """In the forked runner: the stage's streams, environment and folder, then the script."""
+    os.setsid()
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    script = os.path.abspath(request["argv"][0])
+    # as the interpreter would set it: the script's folder, then $PYTHONPATH
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [os.path.dirname(script), *extra]
+    if "OMP_NUM_THREADS" in os.environ:  # OpenMP read the server's environment when torch loaded
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+    sys.argv = list(request["argv"])
+    code = 0
+    import runpy
+    import threading
+    import traceback
+    import atexit
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as end:
+        code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+    except BaseException:  # noqa: BLE001  as the interpreter: the traceback, status 1
+        traceback.print_exc()
+        code = 1
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _handle(conn: socket.socket, listener: socket.socket) -> None:
+    """In a forked handler: fork the runner, report its pid, then its status; the shim gone
+    first (its socket closed) kills the runner's session."""
+    import threading
+
+    request, fds = _recv(conn, with_fds=3)
+    if request is None:
+        os._exit(0)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        listener.close()
+        _run_runner(request, fds)
+    for fd in fds:
+        os.close(fd)
+    _send(conn, {"pid": pid})
+    done = threading.Event()
+
+    def watch_shim():
+        try:
+            while conn.recv(1):
+                pass
+        except OSError:
+            pass
+        if not done.is_set():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    threading.Thread(target=watch_shim, daemon=True).start()
+    _, wait_status = os.waitpid(pid, 0)
+    done.set()
+    try:  # what vLLM left in the runner's session, as the stage kills a fresh runner's session
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        _send(conn, {"status": _status(wait_status)})
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def serve(address: str, parent: int, preload: str = "vllm") -> None:
+    """Listen at `address` (connections wait while vLLM imports), import vLLM (`preload`), then
+    fork a handler per connection; ends with the test process `parent`."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(16)
+    import importlib
+
+    module = importlib.import_module(preload)
+    if preload == "vllm":
+        module.LLM  # what every runner imports, once (vLLM loads its engine lazily)
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    listener.settimeout(1.0)
+    while os.getppid() == parent:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        conn.settimeout(None)
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _handle(conn, listener)
+        conn.close()
+
+
+# --------------------------------------------------------------------------- the tests' set-up
+
+def install(folder: str, vllm_python: str, preload: str = "vllm"):
+    """Start the server in `folder` and point `$SPECFORGE_LITE_VLLM_PYTHON` at a shim; returns the
+    server's Popen (terminate it at the end)."""
+    import subprocess
+
+    address = os.path.join(folder, "zygote.sock")
+    server = subprocess.Popen([vllm_python, os.path.abspath(__file__), "serve", address, str(os.getpid()), preload],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=open(os.path.join(folder, "zygote.log"), "w"),  # noqa: SIM115
+                              start_new_session=True)
+    deadline = time.monotonic() + 60  # it listens before it imports: a shim started from now on waits for it
+    while not os.path.exists(address) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    shim_path = os.path.join(folder, "python")
+    with open(shim_path, "w") as f:
+        here = os.path.dirname(os.path.abspath(__file__))
+        f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {here!r})\nimport vllm_zygote\n"
+                f"vllm_zygote.shim({address!r}, {vllm_python!r}, sys.argv[1:])\n")
+    os.chmod(shim_path, 0o755)
+    os.environ[ENV] = shim_path
+    os.environ[REAL_ENV] = vllm_python
+    return server
+
+
+def real_env(env: dict) -> dict:
+    """`env` with vLLM's real interpreter instead of the shim (tests that find the runner in /proc)."""
+    env = dict(env)
+    real = env.pop(REAL_ENV, None)
+    if real:
+        env[ENV] = real
+    return env
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "serve":
+    serve(sys.argv[2], int(sys.argv[3]), sys.argv[4])
