@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests import forked_cli, vllm_zygote
+from tests import forked_cli, zygote
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "specforge_lite" / "conf"
@@ -99,29 +99,48 @@ def target_cfg(path: str, **extra):
 @pytest.fixture(scope="session", autouse=True)
 def _vllm_runner_server(request):
     """Where this session runs vLLM (tests marked `vllm` or `slow`): its runner forked from a server
-    that imported vLLM once (tests/vllm_zygote.py); off with SPECFORGE_LITE_TEST_FRESH_PROCESS=1
+    that imported vLLM once (tests/zygote.py); off with SPECFORGE_LITE_TEST_FRESH_PROCESS=1
     or a $SPECFORGE_LITE_VLLM_PYTHON of the caller's."""
     from specforge_lite.serving.vllm.engine import find_python
 
     wanted = any(item.get_closest_marker("vllm") or item.get_closest_marker("slow") for item in request.session.items)
     python = find_python() if wanted and os.environ.get(forked_cli.FRESH_ENV) != "1" \
-        and not os.environ.get(vllm_zygote.ENV) else None
+        and not os.environ.get(zygote.ENV) else None
     if python is None:
         yield
         return
     folder = tempfile.mkdtemp(prefix="specforge_lite_vllm_")
-    server = vllm_zygote.install(folder, python)
+    server = zygote.install_vllm(folder, python)
     try:
         yield
     finally:
-        os.environ.pop(vllm_zygote.ENV, None)
-        os.environ.pop(vllm_zygote.REAL_ENV, None)
+        os.environ.pop(zygote.ENV, None)
+        os.environ.pop(zygote.REAL_ENV, None)
         server.terminate()
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def rank_python(tmp_path_factory):
+    """An interpreter for torchrun's `--no-python` ranks (`-m specforge_lite ...`): forked from a
+    server that imported torch, transformers, hydra, accelerate and DeepSpeed once (tests/zygote.py);
+    this interpreter itself with SPECFORGE_LITE_TEST_FRESH_PROCESS=1."""
+    if os.environ.get(forked_cli.FRESH_ENV) == "1":
+        yield sys.executable
+        return
+    shim, server = zygote.install(str(tmp_path_factory.mktemp("rank_python")), sys.executable, zygote.RANK_PRELOAD)
+    try:
+        yield shim
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 @pytest.fixture(scope="session")

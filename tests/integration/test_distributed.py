@@ -20,7 +20,7 @@ ARGS = ["+recipe=smoke", "train.checkpoint_every=0", "train.max_steps=10", "trai
 # batch 1 on 2 ranks is raised to 2 (no rank idles), so it matches 1 rank at batch 2 (the smoke
 # recipe's batch of 4 on 2 DDP ranks is test_strategies.py::test_two_ranks_match_one_rank_and_resume[ddp])
 @pytest.mark.parametrize("batch_size", [1])
-def test_two_ranks_match_one_rank(tmp_path, batch_size):
+def test_two_ranks_match_one_rank(tmp_path, batch_size, rank_python):
     one, two = tmp_path / "one", tmp_path / "two"
     run_cli("sample", "+recipe=smoke", f"run_dir={one}", check=True)
     shutil.copytree(one / "samples", two / "samples")
@@ -28,7 +28,8 @@ def test_two_ranks_match_one_rank(tmp_path, batch_size):
     run_cli("train", *ARGS, f"train.batch_size={max(batch_size, 2)}", f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
+                           "--master_port", str(free_port()), "--no-python", rank_python, "-m", "specforge_lite", "train",
+                           *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count("drafter written") == 1, "only rank 0 writes the drafter"

@@ -16,7 +16,7 @@ import pytest
 
 from specforge_lite.serving.vllm.engine import find_python
 from tests.conftest import REPO, terminal_signals
-from tests.vllm_zygote import real_env
+from tests.zygote import real_env
 
 SAMPLE = ["sample", "+recipe=smoke", "sample.backend=auto", "data.max_samples=4", "sample.max_new_tokens=8"]
 

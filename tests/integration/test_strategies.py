@@ -34,13 +34,21 @@ SHARDED_OPTIMIZER = {"deepspeed_zero2", "deepspeed_zero3", "fsdp"}
 RESUME_RANKS = {"ddp": 1, "deepspeed_zero2": 2, "deepspeed_zero3": 2, "fsdp": 1}
 
 
+_RANK_PYTHON = [sys.executable]  # the ranks' interpreter: conftest's rank_python once the module starts
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _rank_python(rank_python):
+    _RANK_PYTHON[0] = rank_python
+
+
 def train(run_dir, ranks: int, *overrides: str) -> str:
     """The real train stage on `ranks` processes; returns its output."""
     env = dict(os.environ, OMP_NUM_THREADS="1",
                TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR",
                                                    os.path.expanduser("~/.cache/torch_extensions")))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--master_port", str(free_port())] if ranks > 1 else [sys.executable]
+                "--master_port", str(free_port()), "--no-python", _RANK_PYTHON[0]] if ranks > 1 else _RANK_PYTHON[:1]
     recipe = [o for o in overrides if o.startswith("+recipe=")]  # another smoke recipe replaces ARGS' one
     args = [a for a in ARGS if not (recipe and a.startswith("+recipe="))]
     proc = subprocess.run([*launcher, "-m", "specforge_lite", "train", *args, f"run_dir={run_dir}", *overrides],

@@ -15,7 +15,7 @@ import pytest
 from specforge_lite.serving.vllm.engine import find_python
 from tests.conftest import REPO
 from tests.integration.test_sample_fallback import left_behind, runners
-from tests.vllm_zygote import real_env
+from tests.zygote import real_env
 
 
 @pytest.mark.vllm

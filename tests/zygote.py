@@ -1,25 +1,27 @@
-"""vLLM's runner for the tests, without importing vLLM at every engine start.
+"""Python processes for the tests, forked from a server that imported their heavy packages once.
 
-A stage starts vLLM as `PYTHON vllm_runner.py` (specforge_lite/serving/vllm/engine.py), and that
-interpreter spends most of a small engine's start importing vLLM. For the tests, PYTHON is a
-shim (`install`, through `$SPECFORGE_LITE_VLLM_PYTHON`) that asks a server of this test process,
-one that imported vLLM once in vLLM's own interpreter and ran nothing else, to fork the runner:
+A stage starts vLLM as `PYTHON vllm_runner.py` (specforge_lite/serving/vllm/engine.py), and a
+distributed test starts its ranks as `PYTHON -m specforge_lite ...` (torchrun's `--no-python`);
+each such interpreter spends much of a small run importing vLLM, or torch and transformers. For
+the tests, PYTHON is a shim (`install`) that asks a server of this test process, one that
+imported those packages once in the right interpreter and ran nothing else, to fork the command:
 
-- the forked runner is the real `vllm_runner.py`, run as a script (`runpy`) with the stage's
-  standard streams, environment, working directory and arguments, in a session of its own;
+- the forked process runs the real script or module (`runpy`, as the interpreter would) with the
+  caller's standard streams, environment, working directory and arguments, in a session of its own;
 - the shim passes SIGTERM, SIGINT and SIGHUP on to it and exits with its status (killed by a
-  signal: the same signal), so the stage sees one process, as with a fresh interpreter;
-- when the runner ends, what it left in its session (vLLM's engine core and workers) is killed,
-  as the stage does with a fresh runner's session; when the shim dies first (SIGKILL), so does
-  the runner's session;
-- any other command (`PYTHON -c ...`, a probe) runs in vLLM's real interpreter.
+  signal: the same signal), so the caller sees one process, as with a fresh interpreter;
+- when the process ends, what it left in its session (vLLM's engine core and workers) is killed,
+  as a stage does with a fresh runner's session; when the shim dies first (SIGKILL), so does the
+  forked process's session;
+- any other command (`PYTHON -c ...`, a probe) runs in the real interpreter.
 
-vLLM's own processes (tensor-parallel workers) start as vLLM starts them (spawn: a fresh
-interpreter each). Tests that look for the runner in /proc by its command line and environment
-use the real interpreter (`real_env`). `SPECFORGE_LITE_TEST_FRESH_PROCESS=1` turns the server off.
+Processes the forked one starts (vLLM's tensor-parallel workers) start as it starts them. For
+vLLM the shim goes behind `$SPECFORGE_LITE_VLLM_PYTHON` (tests/conftest.py); tests that look for
+the runner in /proc by its command line and environment use the real interpreter (`real_env`).
+`SPECFORGE_LITE_TEST_FRESH_PROCESS=1` turns the servers off.
 
 Standard library only: the shim runs in the tests' interpreter without site-packages (`-S`),
-the server in vLLM's.
+the server in the served interpreter.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ import time
 ENV = "SPECFORGE_LITE_VLLM_PYTHON"
 REAL_ENV = "SPECFORGE_LITE_TEST_REAL_VLLM_PYTHON"  # vLLM's interpreter behind the shim
 RUNNER_NAME = "vllm_runner.py"
+VLLM_PRELOAD = ["vllm"]
+# what a rank of `python -m specforge_lite` imports before it runs anything of ours
+RANK_PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
+                "hydra", "omegaconf", "accelerate", "deepspeed"]
+
+
+def forked(argv: list[str]) -> bool:
+    """The commands the server forks: vLLM's runner and `-m specforge_lite`."""
+    return (len(argv) == 1 and os.path.basename(argv[0]) == RUNNER_NAME) or argv[:2] == ["-m", "specforge_lite"]
 
 
 # --------------------------------------------------------------------------- messages
@@ -84,7 +95,7 @@ def _status(wait_status: int) -> int:
 
 def shim(address: str, real_python: str, argv: list[str]) -> None:
     """`PYTHON ARGS` as the stage ran it: the runner forked by the server, anything else exec'd."""
-    if len(argv) != 1 or os.path.basename(argv[0]) != RUNNER_NAME:
+    if not forked(argv):
         os.execv(real_python, [real_python, *argv])
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -127,22 +138,27 @@ def _run_runner(request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    script = os.path.abspath(request["argv"][0])
-    # as the interpreter would set it: the script's folder, then $PYTHONPATH
+    argv = request["argv"]
+    module = argv[1] if argv[0] == "-m" else None
+    script = None if module else os.path.abspath(argv[0])
+    # as the interpreter would set it: the script's folder (the working folder for -m), then $PYTHONPATH
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:1] = [os.path.dirname(script), *extra]
+    sys.path[:1] = [os.getcwd() if module else os.path.dirname(script), *extra]
     if "OMP_NUM_THREADS" in os.environ:  # OpenMP read the server's environment when torch loaded
         import torch
 
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-    sys.argv = list(request["argv"])
+    sys.argv = ["-m", *argv[2:]] if module else list(argv)
     code = 0
+    import atexit
     import runpy
     import threading
     import traceback
-    import atexit
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as end:
         code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
     except BaseException:  # noqa: BLE001  as the interpreter: the traceback, status 1
@@ -203,17 +219,21 @@ def _handle(conn: socket.socket, listener: socket.socket) -> None:
     os._exit(0)
 
 
-def serve(address: str, parent: int, preload: str = "vllm") -> None:
-    """Listen at `address` (connections wait while vLLM imports), import vLLM (`preload`), then
-    fork a handler per connection; ends with the test process `parent`."""
+def serve(address: str, parent: int, preload: list[str]) -> None:
+    """Listen at `address` (connections wait while it imports), import the `preload` modules,
+    then fork a handler per connection; ends with the test process `parent`."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(16)
     import importlib
 
-    module = importlib.import_module(preload)
-    if preload == "vllm":
-        module.LLM  # what every runner imports, once (vLLM loads its engine lazily)
+    for name in preload:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # not in this interpreter: its commands import it themselves
+            continue
+        if name == "vllm":
+            module.LLM  # what every runner imports (vLLM loads its engine lazily)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     listener.settimeout(1.0)
@@ -231,13 +251,13 @@ def serve(address: str, parent: int, preload: str = "vllm") -> None:
 
 # --------------------------------------------------------------------------- the tests' set-up
 
-def install(folder: str, vllm_python: str, preload: str = "vllm"):
-    """Start the server in `folder` and point `$SPECFORGE_LITE_VLLM_PYTHON` at a shim; returns the
-    server's Popen (terminate it at the end)."""
+def install(folder: str, python: str, preload: list[str]) -> tuple[str, object]:
+    """Start a server of `python` in `folder`, importing `preload`; returns the shim's path and
+    the server's Popen (terminate it at the end)."""
     import subprocess
 
     address = os.path.join(folder, "zygote.sock")
-    server = subprocess.Popen([vllm_python, os.path.abspath(__file__), "serve", address, str(os.getpid()), preload],
+    server = subprocess.Popen([python, os.path.abspath(__file__), "serve", address, str(os.getpid()), ",".join(preload)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=open(os.path.join(folder, "zygote.log"), "w"),  # noqa: SIM115
                               start_new_session=True)
@@ -247,9 +267,15 @@ def install(folder: str, vllm_python: str, preload: str = "vllm"):
     shim_path = os.path.join(folder, "python")
     with open(shim_path, "w") as f:
         here = os.path.dirname(os.path.abspath(__file__))
-        f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {here!r})\nimport vllm_zygote\n"
-                f"vllm_zygote.shim({address!r}, {vllm_python!r}, sys.argv[1:])\n")
+        f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {here!r})\nimport zygote\n"
+                f"zygote.shim({address!r}, {python!r}, sys.argv[1:])\n")
     os.chmod(shim_path, 0o755)
+    return shim_path, server
+
+
+def install_vllm(folder: str, vllm_python: str):
+    """A server of vLLM's interpreter behind `$SPECFORGE_LITE_VLLM_PYTHON`; returns its Popen."""
+    shim_path, server = install(folder, vllm_python, VLLM_PRELOAD)
     os.environ[ENV] = shim_path
     os.environ[REAL_ENV] = vllm_python
     return server
@@ -265,4 +291,4 @@ def real_env(env: dict) -> dict:
 
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "serve":
-    serve(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    serve(sys.argv[2], int(sys.argv[3]), [name for name in sys.argv[4].split(",") if name])

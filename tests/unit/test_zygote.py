@@ -1,5 +1,5 @@
-"""tests/vllm_zygote.py, the tests' forked vLLM runner, with a stand-in runner script and a
-server that preloads `json` instead of vLLM: the stage's side sees one process, as with a fresh
+"""tests/zygote.py, the tests' forked interpreters, with a stand-in vLLM runner script and a
+server that preloads `json` instead of vLLM: the caller sees one process, as with a fresh
 interpreter (its pipes, environment, folder, exit status and signals), and nothing outlives it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests import vllm_zygote
+from tests import zygote
 
 RUNNER = """import os, sys, time
 line = sys.stdin.readline()
@@ -28,21 +28,16 @@ sys.exit(int(line.split()[1]))
 
 @pytest.fixture
 def shim(tmp_path, monkeypatch):
-    monkeypatch.delenv(vllm_zygote.ENV, raising=False)
-    monkeypatch.delenv(vllm_zygote.REAL_ENV, raising=False)
-    server = vllm_zygote.install(str(tmp_path), sys.executable, preload="json")
-    shim_path = os.environ[vllm_zygote.ENV]
-    monkeypatch.setenv(vllm_zygote.ENV, shim_path)  # monkeypatch takes it back after the test
-    monkeypatch.setenv(vllm_zygote.REAL_ENV, sys.executable)
+    shim_path, server = zygote.install(str(tmp_path), sys.executable, ["json"])
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / vllm_zygote.RUNNER_NAME).write_text(RUNNER)
+    (tmp_path / "work" / zygote.RUNNER_NAME).write_text(RUNNER)
     yield shim_path, tmp_path
     server.terminate()
     server.wait(timeout=30)
 
 
 def start(shim_path, tmp_path, **env):
-    return subprocess.Popen([shim_path, str(tmp_path / "work" / vllm_zygote.RUNNER_NAME)], cwd=tmp_path / "work",
+    return subprocess.Popen([shim_path, str(tmp_path / "work" / zygote.RUNNER_NAME)], cwd=tmp_path / "work",
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "w"),
                             env=dict(os.environ, ZYGOTE_TEST="seen", ZYGOTE_PID=str(tmp_path / "pid"), **env),
                             text=True, start_new_session=True)
@@ -91,3 +86,15 @@ def test_a_signal_to_the_shim_ends_the_runner(shim, how):
     while alive(runner) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(runner)
+
+
+def test_a_module_runs_as_with_python_m(shim):
+    """`-m specforge_lite ARGS` is forked too: the package's own entry point, its arguments, status 2
+    for a refused input, as `python -m specforge_lite` (here: an unknown command)."""
+    shim_path, tmp_path = shim
+    proc = subprocess.run([shim_path, "-m", "specforge_lite", "no_such_command"], cwd=tmp_path / "work",
+                          capture_output=True, text=True, timeout=120)
+    fresh = subprocess.run([sys.executable, "-m", "specforge_lite", "no_such_command"], cwd=tmp_path / "work",
+                           capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert proc.returncode == 2 and "no_such_command" in proc.stderr
