@@ -257,7 +257,8 @@ def install(folder: str, python: str, preload: list[str]) -> tuple[str, object]:
     import subprocess
 
     address = os.path.join(folder, "zygote.sock")
-    server = subprocess.Popen([python, os.path.abspath(__file__), "serve", address, str(os.getpid()), ",".join(preload)],
+    command = [python, os.path.abspath(__file__), "serve", address, str(os.getpid()), ",".join(preload)]
+    server = subprocess.Popen(command,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=open(os.path.join(folder, "zygote.log"), "w"),  # noqa: SIM115
                               start_new_session=True)

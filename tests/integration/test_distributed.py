@@ -28,8 +28,8 @@ def test_two_ranks_match_one_rank(tmp_path, batch_size, rank_python):
     run_cli("train", *ARGS, f"train.batch_size={max(batch_size, 2)}", f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), "--no-python", rank_python, "-m", "specforge_lite", "train",
-                           *args, f"run_dir={two}"],
+                           "--master_port", str(free_port()), "--no-python", rank_python, "-m", "specforge_lite",
+                           "train", *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count("drafter written") == 1, "only rank 0 writes the drafter"
