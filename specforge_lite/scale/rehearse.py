@@ -189,14 +189,14 @@ def vllm_available() -> bool:
         or (REPO / ".venv-vllm" / "bin" / "python").exists()
 
 
-def rehearsed_argv(run: str, settings: dict) -> list[str]:
-    """The card's command with the rehearsal's settings in place of the same keys."""
+def rehearsed_argv(run: str, settings: dict, python: str = sys.executable) -> list[str]:
+    """The card's command with the rehearsal's settings in place of the same keys, run by `python`."""
     words = shlex.split(run)
     if words[:3] != ["python", "-m", "specforge_lite"]:
         print(f"error: a card command must start `python -m specforge_lite`: {run}", file=sys.stderr)
         raise SystemExit(2)
     kept = [w for w in words[3:] if w.lstrip("+").split("=", 1)[0] not in settings]
-    return [sys.executable, "-m", "specforge_lite", *kept, *(f"{k}={v}" for k, v in settings.items())]
+    return [python, "-m", "specforge_lite", *kept, *(f"{k}={v}" for k, v in settings.items())]
 
 
 def engine_twins(run: str) -> str | None:
@@ -211,9 +211,9 @@ def engine_twins(run: str) -> str | None:
 
 
 def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False, labels: tuple[str, ...] | None = None,
-             extra: dict | None = None) -> dict:
-    """The card's commands (those of `labels`, default all) on `ranks` CPU ranks; `extra`:
-    settings added after the rehearsal's own (a test's variation of the card)."""
+             extra: dict | None = None, python: str = sys.executable) -> dict:
+    """The card's commands (those of `labels`, default all) on `ranks` CPU ranks, each run by
+    `python`; `extra`: settings added after the rehearsal's own (a test's variation of the card)."""
     spec = load_spec(recipe)
     rehearsal = spec["rehearsal"]
     shutil.rmtree(work / "run", ignore_errors=True)  # a rehearsal starts from nothing: no stage resumes
@@ -250,7 +250,7 @@ def rehearse(recipe: str, ranks: int, work: Path, use_vllm: bool = False, labels
         if trains:  # the counts this command's ranks write, not an earlier command's
             (Path(settings["run_dir"]) / "train" / "metrics.json").unlink(missing_ok=True)
         twins = None if use_vllm else engine_twins(command["run"])
-        argv = rehearsed_argv(command["run"], {**settings, **({"eval.methods": twins} if twins else {})})
+        argv = rehearsed_argv(command["run"], {**settings, **({"eval.methods": twins} if twins else {})}, python)
         print(f"rehearse [{command['label']}]: {shlex.join(argv[1:])}", flush=True)
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=REPO, env=env)
@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true",
                         help="rehearse without vLLM even where it is installed (hf sampling, our engine's twins)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where rehearse_RECIPE.json goes")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs each card command (default: this one)")
     parser.add_argument("--cards", action="store_true", help="write every recipe card's commands section")
     args = parser.parse_args(argv)
     if args.cards:
@@ -353,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print("rehearsing without vLLM (" + ("--no-vllm" if args.no_vllm else "not installed: make vllm")
               + "): sampling and evaluate are substituted and stay pending", flush=True)
     work = args.work or REPO / "runs" / f"rehearse_{args.recipe}"
-    result = rehearse(args.recipe, ranks, work, use_vllm)
+    result = rehearse(args.recipe, ranks, work, use_vllm, python=args.python)
     print(report(result))
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / f"rehearse_{args.recipe}.json"

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 # the card with batch size 1 here
 @pytest.mark.parametrize("extra,mode", [({"train.tokens_per_step": "null", "train.batch_size": "1"}, "batch_size")],
                          ids=["batch_size=1"])
-def test_every_rank_trains_on_real_tokens_at_every_step(tmp_path, capfd, extra, mode):
-    result = rehearse("eagle_llama70b", 2, tmp_path, labels=("sample", "train"), extra=extra)
+def test_every_rank_trains_on_real_tokens_at_every_step(tmp_path, capfd, extra, mode, rank_python):
+    result = rehearse("eagle_llama70b", 2, tmp_path, labels=("sample", "train"), extra=extra, python=rank_python)
     train = next(c for c in result["commands"] if c["label"] == "train")
     card = next(c["run"] for c in load_spec("eagle_llama70b")["commands"] if c["label"] == "train")
     assert train["card"] == card and train["returncode"] == 0, result

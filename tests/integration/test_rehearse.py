@@ -18,10 +18,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
-def test_rehearse(tmp_path, recipe):
+def test_rehearse(tmp_path, recipe, rank_python):
+    """Each card command in a process forked from the rank server (conftest's rank_python); the
+    ranks the train stage launches are fresh interpreters, as the card's."""
     results = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "specforge_lite.scale.rehearse", recipe, "--work", str(tmp_path / "work"),
-                           "--results", str(results)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           "--results", str(results), "--python", rank_python], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads((results / f"rehearse_{recipe}.json").read_text())["runs"]["2"]
     spec = load_spec(recipe)
