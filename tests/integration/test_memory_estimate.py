@@ -35,7 +35,7 @@ from tests.conftest import compose
 pytestmark = pytest.mark.slow
 
 SMALL, LARGE = 2, 4
-SEQ = 64
+SEQ = 32
 RECIPES = ["eagle_smollm2", "medusa_smollm2", "dflash_smollm2", "peagle_smollm2"]
 
 
