@@ -116,11 +116,7 @@ def _vllm_runner_server(request):
     finally:
         os.environ.pop(zygote.ENV, None)
         os.environ.pop(zygote.REAL_ENV, None)
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        zygote.stop(server)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -136,11 +132,7 @@ def rank_python(tmp_path_factory):
     try:
         yield shim
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        zygote.stop(server)
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,14 @@ processes themselves (signals, ranks, locks) start theirs with subprocess direct
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import os
 import runpy
 import subprocess
 import sys
 import tempfile
-import threading
-import traceback
+
+from tests.zygote import run_as_main
 
 # imported once by the server; nothing of ours (each call imports the project afresh)
 PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
@@ -40,24 +39,11 @@ def _server():
     return _context
 
 
-def _exit_code(code) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)  # sys.exit("message"): printed, status 1, as the interpreter does
-    return 1
-
-
 def _command(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     """The forked process: `python -m specforge_lite ARGS` with stdin empty and stdout/stderr to files."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    if "OMP_NUM_THREADS" in env:  # the server's OpenMP read its environment when torch loaded
-        import torch
-
-        torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, out), (2, err)):
@@ -66,30 +52,7 @@ def _command(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
         os.close(target)
     multiprocessing.current_process().name = "MainProcess"  # as in a fresh interpreter
     sys.argv = ["-m", *args]
-    code = 0
-    try:
-        runpy.run_module("specforge_lite", run_name="__main__", alter_sys=True)
-    except SystemExit as end:
-        code = _exit_code(end.code)
-    except BaseException:  # noqa: BLE001  as the interpreter: the traceback, status 1
-        traceback.print_exc()
-        code = 1
-    try:
-        threading._shutdown()  # the non-daemon threads, as at interpreter exit
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001  a closed stream has nothing left to write
-                pass
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).fflush(None)  # what C libraries wrote with stdio
-        except Exception:  # noqa: BLE001
-            pass
-        os._exit(code)
+    run_as_main(lambda: runpy.run_module("specforge_lite", run_name="__main__", alter_sys=True))
 
 
 def run_cli(args: list[str], cwd: str, timeout: float) -> subprocess.CompletedProcess:

@@ -144,23 +144,32 @@ def _run_runner(request: dict, fds: list[int]) -> None:
     # as the interpreter would set it: the script's folder (the working folder for -m), then $PYTHONPATH
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:1] = [os.getcwd() if module else os.path.dirname(script), *extra]
+    sys.argv = ["-m", *argv[2:]] if module else list(argv)
+    import runpy
+
+    run_as_main(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True) if module
+                else runpy.run_path(script, run_name="__main__"))
+
+
+def run_as_main(main) -> None:
+    """In a forked process: `main()` as a fresh interpreter runs its `__main__`, and the exit an
+    interpreter makes: its status (2 for sys.exit(2), 1 and the traceback for an exception), the
+    non-daemon threads joined, the exit handlers run, Python's and C's output buffers flushed."""
+    import atexit
+    import threading
+    import traceback
+
     if "OMP_NUM_THREADS" in os.environ:  # OpenMP read the server's environment when torch loaded
         import torch
 
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-    sys.argv = ["-m", *argv[2:]] if module else list(argv)
     code = 0
-    import atexit
-    import runpy
-    import threading
-    import traceback
     try:
-        if module:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(script, run_name="__main__")
+        main()
     except SystemExit as end:
-        code = end.code if isinstance(end.code, int) else (0 if end.code is None else 1)
+        code = end.code if isinstance(end.code, int) else 0 if end.code is None else 1
+        if not isinstance(end.code, (int, type(None))):
+            print(end.code, file=sys.stderr)  # sys.exit("message"): printed, status 1
     except BaseException:  # noqa: BLE001  as the interpreter: the traceback, status 1
         traceback.print_exc()
         code = 1
@@ -171,8 +180,14 @@ def _run_runner(request: dict, fds: list[int]) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001  a closed stream has nothing left to write
                 pass
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).fflush(None)  # what C libraries wrote with stdio
+        except Exception:  # noqa: BLE001
+            pass
         os._exit(code)
 
 
@@ -280,6 +295,17 @@ def install_vllm(folder: str, vllm_python: str):
     os.environ[ENV] = shim_path
     os.environ[REAL_ENV] = vllm_python
     return server
+
+
+def stop(server) -> None:
+    """End a server that `install` started."""
+    import subprocess
+
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def real_env(env: dict) -> dict:
