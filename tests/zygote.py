@@ -44,9 +44,35 @@ RANK_PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.mod
                 "hydra", "omegaconf", "accelerate", "deepspeed"]
 
 
+LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"  # specforge_lite/scale/launch.py: a rank's launcher
+SPAWN = "from multiprocessing.spawn import spawn_main; spawn_main("  # multiprocessing.spawn.get_command_line
+MAX_FDS = 64  # descriptors a command may inherit (the standard streams and multiprocessing's pipes)
+
+
 def forked(argv: list[str]) -> bool:
-    """The commands the server forks: vLLM's runner and `-m specforge_lite`."""
-    return (len(argv) == 1 and os.path.basename(argv[0]) == RUNNER_NAME) or argv[:2] == ["-m", "specforge_lite"]
+    """The commands the server forks: vLLM's runner, `-m specforge_lite`, and the children that
+    multiprocessing's `spawn` starts from a forked process (vLLM's engine core and workers)."""
+    return (len(argv) == 1 and os.path.basename(argv[0]) == RUNNER_NAME) or argv[:2] == ["-m", "specforge_lite"] \
+        or spawned(argv)
+
+
+def spawned(argv: list[str]) -> bool:
+    """A child of multiprocessing's `spawn`: [interpreter flags (the parent's), -c, SPAWN..., --multiprocessing-fork]."""
+    return len(argv) >= 3 and argv[-3] == "-c" and argv[-2].startswith(SPAWN) and argv[-1] == "--multiprocessing-fork"
+
+
+def _inherited(skip: int) -> list[int]:
+    """This process's open descriptors (what a command exec'd here would inherit), but `skip`."""
+    found = []
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ("0", "1", "2"):
+        fd = int(name)
+        try:
+            os.fstat(fd)  # the listing's own descriptor is closed by now
+        except OSError:
+            continue
+        if fd != skip:
+            found.append(fd)
+    return sorted(found)[:MAX_FDS]
 
 
 # --------------------------------------------------------------------------- messages
@@ -102,9 +128,14 @@ def shim(address: str, real_python: str, argv: list[str]) -> None:
         sock.connect(address)
     except OSError:  # no server (it failed to start): the real interpreter
         os.execv(real_python, [real_python, *argv])
-    _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, fds=[0, 1, 2])
-    for fd in (0, 1):  # the runner holds the stage's pipes now; their ends close with it alone
-        os.close(fd)
+    if os.environ.get(LAUNCHER_PID) == str(os.getppid()):  # a rank: it ends with its launcher (follow_launcher)
+        _die_with_parent()
+    fds = _inherited(sock.fileno())
+    _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "fds": fds, "parent": os.getppid()},
+          fds=fds)
+    for fd in fds:  # the command holds the caller's pipes now; their ends close with it alone
+        if fd != 2:
+            os.close(fd)
     started, _ = _recv(sock)
     if started is None:
         sys.exit(1)
@@ -125,24 +156,58 @@ def shim(address: str, real_python: str, argv: list[str]) -> None:
     sys.exit(code)
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this shim when its parent dies (Linux), as a rank's own PR_SET_PDEATHSIG would end it;
+    the server then kills the forked rank's session."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
 # --------------------------------------------------------------------------- the server (vLLM's side)
 
-def _run_runner(request: dict, fds: list[int]) -> None:
-    """In the forked runner: the stage's streams, environment and folder, then the script."""
-    os.setsid()
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
+def _take_descriptors(numbers: list[int], fds: list[int]) -> None:
+    """Put each received descriptor `fds[i]` at the caller's number `numbers[i]`, the rest closed."""
+    import fcntl
+
+    top = max([*numbers, *fds, 2]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, top) for fd in fds]  # out of the way of every target number
     for fd in fds:
-        if fd > 2:
-            os.close(fd)
+        os.close(fd)
+    for number, fd in zip(numbers, moved):
+        os.dup2(fd, number)
+        os.close(fd)
+
+
+def _run_runner(request: dict, fds: list[int], shim_path: str) -> None:
+    """In the forked command: the caller's descriptors, environment and folder, then the script,
+    module or multiprocessing child; what it starts in turn starts through the shim too."""
+    os.setsid()
+    _take_descriptors(request.get("fds", [0, 1, 2])[:len(fds)], fds)
     os.environ.clear()
     os.environ.update(request["env"])
+    if os.environ.get(LAUNCHER_PID) == str(request.get("parent")):
+        # a rank: its launcher's process here is this process's parent, the server's handler, which
+        # lives as long as the shim, which lives as long as the launcher (_die_with_parent)
+        os.environ[LAUNCHER_PID] = str(os.getppid())
     os.chdir(request["cwd"])
+    if shim_path:  # a rank launcher's ranks (sys.executable) and multiprocessing's spawned children
+        import multiprocessing
+
+        sys.executable = shim_path
+        multiprocessing.set_executable(shim_path)
     argv = request["argv"]
+    # as the interpreter would set them: sys.argv, then sys.path's first entry (the script's folder,
+    # the working folder for -m, '' for -c) and $PYTHONPATH
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if spawned(argv):  # the flags before -c are the parent's, this server's own
+        sys.argv, sys.path[:1] = ["-c", argv[-1]], ["", *extra]
+        run_as_main(lambda: exec(compile(argv[-2], "<string>", "exec"), {"__name__": "__main__"}))
     module = argv[1] if argv[0] == "-m" else None
     script = None if module else os.path.abspath(argv[0])
-    # as the interpreter would set it: the script's folder (the working folder for -m), then $PYTHONPATH
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:1] = [os.getcwd() if module else os.path.dirname(script), *extra]
     sys.argv = ["-m", *argv[2:]] if module else list(argv)
     import runpy
@@ -191,19 +256,19 @@ def run_as_main(main) -> None:
         os._exit(code)
 
 
-def _handle(conn: socket.socket, listener: socket.socket) -> None:
-    """In a forked handler: fork the runner, report its pid, then its status; the shim gone
-    first (its socket closed) kills the runner's session."""
+def _handle(conn: socket.socket, listener: socket.socket, shim_path: str) -> None:
+    """In a forked handler: fork the command, report its pid, then its status; the shim gone
+    first (its socket closed) kills the command's session."""
     import threading
 
-    request, fds = _recv(conn, with_fds=3)
+    request, fds = _recv(conn, with_fds=MAX_FDS)
     if request is None:
         os._exit(0)
     pid = os.fork()
     if pid == 0:
         conn.close()
         listener.close()
-        _run_runner(request, fds)
+        _run_runner(request, fds, shim_path)
     for fd in fds:
         os.close(fd)
     _send(conn, {"pid": pid})
@@ -234,9 +299,10 @@ def _handle(conn: socket.socket, listener: socket.socket) -> None:
     os._exit(0)
 
 
-def serve(address: str, parent: int, preload: list[str]) -> None:
+def serve(address: str, parent: int, preload: list[str], shim_path: str = "") -> None:
     """Listen at `address` (connections wait while it imports), import the `preload` modules,
-    then fork a handler per connection; ends with the test process `parent`."""
+    then fork a handler per connection; ends with the test process `parent`. A forked command's
+    `sys.executable` and multiprocessing's interpreter are `shim_path` (when given)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(16)
@@ -260,7 +326,7 @@ def serve(address: str, parent: int, preload: list[str]) -> None:
         conn.settimeout(None)
         if os.fork() == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _handle(conn, listener)
+            _handle(conn, listener, shim_path)
         conn.close()
 
 
@@ -272,7 +338,8 @@ def install(folder: str, python: str, preload: list[str]) -> tuple[str, object]:
     import subprocess
 
     address = os.path.join(folder, "zygote.sock")
-    command = [python, os.path.abspath(__file__), "serve", address, str(os.getpid()), ",".join(preload)]
+    shim_path = os.path.join(folder, "python")
+    command = [python, os.path.abspath(__file__), "serve", address, str(os.getpid()), ",".join(preload), shim_path]
     server = subprocess.Popen(command,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=open(os.path.join(folder, "zygote.log"), "w"),  # noqa: SIM115
@@ -280,7 +347,6 @@ def install(folder: str, python: str, preload: list[str]) -> tuple[str, object]:
     deadline = time.monotonic() + 60  # it listens before it imports: a shim started from now on waits for it
     while not os.path.exists(address) and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    shim_path = os.path.join(folder, "python")
     with open(shim_path, "w") as f:
         here = os.path.dirname(os.path.abspath(__file__))
         f.write(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {here!r})\nimport zygote\n"
@@ -317,5 +383,5 @@ def real_env(env: dict) -> dict:
     return env
 
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "serve":
-    serve(sys.argv[2], int(sys.argv[3]), [name for name in sys.argv[4].split(",") if name])
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "serve":
+    serve(sys.argv[2], int(sys.argv[3]), [name for name in sys.argv[4].split(",") if name], sys.argv[5])

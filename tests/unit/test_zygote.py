@@ -98,3 +98,44 @@ def test_a_module_runs_as_with_python_m(shim):
                            capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout, proc.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert proc.returncode == 2 and "no_such_command" in proc.stderr
+
+
+SPAWNING_RUNNER = """import multiprocessing, os, sys
+
+
+def child(queue, code):
+    queue.put((os.getppid(), os.environ["SPECFORGE_LITE_LAUNCHER_PID"], "json" in sys.modules))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    os.environ["SPECFORGE_LITE_LAUNCHER_PID"] = str(os.getpid())  # as our launcher sets it for its ranks
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue, 7))
+    process.start()
+    parent, launcher, preloaded = queue.get(timeout=60)
+    process.join(60)
+    print(os.getpid(), process.pid, parent, launcher, preloaded, process.exitcode,
+          os.fsdecode(multiprocessing.spawn.get_executable()))
+"""
+
+
+def test_a_forked_commands_spawned_children_are_forked_too(tmp_path):
+    """multiprocessing's `spawn` in a forked command (vLLM's engine core and workers) starts its
+    children through the shim: forked from the server (the preloaded `json` is there), with the
+    pipes spawn passes them, the child's exit status seen by its parent; a child whose
+    launcher variable names its caller (our ranks) names the process it actually runs under."""
+    shim_path, server = zygote.install(str(tmp_path), sys.executable, ["json"])
+    try:
+        (tmp_path / "work").mkdir()
+        (tmp_path / "work" / zygote.RUNNER_NAME).write_text(SPAWNING_RUNNER)
+        proc = subprocess.run([shim_path, str(tmp_path / "work" / zygote.RUNNER_NAME)], cwd=tmp_path / "work",
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        zygote.stop(server)
+    assert proc.returncode == 0, proc.stderr
+    runner, shim_pid, parent, launcher, preloaded, exitcode, executable = proc.stdout.split()
+    assert executable == shim_path and exitcode == "7"
+    assert parent not in (runner, shim_pid)  # not exec'd by the shim: forked by the server's handler
+    assert launcher == parent and preloaded == "True"
