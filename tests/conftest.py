@@ -69,11 +69,11 @@ def compose_cfg():
     return compose
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, check: bool = False
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, check: bool = False, env: dict | None = None
             ) -> subprocess.CompletedProcess:
     """Run `python -m specforge_lite ARGS` in a process of its own (tests/forked_cli.py: forked from
-    a server that imported torch, transformers and hydra once)."""
-    proc = forked_cli.run_cli(list(args), str(cwd or REPO), timeout)
+    a server that imported torch, transformers and hydra once), with `env` (default this one's)."""
+    proc = forked_cli.run_cli(list(args), str(cwd or REPO), timeout, env)
     if check and proc.returncode != 0:
         raise AssertionError(f"CLI {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

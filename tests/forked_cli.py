@@ -43,6 +43,7 @@ def _command(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     """The forked process: `python -m specforge_lite ARGS` with stdin empty and stdout/stderr to files."""
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # found again from this environment's TMPDIR, as a fresh interpreter would
     os.chdir(cwd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -55,15 +56,17 @@ def _command(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     run_as_main(lambda: runpy.run_module("specforge_lite", run_name="__main__", alter_sys=True))
 
 
-def run_cli(args: list[str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m specforge_lite ARGS` in `cwd`: its status, stdout and stderr (subprocess.run's
-    result; subprocess.TimeoutExpired after `timeout` seconds, the process killed)."""
-    if os.environ.get(FRESH_ENV) == "1":
+def run_cli(args: list[str], cwd: str, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m specforge_lite ARGS` in `cwd` with `env` (default this process's environment): its
+    status, stdout and stderr (subprocess.run's result; subprocess.TimeoutExpired after `timeout`
+    seconds, the process killed)."""
+    env = dict(os.environ if env is None else env)
+    if env.get(FRESH_ENV) == "1":
         return subprocess.run([sys.executable, "-m", "specforge_lite", *args], cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, env=env)
     with tempfile.TemporaryDirectory(prefix="specforge_lite_cli_") as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        process = _server().Process(target=_command, args=(list(args), str(cwd), dict(os.environ), out, err))
+        process = _server().Process(target=_command, args=(list(args), str(cwd), env, out, err))
         process.start()
         try:
             process.join(timeout)

@@ -189,6 +189,9 @@ def _run_runner(request: dict, fds: list[int], shim_path: str) -> None:
     _take_descriptors(request.get("fds", [0, 1, 2])[:len(fds)], fds)
     os.environ.clear()
     os.environ.update(request["env"])
+    import tempfile
+
+    tempfile.tempdir = None  # found again from the caller's TMPDIR, as a fresh interpreter would
     if os.environ.get(LAUNCHER_PID) == str(request.get("parent")):
         # a rank: its launcher's process here is this process's parent, the server's handler, which
         # lives as long as the shim, which lives as long as the launcher (_die_with_parent)

@@ -113,7 +113,7 @@ def test_a_damaged_sample_shard_is_rewritten_on_resume(sampled, tmp_path, damage
     assert {row["id"]: row["input_ids"] for row in load_samples(run_dir / "samples")} == want
 
 
-def test_two_ranks_count_the_tokens_of_one_rank(sampled, tmp_path):
+def test_two_ranks_count_the_tokens_of_one_rank(sampled, tmp_path, rank_python):
     """The same global batch on 1 and on 2 gloo ranks: tokens seen (the learning curve's axis) are
     the same, and the per-rank counts in metrics.json add up to them."""
     one, two = fresh_run(sampled, tmp_path, "one"), fresh_run(sampled, tmp_path, "two")
@@ -121,7 +121,8 @@ def test_two_ranks_count_the_tokens_of_one_rank(sampled, tmp_path):
     run_cli("train", *args, f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
+                           "--master_port", str(free_port()), "--no-python", rank_python, "-m", "specforge_lite", "train",
+                           *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m1 = json.loads((one / "train" / "metrics.json").read_text())

@@ -74,11 +74,12 @@ def test_other_rows_rebuild_the_features(tmp_path, change):
     assert len(second) != len(first) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(first, second))
 
 
-def train_ranks(run_dir, ranks: int, *overrides: str) -> None:
-    """The real train stage on `ranks` torchrun processes (gloo), as tests/integration/test_strategies.py runs it."""
+def train_ranks(run_dir, ranks: int, *overrides: str, python: str = sys.executable) -> None:
+    """The real train stage on `ranks` torchrun processes (gloo) of `python` (conftest's rank_python),
+    as tests/integration/test_strategies.py runs it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--master_port", str(free_port())] if ranks > 1 else [sys.executable]
+                "--master_port", str(free_port()), "--no-python", python] if ranks > 1 else [python]
     proc = subprocess.run([*launcher, "-m", "specforge_lite", "train", *OFFLINE, *overrides, f"run_dir={run_dir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -93,7 +94,8 @@ def cached(run_dir) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", [None, "qwen3_moe"], ids=["llama", "qwen3_moe"])
-def test_two_ranks_with_the_target_sharded_build_the_one_rank_features(tmp_path, family, family_target):  # noqa: F811
+def test_two_ranks_with_the_target_sharded_build_the_one_rank_features(tmp_path, family, family_target,  # noqa: F811
+                                                                       rank_python):
     """Also for a mixture of experts, whose checkpoint saves each expert by name while the model
     holds them fused: each rank reads its own experts (`sharded.expert_rows`)."""
     # 7 conversations in shards of 2: rank 0 writes shards 0 and 2, rank 1 shards 1 and 3 (one
@@ -101,8 +103,8 @@ def test_two_ranks_with_the_target_sharded_build_the_one_rank_features(tmp_path,
     rows = ["train.source_conversations=7", "train.offline_shard_size=2", "train.batch_size=1"]
     if family:
         rows.append(f"target.path={family_target(family)}")
-    train_ranks(tmp_path / "one", 1, *rows)
-    train_ranks(tmp_path / "two", 2, *rows, "trainer.shard_target=true")
+    train_ranks(tmp_path / "one", 1, *rows, python=rank_python)
+    train_ranks(tmp_path / "two", 2, *rows, "trainer.shard_target=true", python=rank_python)
     one, two = cached(tmp_path / "one"), cached(tmp_path / "two")
     assert set(one) == set(two) and len([k for k in one if k.startswith("aux.")]) == 7
     for name in one:  # bf16 on disk: equal up to one rounding step of a float32 difference

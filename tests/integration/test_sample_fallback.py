@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specforge_lite.serving.vllm.engine import find_python
-from tests.conftest import REPO, terminal_signals
+from tests.conftest import REPO, run_cli, terminal_signals
 from tests.zygote import real_env
 
 SAMPLE = ["sample", "+recipe=smoke", "sample.backend=auto", "data.max_samples=4", "sample.max_new_tokens=8"]
@@ -37,7 +37,7 @@ def test_auto_samples_without_a_vllm_that_cannot_run(tmp_path, interpreter):
         python = Path(sys.executable)  # this package's interpreter, without vLLM
         if subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
             pytest.skip("this interpreter has vLLM")
-    proc = run_sample(*SAMPLE, f"run_dir={tmp_path / 'run'}", f"sample.vllm.python={python}")
+    proc = run_cli(*SAMPLE, f"run_dir={tmp_path / 'run'}", f"sample.vllm.python={python}", timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr  # log lines go to stdout
     said = [line for line in output.splitlines() if "sample.backend=auto: vLLM cannot sample" in line]
@@ -78,14 +78,14 @@ def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
     temp.mkdir()
     env = real_env(dict(os.environ, TMPDIR=str(temp)))  # the runner found in /proc by its command line
     # SmolLM2, which vLLM's CPU kernels run: a stage that succeeds
-    done = run_sample("sample", "+recipe=eagle_smollm2", f"run_dir={tmp_path / 'ok'}", f"samples_dir={tmp_path / 'ok'}",
-                      "sample.backend=vllm", "data.max_samples=2", "sample.max_new_tokens=8", "sample.turns=last",
-                      "sample.shard_size=2", env=env)
+    done = run_cli("sample", "+recipe=eagle_smollm2", f"run_dir={tmp_path / 'ok'}", f"samples_dir={tmp_path / 'ok'}",
+                   "sample.backend=vllm", "data.max_samples=2", "sample.max_new_tokens=8", "sample.turns=last",
+                   "sample.shard_size=2", env=env, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not left_behind(temp), left_behind(temp)
     # the tiny target, whose head size vLLM's CPU attention refuses: a stage whose vLLM fails
-    failed = run_sample("sample", "+recipe=smoke", f"run_dir={tmp_path / 'failed'}", "sample.backend=vllm",
-                        "data.max_samples=2", "sample.max_new_tokens=8", env=env)
+    failed = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path / 'failed'}", "sample.backend=vllm",
+                     "data.max_samples=2", "sample.max_new_tokens=8", env=env, timeout=1200)
     assert failed.returncode == 2 and "vLLM failed" in failed.stderr, failed.stderr[-3000:]
     assert not left_behind(temp), left_behind(temp)
     assert not runners(temp)
