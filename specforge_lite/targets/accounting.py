@@ -98,7 +98,7 @@ def _keep_peak(path: Path, entry: dict) -> dict:
         if before and before.get("world_size") == entry["world_size"] \
                 and before["layer_bytes_held"] >= entry["layer_bytes_held"]:
             return before
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # processes of one rank number (sample.rank) write at once
     tmp.write_text(json.dumps(entry, indent=1))
     tmp.replace(path)
     return entry
