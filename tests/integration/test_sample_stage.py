@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -79,11 +78,12 @@ def test_a_damaged_meta_json_or_a_stray_shard_is_repaired_not_a_loop(tmp_path):
     assert sorted(completed_shards(data)) == [0, 1, 2, 3]
 
 
-def test_kill_and_resume_loses_nothing_and_duplicates_nothing(tmp_path):
+def test_kill_and_resume_loses_nothing_and_duplicates_nothing(tmp_path, rank_python):
+    """Killed (SIGKILL, through rank_python's shim: the forked process's session is killed) mid-run."""
     source = write_prompts(tmp_path / "prompts.jsonl", 60)
     args = ["sample.shard_size=2", "sample.batch_size=2", "sample.max_new_tokens=64"]
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", *smoke_args(killed, source, *args)],
+    proc = subprocess.Popen([rank_python, "-m", "specforge_lite", *smoke_args(killed, source, *args)],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while len(completed_shards(killed / "samples" / "data")) < 3:
@@ -105,11 +105,11 @@ def test_kill_and_resume_loses_nothing_and_duplicates_nothing(tmp_path):
     assert got == want
 
 
-def test_data_parallel_ranks_split_one_prompt_set(tmp_path):
+def test_data_parallel_ranks_split_one_prompt_set(tmp_path, rank_python):
     source = write_prompts(tmp_path / "prompts.jsonl", 12)
     args = ["sample.shard_size=2", "sample.max_new_tokens=8"]
     run_dir = tmp_path / "dp"
-    procs = [subprocess.Popen([sys.executable, "-m", "specforge_lite",
+    procs = [subprocess.Popen([rank_python, "-m", "specforge_lite",
                                *smoke_args(run_dir, source, *args, f"sample.rank={r}", "sample.world_size=2")],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     for p in procs:
