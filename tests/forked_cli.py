@@ -26,7 +26,7 @@ from tests.zygote import run_as_main
 
 # imported once by the server; nothing of ours (each call imports the project afresh)
 PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
-           "hydra", "omegaconf"]
+           "hydra", "omegaconf", "tests.warm_inductor"]
 FRESH_ENV = "SPECFORGE_LITE_TEST_FRESH_PROCESS"
 _context = None
 

@@ -302,6 +302,19 @@ def _handle(conn: socket.socket, listener: socket.socket, shim_path: str) -> Non
     os._exit(0)
 
 
+def prewarm_inductor() -> None:
+    """Fill the per-process caches every process that compiles fills first, once, so that each
+    fork inherits them: torch's source hash (inductor's cache key) and the CPU's vector ISA probe
+    (it builds and loads a small library per ISA). Their values are this machine's, as a fresh
+    process would find them."""
+    try:
+        from torch._inductor import codecache, cpu_vec_isa
+    except ImportError:  # no torch here: nothing to fill
+        return
+    codecache.torch_key()
+    cpu_vec_isa.pick_vec_isa()
+
+
 def serve(address: str, parent: int, preload: list[str], shim_path: str = "") -> None:
     """Listen at `address` (connections wait while it imports), import the `preload` modules,
     then fork a handler per connection; ends with the test process `parent`. A forked command's
@@ -318,6 +331,8 @@ def serve(address: str, parent: int, preload: list[str], shim_path: str = "") ->
             continue
         if name == "vllm":
             module.LLM  # what every runner imports (vLLM loads its engine lazily)
+    if "torch" in sys.modules:
+        prewarm_inductor()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     listener.settimeout(1.0)
