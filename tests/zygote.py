@@ -57,7 +57,7 @@ def forked(argv: list[str]) -> bool:
 
 
 def spawned(argv: list[str]) -> bool:
-    """A child of multiprocessing's `spawn`: [interpreter flags (the parent's), -c, SPAWN..., --multiprocessing-fork]."""
+    """A child of multiprocessing's `spawn`: [the parent's interpreter flags, -c, SPAWN..., --multiprocessing-fork]."""
     return len(argv) >= 3 and argv[-3] == "-c" and argv[-2].startswith(SPAWN) and argv[-1] == "--multiprocessing-fork"
 
 

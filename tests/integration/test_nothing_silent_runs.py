@@ -121,8 +121,8 @@ def test_two_ranks_count_the_tokens_of_one_rank(sampled, tmp_path, rank_python):
     run_cli("train", *args, f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(free_port()), "--no-python", rank_python, "-m", "specforge_lite", "train",
-                           *args, f"run_dir={two}"],
+                           "--master_port", str(free_port()), "--no-python", rank_python,
+                           "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m1 = json.loads((one / "train" / "metrics.json").read_text())
