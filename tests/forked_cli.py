@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from tests.zygote import run_as_main
+from tests.zygote import adopt, run_as_main
 
 # imported once by the server; nothing of ours (each call imports the project afresh)
 PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
@@ -41,10 +41,7 @@ def _server():
 
 def _command(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     """The forked process: `python -m specforge_lite ARGS` with stdin empty and stdout/stderr to files."""
-    os.environ.clear()
-    os.environ.update(env)
-    tempfile.tempdir = None  # found again from this environment's TMPDIR, as a fresh interpreter would
-    os.chdir(cwd)
+    adopt(env, cwd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, out), (2, err)):

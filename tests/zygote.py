@@ -182,26 +182,31 @@ def _take_descriptors(numbers: list[int], fds: list[int]) -> None:
         os.close(fd)
 
 
+def adopt(env: dict, cwd: str) -> None:
+    """In a forked process: the caller's environment and working folder, as a fresh interpreter
+    starts in them (tempfile finds its folder again from this environment's TMPDIR)."""
+    import tempfile
+
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None
+    os.chdir(cwd)
+
+
 def _run_runner(request: dict, fds: list[int], shim_path: str) -> None:
     """In the forked command: the caller's descriptors, environment and folder, then the script,
     module or multiprocessing child; what it starts in turn starts through the shim too."""
-    os.setsid()
-    _take_descriptors(request.get("fds", [0, 1, 2])[:len(fds)], fds)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    import tempfile
+    import multiprocessing
 
-    tempfile.tempdir = None  # found again from the caller's TMPDIR, as a fresh interpreter would
-    if os.environ.get(LAUNCHER_PID) == str(request.get("parent")):
+    os.setsid()
+    _take_descriptors(request["fds"][:len(fds)], fds)
+    adopt(request["env"], request["cwd"])
+    if os.environ.get(LAUNCHER_PID) == str(request["parent"]):
         # a rank: its launcher's process here is this process's parent, the server's handler, which
         # lives as long as the shim, which lives as long as the launcher (_die_with_parent)
         os.environ[LAUNCHER_PID] = str(os.getppid())
-    os.chdir(request["cwd"])
-    if shim_path:  # a rank launcher's ranks (sys.executable) and multiprocessing's spawned children
-        import multiprocessing
-
-        sys.executable = shim_path
-        multiprocessing.set_executable(shim_path)
+    sys.executable = shim_path  # a launcher's ranks and multiprocessing's spawned children: through the shim
+    multiprocessing.set_executable(shim_path)
     argv = request["argv"]
     # as the interpreter would set them: sys.argv, then sys.path's first entry (the script's folder,
     # the working folder for -m, '' for -c) and $PYTHONPATH
@@ -306,19 +311,19 @@ def prewarm_inductor() -> None:
     """Fill the per-process caches every process that compiles fills first, once, so that each
     fork inherits them: torch's source hash (inductor's cache key) and the CPU's vector ISA probe
     (it builds and loads a small library per ISA). Their values are this machine's, as a fresh
-    process would find them."""
-    try:
-        from torch._inductor import codecache, cpu_vec_isa
-    except ImportError:  # no torch here: nothing to fill
+    process would find them. Nothing where torch is not loaded."""
+    if "torch" not in sys.modules:
         return
+    from torch._inductor import codecache, cpu_vec_isa
+
     codecache.torch_key()
     cpu_vec_isa.pick_vec_isa()
 
 
-def serve(address: str, parent: int, preload: list[str], shim_path: str = "") -> None:
+def serve(address: str, parent: int, preload: list[str], shim_path: str) -> None:
     """Listen at `address` (connections wait while it imports), import the `preload` modules,
     then fork a handler per connection; ends with the test process `parent`. A forked command's
-    `sys.executable` and multiprocessing's interpreter are `shim_path` (when given)."""
+    `sys.executable` and multiprocessing's interpreter are `shim_path`."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(16)
@@ -331,8 +336,7 @@ def serve(address: str, parent: int, preload: list[str], shim_path: str = "") ->
             continue
         if name == "vllm":
             module.LLM  # what every runner imports (vLLM loads its engine lazily)
-    if "torch" in sys.modules:
-        prewarm_inductor()
+    prewarm_inductor()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     listener.settimeout(1.0)

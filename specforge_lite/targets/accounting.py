@@ -19,6 +19,8 @@ import math
 import os
 from pathlib import Path
 
+from specforge_lite.run_folders import atomic_write_text
+
 ACCOUNTING_DIR = "accounting"
 _stage: dict = {}  # {"run_dir": Path, "stage": str} while a stage runs
 
@@ -98,9 +100,7 @@ def _keep_peak(path: Path, entry: dict) -> dict:
         if before and before.get("world_size") == entry["world_size"] \
                 and before["layer_bytes_held"] >= entry["layer_bytes_held"]:
             return before
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # processes of one rank number (sample.rank) write at once
-    tmp.write_text(json.dumps(entry, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(entry, indent=1))  # its own temporary file: samplers of one rank write at once
     return entry
 
 

@@ -21,11 +21,6 @@ from tests.zygote import real_env
 SAMPLE = ["sample", "+recipe=smoke", "sample.backend=auto", "data.max_samples=4", "sample.max_new_tokens=8"]
 
 
-def run_sample(*args: str, env: dict | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specforge_lite", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("interpreter", ["exits", "has_no_vllm"])
 def test_auto_samples_without_a_vllm_that_cannot_run(tmp_path, interpreter):

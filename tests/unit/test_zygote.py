@@ -32,8 +32,7 @@ def shim(tmp_path, monkeypatch):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / zygote.RUNNER_NAME).write_text(RUNNER)
     yield shim_path, tmp_path
-    server.terminate()
-    server.wait(timeout=30)
+    zygote.stop(server)
 
 
 def start(shim_path, tmp_path, **env):
