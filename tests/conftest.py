@@ -44,6 +44,10 @@ if _WORKERS > 1:
 # models costs minutes of compiling per test and checks inductor's kernels, not our graphs;
 # `autotuned` (below) turns it back on for the tests about the autotuned kernels themselves
 os.environ.setdefault("SPECFORGE_LITE_AUTOTUNE", "0")
+# an AOTInductor package's host-side wrapper (argument checks, the calls into the kernels) built
+# at -O0 instead of -O1: the kernels, whose numbers the tests check, keep their flags; every
+# package builds faster (docs/TESTING.md); read when inductor's config loads, before any import of it
+os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
 
 
 @pytest.fixture

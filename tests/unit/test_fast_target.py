@@ -219,12 +219,19 @@ def test_gemm_rows_setting_and_restore(monkeypatch):
         assert micro.micro_gemm_configs[micro.CppMicroGemmFP32Vec] == before
 
 
-def test_compiled_forward_wider_than_one_register_block(target, forbid_recompiles, autotuned):
+def test_compiled_forward_wider_than_one_register_block(forbid_recompiles, autotuned):
     # a width of 6 rows spans a full 4-row register block and a 2-row tail (autotuned: the C++
-    # GEMM micro-kernel, whose blocks these are, is one of the autotuned choices)
+    # GEMM micro-kernel, whose blocks these are, is one of the autotuned choices); a stand-in whose
+    # every product is 64 x 64, so that one product shape is autotuned instead of the tiny target's five
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from specforge_lite.runtime.static_llama import StaticLlama
     from specforge_lite.runtime.compile import compile_frozen
 
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                                          tie_word_embeddings=False)).eval()
     eager = StaticLlama(target, 64, LAYERS).eval()
     compiled_module = StaticLlama(target, 64, LAYERS).eval()
     ids, positions = torch.arange(3, 9), torch.arange(6)
