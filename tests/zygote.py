@@ -41,7 +41,7 @@ RUNNER_NAME = "vllm_runner.py"
 VLLM_PRELOAD = ["vllm"]
 # what a rank of `python -m specforge_lite` imports before it runs anything of ours
 RANK_PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
-                "hydra", "omegaconf", "accelerate", "deepspeed"]
+                "hydra", "omegaconf", "accelerate", "deepspeed", "datasets", "matplotlib.pyplot"]
 
 
 LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"  # specforge_lite/scale/launch.py: a rank's launcher
