@@ -217,6 +217,9 @@ class EvalConfig:
     # before timing; minutes on a CPU) | static (the same forward, eager) | hf (transformers')
     engine: str = checked("auto", choices=("auto", "compiled", "static", "hf"))
     cost_repeats: int = checked(3, ge=1)  # timed target forwards per width when measuring verify costs for best k
+    # the report's cost curve times target forwards of 1..this many new tokens (and up to the
+    # widest verify a method needs, k + 1 or a tree's nodes + 1, whatever this says)
+    cost_widths: int = checked(16, ge=1, le=MAX_DRAFTS + 1)
     plots: bool = True
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     # the vllm_* methods (vllm_plain, vllm_eagle3, vllm_ngram, vllm_draft_model, vllm_distilled,

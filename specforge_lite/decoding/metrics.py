@@ -82,11 +82,6 @@ def summarise(generations: Sequence[Generation], max_k: int = 0) -> dict:
     return out
 
 
-# widths every report times a target forward at (more where a method verifies more): the curve
-# shows whether verifying k + 1 tokens costs what one costs on this machine (docs/ENGINES.md)
-COST_WIDTHS = 16
-
-
 @torch.inference_mode()
 def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int = 3,
                           vocab_size: int | None = None, seed: int = 0, runner=None) -> dict[int, float]:

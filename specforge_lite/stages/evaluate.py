@@ -46,7 +46,7 @@ from specforge_lite.decoding.suffix import lookup_factory
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
 from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
-from specforge_lite.decoding.metrics import (COST_WIDTHS, costs_as_decoding_paid, measure_forward_costs,
+from specforge_lite.decoding.metrics import (costs_as_decoding_paid, measure_forward_costs,
                                              our_conventions, summarise)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import k_text, render_markdown, write_plots
@@ -273,11 +273,11 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
                                                          ecfg.max_new_tokens, eos_ids, PLAIN, reference) or None
     reference.release()
 
-    # 3. a target forward's cost over 1..k+1 tokens (best k), and on to 16 where the cache has room
+    # 3. a target forward's cost over 1..k+1 tokens (best k), and on to eval.cost_widths where the cache has room
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
     context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
     room = (target.engine.capacity if target.engine else model.config.max_position_embeddings) - context_len
-    top = max(widest + 1, min(COST_WIDTHS, room))
+    top = max(widest + 1, min(ecfg.cost_widths, room))
     costs = measure_forward_costs(model, context_len, top, ecfg.cost_repeats, runner=target.runner())
 
     entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)

@@ -77,7 +77,7 @@ def test_vllm_serves_eagle3_export_losslessly_and_counts_like_us(smollm2_run):
     equals plain (vLLM's and ours); vLLM's tau agrees with our engine's for the same drafter."""
     run_dir, args = smollm2_run
     run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
-            "eval.plots=false", "eval.cost_repeats=1", "eval.warmup=0", "eval.engine=static",
+            "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
             "eval.methods=[plain,eagle3,vllm_plain,vllm_eagle3]",
             check=True, timeout=1200)
     report = json.loads((run_dir / "eval" / "report.json").read_text())
@@ -110,7 +110,7 @@ def test_vllm_serves_peagle_export_losslessly(smollm2_run):
     for stage in ("train", "export"):
         run_cli(stage, *peagle_args, check=True, timeout=900)
     run_cli("evaluate", *peagle_args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
-            "eval.plots=false", "eval.cost_repeats=1", "eval.warmup=0", "eval.engine=static",
+            "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
             "eval.methods=[plain,peagle,vllm_peagle]", check=True, timeout=1200)
     report = json.loads((peagle_dir / "eval" / "report.json").read_text())
     peagle = report["vllm"]["methods"]["vllm_peagle"]

@@ -196,12 +196,18 @@ def test_a_small_evaluate_reports_its_tree_method(tmp_path):
     tree = report["methods"]["ngram_tree"]["tree"]
     assert tree["chain"] == "ngram" and tree["shape"] == {"depth": 3, "branch": 2, "nodes": 5}
     assert len(tree["per_depth_acceptance"]) == 3 and tree["steps"] > 0
-    # every report times widths 1..16 (the 5-node tree verifies 6 of them)
+    # every report times widths 1..16 (eval.cost_widths; the 5-node tree verifies 6 of them)
     assert set(map(int, report["forward_costs"]["ms_by_num_tokens"])) == set(range(1, 17))
     assert report["methods"]["ngram_tree"]["tau_ci"] and report["methods"]["ngram_tree"]["speedup_ci"]
     assert "best_k" not in report["methods"]["ngram_tree"]
     markdown = (tmp_path / "eval" / "report.md").read_text()
     assert "| ngram_tree | 3 / 2 / 5 |" in markdown
+    # fewer widths asked for: still every width a method verifies (the tree's 6)
+    evaluate.run(eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=1", "eval.num_draft_tokens=2",
+                          "eval.methods=[ngram,ngram_tree]", "eval.tree.depth=3", "eval.tree.branch=2",
+                          "eval.tree.nodes=5", "eval.best_k_method=ngram", "eval.cost_widths=2", "eval.plots=false"))
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert set(map(int, report["forward_costs"]["ms_by_num_tokens"])) == set(range(1, 7))
 
 
 # --------------------------------------------------------------------------- the export
