@@ -22,15 +22,15 @@ NODES = 9  # the node budget: one graph of 10 rows
 
 
 @pytest.fixture(scope="module", params=["packaged", "torch_compile"])
-def compiled(request, tiny_target, tmp_path_factory):
-    """A compiled engine with the tree-verify graph, one per way of building it."""
+def compiled(request, tiny_target):
+    """A compiled engine with the tree-verify graph, one per way of building it. The packages go to
+    the session's cache, where the chain package (capacity 128, LAYERS) is test_fast_target's too."""
     packaged = request.param == "packaged"
     # torch.compile builds a graph per chain width: 1..2 serve these tests (a package serves 1..16 at once)
     engine = FastEngine(tiny_target[0], capacity=128, hidden_layers=LAYERS, max_width=4 if packaged else 2,
-                        compiled=True, cache_dir=tmp_path_factory.mktemp("graphs"), packaged=packaged,
-                        tree_width=NODES + 1)
+                        compiled=True, packaged=packaged, tree_width=NODES + 1)
     engine.compile()
-    assert engine._tree_graph is not None and engine.tree_graph_source == "compiled"
+    assert engine._tree_graph is not None and engine.tree_graph_source in ("compiled", "loaded")
     return engine
 
 
