@@ -26,8 +26,9 @@ def compiled(request, tiny_target):
     """A compiled engine with the tree-verify graph, one per way of building it. The packages go to
     the session's cache, where the chain package (capacity 128, LAYERS) is test_fast_target's too."""
     packaged = request.param == "packaged"
-    # torch.compile builds a graph per chain width: 1..2 serve these tests (a package serves 1..16 at once)
-    engine = FastEngine(tiny_target[0], capacity=128, hidden_layers=LAYERS, max_width=4 if packaged else 2,
+    # torch.compile builds a graph per chain width, and the tree-verify graph is the one under test:
+    # width 1 only there (the package serves 1..16 at once, and its one-branch trees run width 4)
+    engine = FastEngine(tiny_target[0], capacity=128, hidden_layers=LAYERS, max_width=4 if packaged else 1,
                         compiled=True, packaged=packaged, tree_width=NODES + 1)
     engine.compile()
     assert engine._tree_graph is not None and engine.tree_graph_source in ("compiled", "loaded")
