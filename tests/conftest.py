@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -29,6 +30,14 @@ if os.environ.setdefault("SPECFORGE_LITE_GRAPH_CACHE", _GRAPHS) == _GRAPHS:
     atexit.register(shutil.rmtree, _GRAPHS, True)  # a SmolLM2 package is 650 MB
 else:
     os.rmdir(_GRAPHS)
+# folders the session's test files share, whichever worker runs them (pytest-xdist's workers start
+# from this process's environment): what several files make alike, made once (`shared`)
+SHARED_ENV = "SPECFORGE_LITE_TEST_SHARED"
+_SHARED = tempfile.mkdtemp(prefix="specforge_lite_test_shared_")
+if os.environ.setdefault(SHARED_ENV, _SHARED) == _SHARED:
+    atexit.register(shutil.rmtree, _SHARED, True)
+else:
+    os.rmdir(_SHARED)
 
 
 # under pytest-xdist (`make test` runs TEST_WORKERS side by side) each worker, and every process
@@ -81,6 +90,18 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"CLI {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@contextlib.contextmanager
+def shared(name: str):
+    """The session's folder `name`, the same for every worker, held under a lock while in use: the
+    first test to hold it makes what it holds, the later ones find it made."""
+    import fcntl
+
+    root = Path(os.environ[SHARED_ENV])
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield root / name
 
 
 def free_port() -> int:

