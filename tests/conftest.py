@@ -23,21 +23,24 @@ CONF_DIR = REPO / "specforge_lite" / "conf"
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _session_folder(variable: str, prefix: str) -> None:
+    """$variable names a folder of this session's, made (and removed at exit) by the first process
+    to load this file; pytest-xdist's workers start from its environment and use the same one."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    if os.environ.setdefault(variable, folder) == folder:
+        atexit.register(shutil.rmtree, folder, True)  # a SmolLM2 package holds all its weights
+    else:
+        os.rmdir(folder)
+
+
 # compiled target graphs go to a folder of this session's (every run compiles afresh, and
 # nothing is added to the user's cache); tests of the cache itself pass their own folders
-_GRAPHS = tempfile.mkdtemp(prefix="specforge_lite_test_graphs_")
-if os.environ.setdefault("SPECFORGE_LITE_GRAPH_CACHE", _GRAPHS) == _GRAPHS:
-    atexit.register(shutil.rmtree, _GRAPHS, True)  # a SmolLM2 package is 650 MB
-else:
-    os.rmdir(_GRAPHS)
-# folders the session's test files share, whichever worker runs them (pytest-xdist's workers start
-# from this process's environment): what several files make alike, made once (`shared`)
+_session_folder("SPECFORGE_LITE_GRAPH_CACHE", "specforge_lite_test_graphs_")
+# what several test files make alike, made once for the session (`shared`)
 SHARED_ENV = "SPECFORGE_LITE_TEST_SHARED"
-_SHARED = tempfile.mkdtemp(prefix="specforge_lite_test_shared_")
-if os.environ.setdefault(SHARED_ENV, _SHARED) == _SHARED:
-    atexit.register(shutil.rmtree, _SHARED, True)
-else:
-    os.rmdir(_SHARED)
+_session_folder(SHARED_ENV, "specforge_lite_test_shared_")
 
 
 # under pytest-xdist (`make test` runs TEST_WORKERS side by side) each worker, and every process

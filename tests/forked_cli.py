@@ -25,7 +25,7 @@ import tempfile
 from tests.zygote import adopt, run_as_main
 
 # imported once by the server; nothing of ours (each call imports the project afresh); datasets,
-# DeepSpeed and pyplot are what a train or evaluate call imported next (about 1 s of a 2 s smoke train)
+# DeepSpeed and pyplot are what a train or evaluate call imported next (docs/TESTING.md)
 PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
            "hydra", "omegaconf", "datasets", "deepspeed", "matplotlib.pyplot", "tests.warm_inductor"]
 FRESH_ENV = "SPECFORGE_LITE_TEST_FRESH_PROCESS"

@@ -223,7 +223,7 @@ def test_gemm_rows_setting_and_restore(monkeypatch):
 def test_compiled_forward_wider_than_one_register_block(forbid_recompiles, autotuned):
     # a width of 6 rows spans a full 4-row register block and a 2-row tail (autotuned: the C++
     # GEMM micro-kernel, whose blocks these are, is one of the autotuned choices); a stand-in whose
-    # every product is 64 x 64, so that one product shape is autotuned instead of the tiny target's five
+    # products all share one shape, so that the choices of one shape are built, not of every shape
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specforge_lite.runtime.static_llama import StaticLlama
@@ -309,8 +309,9 @@ def test_graph_allowance_adds_up_over_modules(monkeypatch):
 def test_compiled_graph_is_kept_and_loaded_by_a_later_engine(target, tmp_path, caplog):
     # a CPU engine's graphs are one AOTInductor package in the cache folder; a second engine
     # built from the same weights and shapes loads it instead of compiling, and its forwards
-    # are transformers' own; a damaged package is compiled again, not trusted (on a 2-layer
-    # stand-in of the tiny target: the rule does not depend on depth, and it compiles faster)
+    # are transformers' own; a damaged package is compiled again, not trusted (on a 2-layer model of
+    # the tiny target's shape, its own weights: the rule does not depend on depth, and a shallower
+    # package builds sooner; decoding.truncated_copy would share the session's target's layers)
     import copy
 
     config = copy.deepcopy(target.config)

@@ -188,10 +188,9 @@ def test_a_small_evaluate_reports_its_tree_method(tmp_path):
     from tests.unit.test_evaluate import eval_cfg, write_prompts
 
     dataset = write_prompts(tmp_path / "prompts.jsonl")
-    cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=2", "eval.num_draft_tokens=2",
-                   "eval.methods=[ngram,ngram_tree]", "eval.tree.depth=3", "eval.tree.branch=2",
-                   "eval.tree.nodes=5", "eval.best_k_method=ngram")
-    evaluate.run(cfg)
+    settings = [f"eval.dataset={dataset}", "eval.num_draft_tokens=2", "eval.methods=[ngram,ngram_tree]",
+                "eval.tree.depth=3", "eval.tree.branch=2", "eval.tree.nodes=5", "eval.best_k_method=ngram"]
+    evaluate.run(eval_cfg(tmp_path, *settings, "eval.max_prompts=2"))
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     tree = report["methods"]["ngram_tree"]["tree"]
     assert tree["chain"] == "ngram" and tree["shape"] == {"depth": 3, "branch": 2, "nodes": 5}
@@ -203,9 +202,7 @@ def test_a_small_evaluate_reports_its_tree_method(tmp_path):
     markdown = (tmp_path / "eval" / "report.md").read_text()
     assert "| ngram_tree | 3 / 2 / 5 |" in markdown
     # fewer widths asked for: still every width a method verifies (the tree's 6)
-    evaluate.run(eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=1", "eval.num_draft_tokens=2",
-                          "eval.methods=[ngram,ngram_tree]", "eval.tree.depth=3", "eval.tree.branch=2",
-                          "eval.tree.nodes=5", "eval.best_k_method=ngram", "eval.cost_widths=2", "eval.plots=false"))
+    evaluate.run(eval_cfg(tmp_path, *settings, "eval.max_prompts=1", "eval.cost_widths=2", "eval.plots=false"))
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert set(map(int, report["forward_costs"]["ms_by_num_tokens"])) == set(range(1, 7))
 
