@@ -1,6 +1,7 @@
 """Imported last by tests/forked_cli.py's fork server, after torch: fills inductor's per-process
-caches once (tests/zygote.py: prewarm_inductor), so that no forked command fills them again."""
+caches once and hides the server's objects from the garbage collector (tests/zygote.py:
+before_forking), so that no forked command pays either again."""
 
-from tests.zygote import prewarm_inductor
+from tests.zygote import before_forking
 
-prewarm_inductor()
+before_forking()

@@ -38,7 +38,12 @@ import time
 ENV = "SPECFORGE_LITE_VLLM_PYTHON"
 REAL_ENV = "SPECFORGE_LITE_TEST_REAL_VLLM_PYTHON"  # vLLM's interpreter behind the shim
 RUNNER_NAME = "vllm_runner.py"
-VLLM_PRELOAD = ["vllm"]
+# vLLM and what its runner and its workers import next: the CPU worker (with the GPU worker it
+# extends), the rejection sampler, the EAGLE proposer, the online-quantization check of every
+# model load. Not the n-gram proposer: numba's objects break vLLM's scan of every module's names
+# when it binds its kernels (AttributeError on llvmlite's `_lib_fn_wrapper`)
+VLLM_PRELOAD = ["vllm", "vllm.v1.worker.cpu_worker", "vllm.v1.sample.rejection_sampler", "vllm.v1.spec_decode.eagle",
+                "vllm.model_executor.layers.quantization.online.base"]
 # what a rank of `python -m specforge_lite` imports before it runs anything of ours
 RANK_PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.modeling_llama", "safetensors.torch",
                 "hydra", "omegaconf", "accelerate", "deepspeed", "datasets", "matplotlib.pyplot"]
@@ -320,6 +325,17 @@ def prewarm_inductor() -> None:
     cpu_vec_isa.pick_vec_isa()
 
 
+def before_forking() -> None:
+    """What a server does once it has imported its modules: fill inductor's caches
+    (`prewarm_inductor`), then move every object it holds out of the garbage collector's sight
+    (`gc.freeze`), so that a full collection in a fork (vLLM runs several while it loads a model)
+    walks the fork's own objects, not the millions the server imported."""
+    import gc
+
+    prewarm_inductor()
+    gc.freeze()
+
+
 def serve(address: str, parent: int, preload: list[str], shim_path: str) -> None:
     """Listen at `address` (connections wait while it imports), import the `preload` modules,
     then fork a handler per connection; ends with the test process `parent`. A forked command's
@@ -336,7 +352,7 @@ def serve(address: str, parent: int, preload: list[str], shim_path: str) -> None
             continue
         if name == "vllm":
             module.LLM  # what every runner imports (vLLM loads its engine lazily)
-    prewarm_inductor()
+    before_forking()
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     listener.settimeout(1.0)

@@ -258,9 +258,39 @@ def _check_hub_id(repo_id: str, key: str) -> None:
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
+# folder -> the stat of every file it had when its check passed: a command resolves and loads its
+# target several times, and each check would parse a tokenizer.json of megabytes again
+_PASSED: dict[tuple[str, bool], tuple] = {}
+
+
+def _files_state(path: Path) -> tuple:
+    """(name, size, mtime_ns, inode) of every file in `path`: what a check read, and what a copy,
+    a rewrite or a truncation of any of them changes."""
+    state = []
+    for entry in os.scandir(path):
+        if entry.is_file():
+            st = entry.stat()
+            state.append((entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(sorted(state))
+
+
 def check_target_dir(path: Path, weights: bool = True) -> None:
     """A local target folder: its config.json (present, valid JSON, a model_type) and, with
-    `weights`, every safetensors file it has or its index lists, complete. Errors name the file."""
+    `weights`, every safetensors file it has or its index lists, complete. Errors name the file.
+    A folder whose files are unchanged since it passed in this process is not read again."""
+    key = (str(Path(path).resolve()), weights)
+    try:
+        state = _files_state(Path(path))
+    except OSError:
+        state = None
+    if state is not None and _PASSED.get(key) == state:
+        return
+    _check_target_files(Path(path), weights)
+    if state is not None:
+        _PASSED[key] = state
+
+
+def _check_target_files(path: Path, weights: bool) -> None:
     config = read_json_object(Path(path) / "config.json")
     if "model_type" not in config:
         raise ArtifactError(Path(path) / "config.json", "no model_type: not a Hugging Face model config")
