@@ -150,7 +150,15 @@ def plan_batches(lengths: list[int], batch_size: int, seed: int, epochs: float) 
 def borrowed(taken: list[int], count: int, rows: int) -> list[int]:
     """`count` rows to fill a short batch: the lowest indices not in `taken` (repeats only when
     there are fewer rows than that)."""
-    candidates = [i for i in range(rows) if i not in set(taken)] or list(range(rows))
+    if count <= 0:
+        return []
+    skip, candidates = set(taken), []
+    for i in range(rows):  # the first `count` free rows are all it can use: no scan of the rest
+        if i not in skip:
+            candidates.append(i)
+            if len(candidates) == count:
+                break
+    candidates = candidates or list(range(rows))
     return [candidates[k % len(candidates)] for k in range(count)]
 
 
