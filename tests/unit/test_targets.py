@@ -83,24 +83,25 @@ def test_a_checked_folder_is_read_again_only_when_a_file_changed(tmp_path, tiny_
     """A command checks its target several times (the door, the load, the content keys): an unchanged
     folder is parsed once per process, and a file damaged since the last check is still caught."""
     from specforge_lite import checked_io
+    from specforge_lite.targets import folder
 
     model, tokenizer = tiny_target
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     reads = []
     real = checked_io.read_json
-    monkeypatch.setattr(targets, "read_json", lambda path: reads.append(path.name) or real(path))
-    targets.check_target_dir(tmp_path)
+    monkeypatch.setattr(folder, "read_json", lambda path: reads.append(path.name) or real(path))
+    folder.check_target_dir(tmp_path)
     first = len(reads)
     assert "tokenizer.json" in reads
-    targets.check_target_dir(tmp_path)
+    folder.check_target_dir(tmp_path)
     assert len(reads) == first  # unchanged: nothing parsed again
     text = (tmp_path / "tokenizer.json").read_text()
     (tmp_path / "tokenizer.json").write_text(text[: len(text) // 2])  # truncated
     with pytest.raises(targets.ArtifactError, match="tokenizer.json"):
-        targets.check_target_dir(tmp_path)
+        folder.check_target_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text(text)
-    targets.check_target_dir(tmp_path)
+    folder.check_target_dir(tmp_path)
     (tmp_path / "model.safetensors").write_bytes((tmp_path / "model.safetensors").read_bytes()[:-16])
     with pytest.raises(targets.ArtifactError, match="model.safetensors"):
-        targets.check_target_dir(tmp_path)
+        folder.check_target_dir(tmp_path)
