@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.drafters.eagle3.export import write_speculators_dir
 from specforge_lite.drafters.eagle3.model import Eagle3Config, Eagle3Drafter
-from specforge_lite.serving.llamacpp.gguf_export import (GGUFExportError, eagle3_to_gguf, gguf_summary, llama_to_gguf,
-                                                 llamacpp_extract_layers)
+from specforge_lite.serving.llamacpp.gguf_export import eagle3_to_gguf, llama_to_gguf, llamacpp_extract_layers
+from specforge_lite.serving.llamacpp.gguf_read import GGUFExportError, gguf_summary
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
 from specforge_lite.targets.loading import SMOLLM2_GGUF, resolve_target_path
 
@@ -120,7 +120,7 @@ def test_q8_0_drafts_load_and_stay_lossless(tiny, tmp_path):
     eagle_dir = write_eagle3(tmp_path / "eagle3", drafter_config(model.config, 64), target=model)
     eagle_gguf = eagle3_to_gguf(eagle_dir, target_gguf, tmp_path / "eagle3.gguf", precision="q8_0")
     draft_gguf = llama_to_gguf(hf_dir, tmp_path / "draft.gguf", vocab_gguf=target_gguf, precision="q8_0")
-    from specforge_lite.serving.llamacpp.gguf_export import read_gguf
+    from specforge_lite.serving.llamacpp.gguf_read import read_gguf
 
     for path, matrix in ((eagle_gguf, "fc.weight"), (draft_gguf, "blk.0.ffn_up.weight")):
         kinds = {t.name: t.tensor_type.name for t in read_gguf(path).tensors}
@@ -131,9 +131,13 @@ def test_q8_0_drafts_load_and_stay_lossless(tiny, tmp_path):
 
 
 def test_bad_ggufs_get_one_clear_error(tiny, tmp_path):
+    from specforge_lite.serving.llamacpp.gguf_read import read_gguf
+
     hf_dir, target_gguf, model, _ = tiny
     damaged = tmp_path / "damaged.gguf"
-    damaged.write_bytes(target_gguf.read_bytes()[:5000])
+    damaged.write_bytes(target_gguf.read_bytes())
+    assert read_gguf(damaged) is read_gguf(damaged)  # an unchanged file is parsed once per process
+    damaged.write_bytes(target_gguf.read_bytes()[:5000])  # ... and read again once it changed
     with pytest.raises(GGUFExportError, match="not a readable GGUF"):
         gguf_summary(damaged)
     with pytest.raises(SpecforgeError, match="cannot load damaged.gguf"):

@@ -24,7 +24,8 @@ from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.drafters import dflash
 from specforge_lite.drafters.dflash.export import load_speculators_dir, write_speculators_dir
 from specforge_lite.serving.llamacpp.dflash_gguf import dflash_to_gguf
-from specforge_lite.serving.llamacpp.gguf_export import GGUFExportError, field_value, llama_to_gguf, read_gguf
+from specforge_lite.serving.llamacpp.gguf_export import llama_to_gguf
+from specforge_lite.serving.llamacpp.gguf_read import GGUFExportError, field_value, read_gguf
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
 from specforge_lite.targets.loading import resolve_target_path
 from tests.integration.test_bad_inputs import assert_user_error, cli, in_process

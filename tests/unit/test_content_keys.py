@@ -203,7 +203,7 @@ def test_a_drafter_with_a_nan_is_not_written(tmp_path):
 
 def test_a_truncated_cached_target_gguf_is_converted_again(target_copy, caplog):
     from specforge_lite.serving.llamacpp.files import target_gguf
-    from specforge_lite.serving.llamacpp.gguf_export import gguf_summary
+    from specforge_lite.serving.llamacpp.gguf_read import gguf_summary
 
     first, _ = target_gguf(str(target_copy))
     size = first.stat().st_size

@@ -30,18 +30,15 @@ from specforge_lite.checked_io import read_json_object
 from specforge_lite.serving.llamacpp.gguf_export import (
     ATTN,
     MLP,
-    TOKENIZER_PREFIX,
-    GGUFExportError,
     add_weight,
     finish,
-    gguf_module,
-    gguf_summary,
     new_writer,
-    read_gguf,
     read_weights,
     to_numpy,
     write_llama_hparams,
 )
+from specforge_lite.serving.llamacpp.gguf_read import (TOKENIZER_PREFIX, GGUFExportError, gguf_module, gguf_summary,
+                                                       read_gguf)
 
 ARCH = "dflash"
 MASK_KEY = "tokenizer.ggml.mask_token_id"

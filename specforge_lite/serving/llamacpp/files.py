@@ -22,16 +22,13 @@ from specforge_lite.serving.llamacpp.checks import DFLASH_GRAPH, DRAFT_OF, EAGLE
 from specforge_lite.serving.llamacpp.dflash_gguf import ARCH as DFLASH_ARCH
 from specforge_lite.serving.llamacpp.dflash_gguf import dflash_to_gguf
 from specforge_lite.serving.llamacpp.gguf_export import (
-    GGUFExportError,
     cached_target_gguf,
     eagle3_to_gguf,
-    field_value,
-    gguf_summary,
     llama_to_gguf,
     llamacpp_extract_layers,
-    read_gguf,
     smollm2_gguf,
 )
+from specforge_lite.serving.llamacpp.gguf_read import GGUFExportError, field_value, gguf_summary, read_gguf
 from specforge_lite.serving.llamacpp.runner import INSTALL_HINT, LlamaCppRunner, available
 from specforge_lite.targets.digest import folder_digests
 from specforge_lite.targets.loading import SMOLLM2_INSTALL, resolve_target_path

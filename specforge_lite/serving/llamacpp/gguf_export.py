@@ -25,64 +25,11 @@ import numpy as np
 from specforge_lite import SpecforgeError
 from specforge_lite.checked_io import read_json_object
 from specforge_lite.serving.llamacpp.checks import extract_layers as llamacpp_extract_layers
-
-
-class GGUFExportError(SpecforgeError, ValueError):
-    """What llama.cpp cannot run, or a file that does not fit its target (exit 2)."""
+from specforge_lite.serving.llamacpp.gguf_read import (GGUFExportError, copy_tokenizer, gguf_module, gguf_summary,
+                                                       read_gguf)
 
 
 PRECISIONS = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0"}  # q8_0: matrices in 32-wide blocks
-TOKENIZER_PREFIX = "tokenizer."
-
-
-def gguf_module():
-    import gguf
-
-    return gguf
-
-
-# ---------------------------------------------------------------- reading a GGUF
-
-def read_gguf(path: Path):
-    """A GGUFReader over `path`, or GGUFExportError naming the file (missing, truncated, not GGUF)."""
-    gguf = gguf_module()
-    path = Path(path)
-    if not path.is_file():
-        raise GGUFExportError(f"{path}: no such GGUF file")
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError, struct errors, numpy errors...
-        raise GGUFExportError(f"{path}: not a readable GGUF file ({type(err).__name__}: {err})") from None
-
-
-def field_value(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    value = field.contents()
-    return value
-
-
-def gguf_summary(path: Path) -> dict:
-    """architecture, layer count, hidden size and vocabulary size of a GGUF model file."""
-    reader = read_gguf(path)
-    arch = field_value(reader, "general.architecture")
-    tokens = field_value(reader, "tokenizer.ggml.tokens")
-    if arch is None or tokens is None:
-        raise GGUFExportError(f"{path}: GGUF without general.architecture or a tokenizer vocabulary")
-    return {"architecture": arch, "block_count": field_value(reader, f"{arch}.block_count"),
-            "embedding_length": field_value(reader, f"{arch}.embedding_length"), "vocab_size": len(tokens)}
-
-
-def copy_tokenizer(reader, writer) -> None:
-    """Every `tokenizer.*` key of `reader` (vocabulary, merges, special ids, chat template)."""
-    gguf = gguf_module()
-    for name, field in reader.fields.items():
-        if not name.startswith(TOKENIZER_PREFIX):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
 
 
 # ---------------------------------------------------------------- reading an export
