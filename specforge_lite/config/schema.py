@@ -220,6 +220,10 @@ class EvalConfig:
     # the report's cost curve times target forwards of 1..this many new tokens (and up to the
     # widest verify a method needs, k + 1 or a tree's nodes + 1, whatever this says)
     cost_widths: int = checked(16, ge=1, le=MAX_DRAFTS + 1)
+    # greedy only: plain decoded a second time and its tokens re-verified k + 1 at a time, so that the
+    # methods' identity verdicts stand beside what this machine's rounding alone does to plain; about
+    # two more plain decodes of every prompt. false skips it, and the report says it was not measured
+    rounding_baseline: bool = True
     plots: bool = True
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     # the vllm_* methods (vllm_plain, vllm_eagle3, vllm_ngram, vllm_draft_model, vllm_distilled,

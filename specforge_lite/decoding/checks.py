@@ -31,6 +31,12 @@ def plain_rounding(model, target, plain, answers: list[dict], k: int, max_new_to
     return baseline
 
 
+def rounding_not_measured(model) -> dict:
+    """The report's rounding baseline when eval.rounding_baseline=false: said, not measured."""
+    return {"dtype": str(model.dtype).removeprefix("torch."), "measured": False,
+            "text": "Rounding baseline: not measured (eval.rounding_baseline=false)."}
+
+
 def compiled_drafting(decoders: dict, drafters: dict, info: dict, ids: list[int], max_new_tokens: int,
                       seed: int, decoded: dict | None = None) -> None:
     """A drafter whose compiled graphs accept no draft on the first prompt while its eager module

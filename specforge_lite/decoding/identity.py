@@ -202,7 +202,7 @@ def rounding_baseline(model, answers: list[dict], width: int, ulps: float = ROUN
     answer's verdict by the same rule as the methods') and a sentence."""
     own = reference is None
     reference = reference or Fp32Reference(model)
-    out = {"dtype": str(model.dtype).removeprefix("torch."), "width": width}
+    out = {"dtype": str(model.dtype).removeprefix("torch."), "width": width, "measured": True}
     for key, label in (("again", "plain decoded again"), ("replayed", f"plain's tokens re-verified at width {width}")):
         verdicts = [verdict(reference, a["ids"], a["plain"], a[key], model.dtype, ulps)["verdict"] for a in answers]
         out[key] = {**summarise(verdicts), "label": label}

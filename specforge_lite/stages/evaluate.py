@@ -269,8 +269,11 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
 
     reference = identity.Fp32Reference(model)  # one float32 copy: the verdicts (rounding/mismatch), the baseline
     identity.judge(model, answers, PLAIN, reference=reference)
-    baseline = sampling.greedy and checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg),
-                                                         ecfg.max_new_tokens, eos_ids, PLAIN, reference) or None
+    baseline = None
+    if sampling.greedy:
+        baseline = (checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg), ecfg.max_new_tokens,
+                                          eos_ids, PLAIN, reference)
+                    if ecfg.rounding_baseline else checks.rounding_not_measured(model))
     reference.release()
 
     # 3. a target forward's cost over 1..k+1 tokens (best k), and on to eval.cost_widths where the cache has room

@@ -89,8 +89,8 @@ def test_vllm_serves_eagle3_export_losslessly_and_counts_like_us(smollm2_run):
     run_dir, args = smollm2_run
     run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
-            "eval.methods=[plain,eagle3,vllm_plain,vllm_eagle3]",
-            check=True, timeout=1200)
+            "eval.rounding_baseline=false", "eval.methods=[plain,eagle3,vllm_plain,vllm_eagle3]", check=True,
+            timeout=1200)
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     served = report["vllm"]["methods"]
     plain, eagle3 = served["vllm_plain"], served["vllm_eagle3"]
@@ -122,7 +122,7 @@ def test_vllm_serves_peagle_export_losslessly(smollm2_run):
         run_cli(stage, *peagle_args, check=True, timeout=900)
     run_cli("evaluate", *peagle_args, "eval.max_prompts=3", "eval.max_new_tokens=32", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
-            "eval.methods=[plain,peagle,vllm_peagle]", check=True, timeout=1200)
+            "eval.rounding_baseline=false", "eval.methods=[plain,peagle,vllm_peagle]", check=True, timeout=1200)
     report = json.loads((peagle_dir / "eval" / "report.json").read_text())
     peagle = report["vllm"]["methods"]["vllm_peagle"]
     assert "error" not in peagle, peagle

@@ -65,7 +65,8 @@ def test_cli_smoke_run_with_a_bf16_target(tmp_path):
                                                      "reason": "target.dtype=bfloat16"}
     assert all(entry["lossless"] for entry in report["methods"].values())
     baseline = report["rounding_baseline"]
-    assert baseline["dtype"] == "bfloat16" and baseline["width"] == report["settings"]["num_draft_tokens"] + 1
+    assert baseline["measured"] and baseline["dtype"] == "bfloat16"
+    assert baseline["width"] == report["settings"]["num_draft_tokens"] + 1
     assert baseline["again"]["answers"] == report["num_answers"] and baseline["again"]["mismatch"] == 0
     markdown = (tmp_path / "eval" / "report.md").read_text()
     assert "in bfloat16 (target.dtype=bfloat16)" in markdown and "Rounding baseline (bfloat16): " in markdown
@@ -91,9 +92,13 @@ def test_jsonl_prompts_categories_and_second_turns(tmp_path):
     dataset = write_prompts(tmp_path / "prompts.jsonl")
     cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=4",
                    "eval.methods=[ngram,hf_prompt_lookup,untrained_draft]", "eval.truncate_layers=2",
-                   "eval.best_k_method=untrained_draft", "eval.num_draft_tokens=3")
+                   "eval.best_k_method=untrained_draft", "eval.num_draft_tokens=3", "eval.rounding_baseline=false")
     evaluate.run(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    # the rounding baseline skipped is said, not left out (the bf16 smoke run below measures it)
+    assert report["rounding_baseline"]["measured"] is False
+    markdown = (tmp_path / "eval" / "report.md").read_text()
+    assert "Rounding baseline: not measured (eval.rounding_baseline=false)." in markdown
     # round robin over categories: two of each, in source order
     assert [p["id"] for p in report["prompts"]] == ["w0", "w1", "m0", "m1"]
     assert report["num_answers"] == 2 * 2 + 2 * 1  # writing prompts have two turns
