@@ -17,9 +17,8 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 ARCTIC       := arctic-inference==0.3.0
 ARCTIC_STAMP := $(VENV)/.arctic-installed
 # pytest-xdist workers for `make test` (0 runs in-process): most tests keep one core busy (a
-# subprocess starting, a C++ compile), so a second worker fills the second core (the suite on a
-# 2-core machine: 49 min in one process with autotuned test compiles, 17 min with two workers
-# and untuned ones, .ci/run)
+# subprocess starting, a C++ compile), so a second worker fills the second core; a third finds
+# none free (docs/TESTING.md)
 TEST_WORKERS ?= 2
 ARGS       ?=
 
