@@ -15,10 +15,15 @@ log = logging.getLogger(__name__)
 
 
 def plain_rounding(model, target, plain, answers: list[dict], k: int, max_new_tokens: int, eos_ids: list[int],
-                   plain_name: str = "plain", reference: identity.Fp32Reference | None = None) -> dict:
+                   plain_name: str = "plain", reference: identity.Fp32Reference | None = None,
+                   measure: bool = True) -> dict:
     """The rounding baseline of this machine and dtype (`identity.rounding_baseline`): every plain
     answer decoded a second time, and its tokens re-verified k + 1 at a time, as a speculative
-    method's verify forwards see them (`ReplayDrafter`)."""
+    method's verify forwards see them (`ReplayDrafter`). Not `measure` (eval.rounding_baseline=false):
+    said, not measured."""
+    if not measure:
+        return {"dtype": str(model.dtype).removeprefix("torch."), "measured": False,
+                "text": "Rounding baseline: not measured (eval.rounding_baseline=false)."}
     runner, rows = target.runner(), []
     for a in (a for a in answers if a["method"] == plain_name):
         ids, tokens = a["ids"], a["gen"].tokens
@@ -29,12 +34,6 @@ def plain_rounding(model, target, plain, answers: list[dict], k: int, max_new_to
     baseline = identity.rounding_baseline(model, rows, k + 1, reference=reference)
     log.info("%s", baseline["text"])
     return baseline
-
-
-def rounding_not_measured(model) -> dict:
-    """The report's rounding baseline when eval.rounding_baseline=false: said, not measured."""
-    return {"dtype": str(model.dtype).removeprefix("torch."), "measured": False,
-            "text": "Rounding baseline: not measured (eval.rounding_baseline=false)."}
 
 
 def compiled_drafting(decoders: dict, drafters: dict, info: dict, ids: list[int], max_new_tokens: int,

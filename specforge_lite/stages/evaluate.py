@@ -10,13 +10,12 @@ after warm-up, and writes `run_dir/eval/`:
   per-position acceptance, time shares, `identical_to_plain` (greedy), per-category
   numbers, the prompt subset used, and `best_k` (the export stage reads it);
 - `report.md`: the same at a glance; PNG plots; `config.yaml` + `versions.json` (all in place at once).
-
 Multi-turn prompts: turn t > 1 follows the target's own plain answer to turn t - 1 (the same for every method).
 
-The serving engines (`serving/engines.py`: vLLM, llama.cpp) decode the same requests after
-ours, each in its own report section. With an engine's methods only (`drafters.methods.engine_needed`
-false) the target's weights never enter this process: the engine measures against its own plain
-decoding, first turns only. target.path is resolved once, here, and handed to every load and engine.
+The serving engines (`serving/engines.py`: vLLM, llama.cpp) decode the same requests after ours, each in its own
+report section. With an engine's methods only (`drafters.methods.engine_needed` false) the target's weights never
+enter this process: the engine measures against its own plain decoding, first turns only. target.path is resolved
+once, here, and handed to every load and engine.
 """
 
 from __future__ import annotations
@@ -269,11 +268,9 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
 
     reference = identity.Fp32Reference(model)  # one float32 copy: the verdicts (rounding/mismatch), the baseline
     identity.judge(model, answers, PLAIN, reference=reference)
-    baseline = None
-    if sampling.greedy:
-        baseline = (checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg), ecfg.max_new_tokens,
-                                          eos_ids, PLAIN, reference)
-                    if ecfg.rounding_baseline else checks.rounding_not_measured(model))
+    baseline = sampling.greedy and checks.plain_rounding(model, target, decoders[PLAIN], answers, widest_k(ecfg),
+                                                         ecfg.max_new_tokens, eos_ids, PLAIN, reference,
+                                                         measure=ecfg.rounding_baseline) or None
     reference.release()
 
     # 3. a target forward's cost over 1..k+1 tokens (best k), and on to eval.cost_widths where the cache has room

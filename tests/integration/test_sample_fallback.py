@@ -71,19 +71,25 @@ def test_a_vllm_stage_leaves_no_process_or_socket_file(tmp_path):
         pytest.skip("vLLM is not installed (make vllm)")
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = real_env(dict(os.environ, TMPDIR=str(temp)))  # the runner found in /proc by its command line
+    # the finished and the failed stage run vLLM forked from the test server (tests/zygote.py): a
+    # runner left behind keeps its shim alive, an exec'd process whose command line names the runner
+    # and whose environment is the runner's (`runners` finds it)
+    forked = dict(os.environ, TMPDIR=str(temp))
     # SmolLM2, which vLLM's CPU kernels run: a stage that succeeds
     done = run_cli("sample", "+recipe=eagle_smollm2", f"run_dir={tmp_path / 'ok'}", f"samples_dir={tmp_path / 'ok'}",
                    "sample.backend=vllm", "data.max_samples=2", "sample.max_new_tokens=8", "sample.turns=last",
-                   "sample.shard_size=2", env=env, timeout=1200)
+                   "sample.shard_size=2", env=forked, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not left_behind(temp), left_behind(temp)
+    assert not runners(temp)
     # the tiny target, whose head size vLLM's CPU attention refuses: a stage whose vLLM fails
     failed = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path / 'failed'}", "sample.backend=vllm",
-                     "data.max_samples=2", "sample.max_new_tokens=8", env=env, timeout=1200)
+                     "data.max_samples=2", "sample.max_new_tokens=8", env=forked, timeout=1200)
     assert failed.returncode == 2 and "vLLM failed" in failed.stderr, failed.stderr[-3000:]
     assert not left_behind(temp), left_behind(temp)
     assert not runners(temp)
+    # interrupted: vLLM's real interpreter, in the stage's process group as a user's terminal has it
+    env = real_env(forked)
     # interrupted (Ctrl-C) while vLLM loads or samples
     out = tmp_path / "interrupted.out"
     with open(out, "w") as sink:
