@@ -35,6 +35,13 @@ def write_failure(err: BaseException) -> bool:
     return isinstance(err, OSError) or any(text in str(err).lower() for text in _WRITE_FAILURES)
 
 
+def file_stamp(path: Path) -> tuple:
+    """(path, size, mtime_ns, ctime_ns, inode): what any rewrite of the file changes, even one that
+    restores its mtime; what a result read from the file is kept by."""
+    stat = Path(path).stat()
+    return (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+
+
 def require_file(path: Path) -> Path:
     path = Path(path)
     if not path.is_file():

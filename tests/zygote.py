@@ -329,7 +329,7 @@ def before_forking() -> None:
     """What a server does once it has imported its modules: fill inductor's caches
     (`prewarm_inductor`), then move every object it holds out of the garbage collector's sight
     (`gc.freeze`), so that a full collection in a fork (vLLM runs several while it loads a model)
-    walks the fork's own objects, not the millions the server imported."""
+    walks the fork's own objects, not every object the server imported."""
     import gc
 
     prewarm_inductor()

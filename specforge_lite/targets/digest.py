@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
+from specforge_lite.checked_io import file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,7 @@ _memo: dict[tuple, str] = {}
 
 
 def _stamp(path: Path) -> tuple:
-    stat = path.stat()
-    return (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, SCHEME)
+    return (*file_stamp(path), SCHEME)
 
 
 def _spans(path: Path, size: int, fh) -> tuple[bytes, list[tuple[int, int]]]:

@@ -18,6 +18,7 @@ the same plan.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -150,15 +151,10 @@ def plan_batches(lengths: list[int], batch_size: int, seed: int, epochs: float) 
 def borrowed(taken: list[int], count: int, rows: int) -> list[int]:
     """`count` rows to fill a short batch: the lowest indices not in `taken` (repeats only when
     there are fewer rows than that)."""
-    if count <= 0:
+    if count <= 0:  # a full batch, every batch but an epoch's last: nothing to scan
         return []
-    skip, candidates = set(taken), []
-    for i in range(rows):  # the first `count` free rows are all it can use: no scan of the rest
-        if i not in skip:
-            candidates.append(i)
-            if len(candidates) == count:
-                break
-    candidates = candidates or list(range(rows))
+    skip = set(taken)  # the first `count` free rows are all it can use: no scan of the rest
+    candidates = list(itertools.islice((i for i in range(rows) if i not in skip), count)) or list(range(rows))
     return [candidates[k % len(candidates)] for k in range(count)]
 
 

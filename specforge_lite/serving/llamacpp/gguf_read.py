@@ -3,9 +3,11 @@ and its tokenizer keys, and the error that names a file llama.cpp cannot use."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
+from specforge_lite.checked_io import file_stamp
 
 
 class GGUFExportError(SpecforgeError, ValueError):
@@ -23,39 +25,27 @@ def gguf_module():
 
 # ---------------------------------------------------------------- reading a GGUF
 
-# the last files read, by their state: an export reads its target GGUF for its summary, then for its
-# tokenizer, and gguf's reader takes seconds over a vocabulary of tens of thousands of strings
-_READ: dict[tuple, object] = {}
-_READ_KEEP = 2
-
-
 def read_gguf(path: Path):
     """A GGUFReader over `path`, or GGUFExportError naming the file (missing, truncated, not GGUF).
-    The same file, unchanged since this process last read it, is not parsed again."""
-    gguf = gguf_module()
+    The same file, unchanged since this process last read it, is not parsed again (an export reads
+    its target's GGUF for its summary, then for its tokenizer: seconds each over a large vocabulary)."""
     path = Path(path)
     if not path.is_file():
         raise GGUFExportError(f"{path}: no such GGUF file")
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-    if key in _READ:
-        return _READ[key]
     try:
-        reader = gguf.GGUFReader(str(path))
+        return _reader(file_stamp(path.resolve()))
     except Exception as err:  # the reader raises ValueError, struct errors, numpy errors...
         raise GGUFExportError(f"{path}: not a readable GGUF file ({type(err).__name__}: {err})") from None
-    while len(_READ) >= _READ_KEEP:
-        _READ.pop(next(iter(_READ)))
-    _READ[key] = reader
-    return reader
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(stamp: tuple):
+    return gguf_module().GGUFReader(stamp[0])
 
 
 def field_value(reader, key: str, default=None):
     field = reader.fields.get(key)
-    if field is None:
-        return default
-    value = field.contents()
-    return value
+    return default if field is None else field.contents()
 
 
 def gguf_summary(path: Path) -> dict:
