@@ -6,7 +6,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -108,10 +107,11 @@ def shared(name: str):
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on now (for a launcher's rendezvous: tests may run side by side)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on now (for a launcher's rendezvous: tests may run side by side),
+    drawn outside the kernel's ephemeral range as the product draws its own."""
+    from specforge_lite.scale.launch import free_port as product_free_port
+
+    return product_free_port()
 
 
 @pytest.fixture

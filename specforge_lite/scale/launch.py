@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -39,7 +40,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specforge_lite import SpecforgeError
-from specforge_lite.checked_io import read_json_object
 from specforge_lite.run_folders import STAGE_DIRS, folder_locks, samples_dir
 from specforge_lite.stage_table import COMMANDS, SAMPLE, chained
 
@@ -125,9 +125,30 @@ def launch_plan(cfg, stage: str) -> dict | None:
 
 
 def free_port() -> int:
+    """A TCP port nobody listens on now, for a one-node rendezvous. It is drawn below the kernel's
+    range of ephemeral ports where that range is known: a port from `bind(0)` comes from that range,
+    so any process's next outgoing connection may take it before the launcher listens on it."""
+    low = _ephemeral_low()
+    if low is not None and low > 11024:
+        draw = random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))  # all addresses, as the rendezvous store listens
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = None) -> int:

@@ -8,7 +8,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.targets.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
-from specforge_lite.scale.launch import LAUNCHER_VARIABLES, launch_plan, launched_by
+from specforge_lite.scale.launch import LAUNCHER_VARIABLES, _ephemeral_low, free_port, launch_plan, launched_by
 from specforge_lite.scale.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
 from tests.conftest import compose
 
@@ -52,6 +52,55 @@ def test_launch_plan(plain_process):
         assert launch_plan(compose([*base, "trainer.num_processes=2"]), stage) is None
     plain_process.setenv("WORLD_SIZE", "2")  # already under a launcher: never again
     assert launch_plan(compose([*base, "trainer.num_processes=2"]), "train") is None
+
+
+def test_a_free_port_is_outside_the_ephemeral_range_and_not_held():
+    """A port from bind(0) may be handed to any outgoing connection before the rendezvous listens
+    on it (CI failed once so: EADDRINUSE); ours are drawn below that range, and never a held one."""
+    import socket
+
+    low = _ephemeral_low()
+    if low is None or low <= 11024:
+        pytest.skip("this kernel gives no ephemeral range with room below it")
+    held = []
+    try:
+        for _ in range(20):
+            port = free_port()
+            assert 10000 <= port < low and port not in [h.getsockname()[1] for h in held]
+            s = socket.socket()
+            s.bind(("", port))  # the port was free: it can be listened on
+            s.listen()
+            held.append(s)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_held_port_is_drawn_again(monkeypatch):
+    import random
+    import socket
+
+    if (_ephemeral_low() or 0) <= 11024:
+        pytest.skip("this kernel gives no ephemeral range with room below it")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        spare = next(p for p in range(10000, 11000) if _port_free(p))
+        draws = iter([taken, taken, spare])
+        monkeypatch.setattr(random.SystemRandom, "randrange", lambda self, a, b: next(draws))
+        assert free_port() == spare
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def test_node_rank_beyond_the_nodes_is_refused(plain_process):
