@@ -201,8 +201,12 @@ def _unkeepable(folder: Path, path: Path) -> str | None:
 def _build(program_of: Callable[[], "torch.export.ExportedProgram"], path: Path) -> None:
     """Compile the exported program with AOTInductor into `path` (written whole or not at all)."""
     import torch._inductor
+    from torch._inductor import cpu_vec_isa
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
+    # inductor's probe of the CPU's vector ISA builds a small library per ISA, kept in its cache
+    # and reused by later processes: probed here, in the lasting cache, not in the scratch one
+    cpu_vec_isa.valid_vec_isa_list()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{PARTIAL_PREFIX}{os.getpid()}-{path.name}")  # AOTInductor wants the .pt2 suffix
     try:

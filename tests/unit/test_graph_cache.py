@@ -102,3 +102,23 @@ def test_kept_graph_writes_the_current_cache_and_loads_in_a_later_run(tmp_path):
             torch.testing.assert_close(got, want)
         torch.testing.assert_close(module.cache, eager.cache)
         assert module.cache[:6].abs().sum() > 0 and module.cache[6:].abs().sum() == 0
+
+
+def test_the_isa_probe_is_kept_in_inductors_lasting_cache_and_the_build_in_a_scratch_one(tmp_path, monkeypatch):
+    """Inductor's CPU ISA probe (a small library built per ISA) lands in its lasting cache, where a
+    later process finds it; the package itself is built in a scratch cache, removed afterwards."""
+    import torch._inductor
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    seen = {}
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: seen.setdefault("probe", cache_dir()))
+
+    def build(program, package_path, inductor_configs):
+        seen["build"] = cache_dir()
+        open(package_path, "wb").close()
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", build)
+    graph_cache._build(lambda: None, tmp_path / "toy.pt2")
+    assert (tmp_path / "toy.pt2").is_file()
+    assert seen["probe"] == cache_dir() and seen["build"] != cache_dir() and not os.path.exists(seen["build"])
