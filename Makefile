@@ -16,14 +16,13 @@ VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 # its full build wants CUDA and vLLM, so `make arctic` builds only that module from the sdist
 ARCTIC       := arctic-inference==0.3.0
 ARCTIC_STAMP := $(VENV)/.arctic-installed
-ARCTIC_BUILT := build/arctic/.built
 # pytest-xdist workers for `make test` (0 runs in-process): most tests keep one core busy (a
 # subprocess starting, a C++ compile), so a second worker fills the second core; a third finds
 # none free (docs/TESTING.md)
 TEST_WORKERS ?= 2
 ARGS       ?=
 
-.PHONY: help setup vllm llamacpp arctic arctic-build test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs families gpu-check clean
+.PHONY: help setup vllm llamacpp arctic test-vllm demo test test-fast sample train distill compare evaluate export rehearse bench docs families gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,24 +59,14 @@ llamacpp: setup  ## llama.cpp in-process for the llamacpp_* methods (xllamacpp, 
 	$(PY) -m pip install -q -e ".[llamacpp]"
 	$(PY) -c "import xllamacpp; print('xllamacpp', xllamacpp.__version__, 'in $(VENV)')"
 
-# the build needs nothing of .venv: its tools live in their own environment made from the same
-# python3 (the module's ABI is .venv's), so CI builds it while .venv and .venv-vllm install
-ARCTIC_TOOLS := build/arctic-tools
-$(ARCTIC_BUILT):
-	rm -rf build/arctic $(ARCTIC_TOOLS) && mkdir -p build/arctic
-	python3 -m venv $(ARCTIC_TOOLS)
-	$(ARCTIC_TOOLS)/bin/python -m pip install -q nanobind==2.9.2 cmake ninja
-	$(ARCTIC_TOOLS)/bin/python -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d build/arctic "$(ARCTIC)"
+$(ARCTIC_STAMP): $(STAMP)
+	rm -rf build/arctic && mkdir -p build/arctic
+	$(PY) -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d build/arctic "$(ARCTIC)"
 	tar xzf build/arctic/arctic_inference-*.tar.gz -C build/arctic
-	$(ARCTIC_TOOLS)/bin/cmake -S build/arctic/arctic_inference-*/csrc/suffix_decoding -B build/arctic/cmake -G Ninja \
-	  -DCMAKE_MAKE_PROGRAM=$(abspath $(ARCTIC_TOOLS))/bin/ninja -DPython_EXECUTABLE=$(abspath $(ARCTIC_TOOLS))/bin/python \
-	  -DCMAKE_BUILD_TYPE=Release >/dev/null
-	$(ARCTIC_TOOLS)/bin/cmake --build build/arctic/cmake -j2 >/dev/null
-	touch $(ARCTIC_BUILT)
-
-arctic-build: $(ARCTIC_BUILT)  ## build Arctic's suffix-decoding module only (needs no .venv; `make arctic` installs it)
-
-$(ARCTIC_STAMP): $(STAMP) $(ARCTIC_BUILT)
+	$(PY) -m pip install -q nanobind==2.9.2 cmake ninja
+	$(VENV)/bin/cmake -S build/arctic/arctic_inference-*/csrc/suffix_decoding -B build/arctic/cmake -G Ninja \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja -DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(VENV)/bin/cmake --build build/arctic/cmake -j2 >/dev/null
 	$(PY) -m specforge_lite.decoding.arctic install build/arctic
 	touch $(ARCTIC_STAMP)
 

@@ -57,13 +57,3 @@ def test_the_door_names_the_build_when_it_is_missing(monkeypatch):
 
     problems = method_problems(compose(["eval.methods=[plain,arctic_suffix]"]).eval)
     assert any("arctic_suffix needs Arctic Inference's suffix decoding" in p for p in problems)
-
-
-def test_a_module_built_for_another_python_is_not_installed(tmp_path):
-    """`make arctic` builds the module in its own tools environment; one built by another Python
-    (its file name says which) is refused, naming how to rebuild, and nothing is copied."""
-    (tmp_path / "arctic_inference-0.3.0" / "arctic_inference").mkdir(parents=True)
-    (tmp_path / "cmake").mkdir()
-    (tmp_path / "cmake" / "_C.cpython-27-x86_64-linux-gnu.so").write_bytes(b"")
-    with pytest.raises(SystemExit, match=r"built for another Python .* run `make arctic` again"):
-        arctic.install(tmp_path)
