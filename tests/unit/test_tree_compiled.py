@@ -17,18 +17,29 @@ from specforge_lite.runtime.fast_engine import FastEngine
 from tests.unit.test_engine import prompts
 from tests.unit.test_tree_engine import BranchyStub
 
-LAYERS = (0, 2, 6)
+LAYERS = (0, 1, 2)  # embeddings, the first layer, the last (after the final norm)
 NODES = 9  # the node budget: one graph of 10 rows
 
 
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    """A two-layer Llama of the tiny target's shape, its own weights: the tree's rules do not depend
+    on depth, and a graph's code grows with the layers (docs/TESTING.md "Compiled forwards")."""
+    import copy
+
+    config = copy.deepcopy(tiny_target[0].config)
+    config.num_hidden_layers = 2
+    torch.manual_seed(0)
+    return type(tiny_target[0])(config).eval()
+
+
 @pytest.fixture(scope="module", params=["packaged", "torch_compile"])
-def compiled(request, tiny_target):
-    """A compiled engine with the tree-verify graph, one per way of building it. The packages go to
-    the session's cache, where the chain package (capacity 128, LAYERS) is test_fast_target's too."""
+def compiled(request, target):
+    """A compiled engine with the tree-verify graph, one per way of building it."""
     packaged = request.param == "packaged"
     # torch.compile builds a graph per chain width, and the tree-verify graph is the one under test:
     # width 1 only there (the package serves 1..16 at once, and its one-branch trees run width 4)
-    engine = FastEngine(tiny_target[0], capacity=128, hidden_layers=LAYERS, max_width=4 if packaged else 1,
+    engine = FastEngine(target, capacity=128, hidden_layers=LAYERS, max_width=4 if packaged else 1,
                         compiled=True, packaged=packaged, tree_width=NODES + 1)
     engine.compile()
     assert engine._tree_graph is not None and engine.tree_graph_source in ("compiled", "loaded")
@@ -49,8 +60,7 @@ def hand_tree() -> DraftTree:
     return DraftTree([11, 12, 13, 14, 15, 16], [-1, -1, 0, 2, 1, -1])
 
 
-def test_tree_graph_equals_eager_and_transformers(tiny_target, counted):
-    target = tiny_target[0]
+def test_tree_graph_equals_eager_and_transformers(target, counted):
     engine, calls = counted
     prompt = prompts(1, seed=2)[0]
     tree = hand_tree()
@@ -75,8 +85,7 @@ def test_tree_graph_equals_eager_and_transformers(tiny_target, counted):
             torch.testing.assert_close(hidden[layer], want_hidden[layer], atol=2e-5, rtol=1e-4)
 
 
-def test_greedy_tree_decoding_on_the_graph_is_plain_decoding(tiny_target, counted):
-    target = tiny_target[0]
+def test_greedy_tree_decoding_on_the_graph_is_plain_decoding(target, counted):
     engine, calls = counted
     runner = engine.runner()
     shape = TreeShape(depth=4, branch=3, nodes=NODES)
@@ -91,8 +100,7 @@ def test_greedy_tree_decoding_on_the_graph_is_plain_decoding(tiny_target, counte
     assert calls and set(calls) == {NODES + 1}  # branching trees ran the graph, at the budget's width
 
 
-def test_a_deep_non_first_branch_commits_exactly_its_path(tiny_target, counted):
-    target = tiny_target[0]
+def test_a_deep_non_first_branch_commits_exactly_its_path(target, counted):
     engine, calls = counted
     prompt = prompts(1, seed=7)[0]
     plain = generate_plain(target, prompt, 6, runner=TargetRunner(target)).tokens
@@ -126,10 +134,9 @@ def test_a_deep_non_first_branch_commits_exactly_its_path(tiny_target, counted):
     torch.testing.assert_close(after[-1], expected[-1], atol=2e-5, rtol=1e-4)
 
 
-def test_chains_and_trees_past_the_budget_keep_their_forwards(tiny_target, counted):
+def test_chains_and_trees_past_the_budget_keep_their_forwards(target, counted):
     """An empty or one-branch tree runs the chain graph of its width (no padding); a tree wider
     than the graph, the module eagerly: both agree with transformers."""
-    target = tiny_target[0]
     engine, calls = counted
     prompt = prompts(1, seed=4)[0]
     widest = DraftTree.chain(list(range(3, 2 + engine.max_width)))  # the widest chain graph's rows
