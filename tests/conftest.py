@@ -172,6 +172,21 @@ def tiny_target():
 
 
 @pytest.fixture(scope="session")
+def two_layer_target(tiny_target):
+    """A two-layer Llama of the tiny target's shape, its own seeded weights, for the compiled-forward
+    tests whose rule does not depend on depth: a graph's code grows with the layers (docs/TESTING.md
+    "Compiled forwards"). One model for the session, so its packages are shared through the cache."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(tiny_target[0].config)
+    config.num_hidden_layers = 2
+    torch.manual_seed(0)
+    return type(tiny_target[0])(config).eval()
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer():
     from specforge_lite.targets.loading import load_tokenizer
 

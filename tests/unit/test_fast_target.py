@@ -16,6 +16,7 @@ from specforge_lite.runtime.static_llama import unsupported_reason
 from tests.unit.test_engine import StubDrafter, prompts
 
 LAYERS = (0, 2, 6)  # embeddings, a middle layer, the last (after the final norm)
+SHALLOW_LAYERS = (0, 1, 2)  # the same of the two-layer target the compiled tests build (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +50,21 @@ def test_static_forward_equals_transformers(target):
     _compare(TargetRunner(target, LAYERS), engine.runner(LAYERS), STEPS, CROPS)
 
 
-def test_compiled_forward_equals_transformers(target, forbid_recompiles):
+def test_compiled_forward_equals_transformers(two_layer_target, forbid_recompiles):
     # widths 1..3 compiled (width 4 and the prefill run the same module eagerly); capacity 128 and
-    # LAYERS, as test_engine_choice's and the window test's: one package for the three (session cache)
-    engine = FastEngine(target, capacity=128, hidden_layers=LAYERS, max_width=3, compiled=True)
+    # two layers, as test_engine_choice's, the window test's and test_tree_compiled's: one package
+    # for them all (session cache)
+    target = two_layer_target
+    engine = FastEngine(target, capacity=128, hidden_layers=SHALLOW_LAYERS, max_width=3, compiled=True)
     assert engine.compile() > 0
     forbid_recompiles()  # the graphs built are the ones used
-    _compare(TargetRunner(target, LAYERS), engine.runner(LAYERS), STEPS, CROPS)
+    _compare(TargetRunner(target, SHALLOW_LAYERS), engine.runner(SHALLOW_LAYERS), STEPS, CROPS)
     # greedy speculative decoding on the compiled engine equals plain decoding on it
-    runner = engine.runner(LAYERS)
+    runner = engine.runner(SHALLOW_LAYERS)
     plain_runner = engine.runner()
     for ids in prompts(3, seed=4):
         plain = generate_plain(target, ids, 24, runner=plain_runner)
-        for drafter in (StubDrafter(plain.tokens, right=2, vocab=256, hidden_state_layers=LAYERS),
+        for drafter in (StubDrafter(plain.tokens, right=2, vocab=256, hidden_state_layers=SHALLOW_LAYERS),
                         NgramDrafter()):
             spec = generate_speculative(target, drafter, ids, 24, 2, runner=runner)
             assert spec.tokens == plain.tokens
@@ -112,12 +115,12 @@ def test_shared_cache_and_capacity_errors(target):
         engine.runner((3,))
 
 
-def test_engine_choice(target):
+def test_engine_choice(target, two_layer_target):
     static = build_target_engine(target, "static", 64, LAYERS, 3)
     assert static.info["used"] == "static" and static.engine is not None
     hf = build_target_engine(target, "hf", 64, LAYERS, 3)
     assert hf.engine is None and isinstance(hf.runner(LAYERS), TargetRunner)
-    auto = build_target_engine(target, "auto", 128, LAYERS, 2, repeats=1)
+    auto = build_target_engine(two_layer_target, "auto", 128, SHALLOW_LAYERS, 2, repeats=1)
     assert auto.info["used"] in ("hf", "static", "compiled")
     assert set(auto.info["measured_ms"]) >= {"hf", "static"}
     assert all(set(ms) == {1, 2} and min(ms.values()) > 0 for ms in auto.info["measured_ms"].values())
@@ -246,13 +249,14 @@ def test_compiled_forward_wider_than_one_register_block(forbid_recompiles, autot
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def test_compiled_window_grows_without_recompiling(target, forbid_recompiles):
+def test_compiled_window_grows_without_recompiling(two_layer_target, forbid_recompiles):
     # attention spans only the slots written so far, rounded up to WINDOW_STEP: one graph per
     # width serves every window (here 16 .. 128 slots, the last one the whole cache), and the
     # tokens are transformers' own
     from specforge_lite.runtime.static_llama import WINDOW_STEP
 
-    engine = FastEngine(target, capacity=128, hidden_layers=LAYERS, max_width=2, compiled=True)
+    target = two_layer_target
+    engine = FastEngine(target, capacity=128, hidden_layers=SHALLOW_LAYERS, max_width=2, compiled=True)
     engine.compile()
     forbid_recompiles()
     ids = prompts(1, seed=11)[0][:9]
@@ -306,19 +310,12 @@ def test_graph_allowance_adds_up_over_modules(monkeypatch):
         assert dynamo_config.recompile_limit >= 18
 
 
-def test_compiled_graph_is_kept_and_loaded_by_a_later_engine(target, tmp_path, caplog):
+def test_compiled_graph_is_kept_and_loaded_by_a_later_engine(two_layer_target, tmp_path, caplog):
     # a CPU engine's graphs are one AOTInductor package in the cache folder; a second engine
     # built from the same weights and shapes loads it instead of compiling, and its forwards
-    # are transformers' own; a damaged package is compiled again, not trusted (on a 2-layer model of
-    # the tiny target's shape, its own weights: the rule does not depend on depth, and a shallower
-    # package builds sooner; decoding.truncated_copy would share the session's target's layers)
-    import copy
-
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers = 2
-    torch.manual_seed(0)
-    target = type(target)(config).eval()
-    layers = (0, 1, 2)
+    # are transformers' own; a damaged package is compiled again, not trusted (on the two-layer
+    # target: the rule does not depend on depth, and a shallower package builds sooner)
+    target, layers = two_layer_target, SHALLOW_LAYERS
     first = FastEngine(target, capacity=64, hidden_layers=layers, max_width=3, compiled=True, cache_dir=tmp_path)
     first.compile()
     assert first.graph_source == "compiled"

@@ -22,15 +22,9 @@ NODES = 9  # the node budget: one graph of 10 rows
 
 
 @pytest.fixture(scope="module")
-def target(tiny_target):
-    """A two-layer Llama of the tiny target's shape, its own weights: the tree's rules do not depend
-    on depth, and a graph's code grows with the layers (docs/TESTING.md "Compiled forwards")."""
-    import copy
-
-    config = copy.deepcopy(tiny_target[0].config)
-    config.num_hidden_layers = 2
-    torch.manual_seed(0)
-    return type(tiny_target[0])(config).eval()
+def target(two_layer_target):
+    """Two layers: the tree's rules do not depend on depth; its chain package is test_fast_target's."""
+    return two_layer_target
 
 
 @pytest.fixture(scope="module", params=["packaged", "torch_compile"])
