@@ -67,7 +67,7 @@ def wait_for_training(proc: subprocess.Popen, output: Path, timeout: float = 600
         ranks = ranks_of(proc.pid)
         if len(ranks) == 2 and STEP.search(output.read_text(errors="replace")):
             return ranks
-        time.sleep(1)
+        time.sleep(0.25)
     proc.kill()
     raise AssertionError(f"no training step within {timeout} s:\n{output.read_text()[-3000:]}")
 

