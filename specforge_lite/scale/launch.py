@@ -51,6 +51,7 @@ LAUNCHER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"
 RANK_LOGS = "SPECFORGE_LITE_RANK_LOGS"
 WATCH_INTERVAL_S = 0.5  # how often a rank looks for its launcher
+FIRST_PORT = 10000  # `free_port` draws from here up to the ephemeral range (lower ones are more often services')
 
 
 def launched_by() -> str | None:
@@ -129,10 +130,10 @@ def free_port() -> int:
     range of ephemeral ports where that range is known: a port from `bind(0)` comes from that range,
     so any process's next outgoing connection may take it before the launcher listens on it."""
     low = _ephemeral_low()
-    if low is not None and low > 11024:
+    if low is not None and low - FIRST_PORT >= 1024:
         draw = random.SystemRandom()
         for _ in range(64):
-            port = draw.randrange(10000, low)
+            port = draw.randrange(FIRST_PORT, low)
             with socket.socket() as s:
                 try:
                     s.bind(("", port))  # all addresses, as the rendezvous store listens

@@ -8,7 +8,8 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.targets.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
-from specforge_lite.scale.launch import LAUNCHER_VARIABLES, _ephemeral_low, free_port, launch_plan, launched_by
+from specforge_lite.scale.launch import (FIRST_PORT, LAUNCHER_VARIABLES, _ephemeral_low, free_port, launch_plan,
+                                         launched_by)
 from specforge_lite.scale.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
 from tests.conftest import compose
 
@@ -60,13 +61,13 @@ def test_a_free_port_is_outside_the_ephemeral_range_and_not_held():
     import socket
 
     low = _ephemeral_low()
-    if low is None or low <= 11024:
+    if low is None or low - FIRST_PORT < 1024:
         pytest.skip("this kernel gives no ephemeral range with room below it")
     held = []
     try:
         for _ in range(20):
             port = free_port()
-            assert 10000 <= port < low and port not in [h.getsockname()[1] for h in held]
+            assert FIRST_PORT <= port < low and port not in [h.getsockname()[1] for h in held]
             s = socket.socket()
             s.bind(("", port))  # the port was free: it can be listened on
             s.listen()
@@ -80,13 +81,13 @@ def test_a_held_port_is_drawn_again(monkeypatch):
     import random
     import socket
 
-    if (_ephemeral_low() or 0) <= 11024:
+    if (_ephemeral_low() or 0) - FIRST_PORT < 1024:
         pytest.skip("this kernel gives no ephemeral range with room below it")
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        spare = next(p for p in range(10000, 11000) if _port_free(p))
+        spare = next(p for p in range(FIRST_PORT, FIRST_PORT + 1000) if _port_free(p))
         draws = iter([taken, taken, spare])
         monkeypatch.setattr(random.SystemRandom, "randrange", lambda self, a, b: next(draws))
         assert free_port() == spare
