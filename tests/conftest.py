@@ -106,14 +106,6 @@ def shared(name: str):
         yield root / name
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (for a launcher's rendezvous: tests may run side by side),
-    drawn outside the kernel's ephemeral range as the product draws its own."""
-    from specforge_lite.scale.launch import free_port as product_free_port
-
-    return product_free_port()
-
-
 @pytest.fixture
 def cli():
     return run_cli

@@ -131,18 +131,24 @@ def free_port() -> int:
     so any process's next outgoing connection may take it before the launcher listens on it."""
     low = _ephemeral_low()
     if low is not None and low - FIRST_PORT >= 1024:
-        draw = random.SystemRandom()
+        draw = random.SystemRandom()  # the OS's randomness: processes forked alike draw apart
         for _ in range(64):
             port = draw.randrange(FIRST_PORT, low)
-            with socket.socket() as s:
-                try:
-                    s.bind(("", port))  # all addresses, as the rendezvous store listens
-                except OSError:
-                    continue
+            if port_free(port):
                 return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    """Whether `port` can be bound on all addresses, as the rendezvous store listens."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def _ephemeral_low() -> int | None:

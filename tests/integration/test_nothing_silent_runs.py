@@ -17,7 +17,8 @@ import pytest
 from safetensors.torch import load_file
 
 from specforge_lite.data.samples import completed_shards, load_samples, shard_path
-from tests.conftest import REPO, free_port, run_cli
+from specforge_lite.scale.launch import free_port
+from tests.conftest import REPO, run_cli
 from tests.unit.test_content_keys import WEIGHT, middle_of, rewrite_byte
 
 FEW = ["train.max_steps=2", "train.log_every=1", "train.checkpoint_every=0"]

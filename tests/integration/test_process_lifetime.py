@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_cli, terminal_signals
+from specforge_lite.scale.launch import free_port
+from tests.conftest import REPO, run_cli, terminal_signals
 
 # long enough to be training still when it is killed
 TRAIN = ["+recipe=smoke", "trainer.num_processes=2", "train.max_steps=100000", "train.checkpoint_every=0",

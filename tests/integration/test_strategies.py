@@ -21,7 +21,8 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, free_port, run_cli
+from specforge_lite.scale.launch import free_port
+from tests.conftest import REPO, run_cli
 
 # fp32 (not `auto`, which is bf16 on CPUs with native bf16): these runs check that a strategy's
 # arithmetic equals one rank's to 1e-5, which bf16's rounding would hide

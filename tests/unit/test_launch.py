@@ -9,7 +9,7 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.targets.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
 from specforge_lite.scale.launch import (FIRST_PORT, LAUNCHER_VARIABLES, _ephemeral_low, free_port, launch_plan,
-                                         launched_by)
+                                         launched_by, port_free)
 from specforge_lite.scale.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
 from tests.conftest import compose
 
@@ -87,21 +87,10 @@ def test_a_held_port_is_drawn_again(monkeypatch):
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        spare = next(p for p in range(FIRST_PORT, FIRST_PORT + 1000) if _port_free(p))
+        spare = next(p for p in range(FIRST_PORT, FIRST_PORT + 1000) if port_free(p))
         draws = iter([taken, taken, spare])
         monkeypatch.setattr(random.SystemRandom, "randrange", lambda self, a, b: next(draws))
         assert free_port() == spare
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_node_rank_beyond_the_nodes_is_refused(plain_process):
