@@ -271,6 +271,20 @@ def assert_same_law(counts, exact: dict, n: int) -> None:
 COMMITS = [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]
 
 
+def as_evaluate_loads(kind: str, drafter, tiny_target, dtype, folder, cast: bool = True):
+    """`drafter` (float32, as trained) saved to `folder` and loaded back the way evaluate loads it
+    (`registry.engine_module`) for a copy of the tiny target in `dtype`: the module then runs in the
+    target's dtype. cast=False: loaded as saved (float32) for that target, a drafter whose dtype
+    differs from the features it reads."""
+    import copy
+
+    from specforge_lite.drafters.registry import DRAFTERS, engine_module
+
+    DRAFTERS[kind].save(drafter, folder)
+    target = copy.deepcopy(tiny_target[0]).to(dtype)
+    return engine_module(kind, folder, target) if cast else DRAFTERS[kind].load(folder, target)
+
+
 def drive_compiled_drafting(eager, compiled, loaded, k: int, layers: list[int], width: int,
                             other_k: int | None = None, dtype=None) -> list[tuple]:
     """Three decode drafters of one drafter (eager, compiled, loaded from the compiled one's

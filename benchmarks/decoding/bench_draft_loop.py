@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--engine", default="static", choices=("hf", "static", "compiled", "auto"))
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                        help="the target's dtype (default: bf16 on CUDA, float32 on a CPU)")
+    parser.add_argument("--drafter-dir", default=None, help="a trained EAGLE-3 folder (default: the untrained one)")
+    parser.add_argument("--name", default=None, help="the results file's name (default: draft_loop_<device>)")
     args = parser.parse_args(argv)
     import torch
     from omegaconf import OmegaConf
@@ -35,18 +39,20 @@ def main(argv: list[str] | None = None) -> None:
     from specforge_lite.targets.loading import load_target
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     model, tokenizer = load_target(OmegaConf.create({**SMOLLM2, "device": device, "dtype": dtype}))
     prompts = sharegpt_first_turns(tokenizer, args.prompts, 256)
     load_before = os.getloadavg()[0]  # a shared machine: how busy it was is part of the record
     measured = measure(model, prompts, args.tokens, args.k, args.engine,
-                       compose_config(["+recipe=eagle_smollm2"]).drafter)
+                       compose_config(["+recipe=eagle_smollm2"]).drafter, args.drafter_dir)
     measured["load_average_1min"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     command = (f"python -m benchmarks.decoding.bench_draft_loop --prompts {args.prompts} --tokens {args.tokens} "
-               f"--k {args.k} --engine {args.engine}")
+               f"--k {args.k} --engine {args.engine}" + (f" --dtype {args.dtype}" if args.dtype else "")
+               + (f" --drafter-dir {args.drafter_dir}" if args.drafter_dir else "")
+               + (f" --name {args.name}" if args.name else ""))
     payload = {"command": command, "num_prompts": len(prompts), "tokens": args.tokens, "k": args.k, "dtype": dtype,
                **measured}
-    name = f"draft_loop_{device}"
+    name = args.name or f"draft_loop_{device}"
     write_results(name, payload)
     update_doc_section(name, markdown({**payload, "machine": machine()}))
     for method, m in measured["methods"].items():

@@ -20,10 +20,8 @@ import argparse
 import copy
 import json
 import shlex
-import statistics
 import sys
 import tempfile
-import time
 
 from benchmarks.common import load_smollm2, run, update_doc_section, write_results
 
@@ -45,24 +43,11 @@ def target(shape: str):
 def forward_ms(runners: dict, vocab: int, widths: range, rounds: int) -> dict:
     import torch
 
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab, (128,), generator=gen).tolist()
-    ids = {t: torch.randint(0, vocab, (t,), generator=gen).tolist() for t in widths}
-    times = {name: {t: [] for t in widths} for name in runners}
-    for runner in runners.values():
-        runner.reset()
-        runner.forward(context, last_only=True)
-    for round_index in range(rounds + 1):  # round 0 warms up
-        for name, runner in runners.items():
-            for t in widths:
-                start = time.perf_counter()
-                runner.forward(ids[t])
-                elapsed = time.perf_counter() - start
-                runner.crop(len(context))
-                if round_index:
-                    times[name][t].append(elapsed)
-    return {name: {t: round(1e3 * statistics.median(v), 3) for t, v in by_width.items()}
-            for name, by_width in times.items()}
+    from specforge_lite.runtime.width_timing import time_forwards
+
+    context = torch.randint(0, vocab, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    timing = time_forwards(runners, context, widths, rounds)
+    return {name: {t: round(v, 3) for t, v in by_width.items()} for name, by_width in timing["ms"].items()}
 
 
 def measure(args) -> dict:

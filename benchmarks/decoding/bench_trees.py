@@ -9,7 +9,7 @@ EAGLE-3 drafter. Intervals are the report's (95% bootstrap over prompts).
         [--depth 5] [--branch 4] [--nodes 8] [--k 3] [--engine compiled]
 
 With `--engine compiled` (the default) chains run the compiled chain graphs and trees the
-compiled tree-verify graph of width nodes + 1 (`runtime/fast_engine.TreeVerify`); `--engine
+compiled tree-verify graph of width nodes + 1 (`runtime/target_package.TreeVerify`); `--engine
 static` runs both on the eager static forward. Writes benchmarks/results/trees.json and its
 section of docs/BENCHMARKS.md.
 

@@ -54,6 +54,29 @@ def section(runs: list[dict], wall: str) -> str:
     return "\n".join(parts)
 
 
+def figure_goals(specs: dict, report: dict) -> dict:
+    """The goals of one figure the report holds but no method does: how flat the target forward is
+    up to t = 16, how many compiled drafters fell back to eager drafting, and whether the hybrid's
+    choice follows which of its sources is faster alone (the drafter's share of steps where the
+    chain beats suffix lookup, else the lookup's and no draft's share)."""
+    verdicts = {}
+    ms = {int(t): v for t, v in report["forward_costs"]["ms_by_num_tokens"].items()}
+    verdicts |= issue_goals.check_value(specs, "forward_1_to_16_within_1.3x",
+                                        max(v for t, v in ms.items() if t <= 16) / ms[1])
+    engine = report["settings"].get("engine") or {}
+    verdicts |= issue_goals.check_value(specs, "no_compiled_drafting_fallback",
+                                        len(engine.get("drafters_fallback") or {}))
+    methods = report["methods"]
+    sources = (methods.get("eagle3_hybrid") or {}).get("sources")
+    if sources and "eagle3" in methods and "suffix" in methods:
+        steps = {name: s["steps"] for name, s in sources.items() if isinstance(s, dict)}
+        share = steps.get("drafter", 0) / max(sum(steps.values()), 1)
+        drafter_wins = methods["eagle3"]["speedup"] > methods["suffix"]["speedup"]
+        verdicts |= issue_goals.check_value(specs, "hybrid_drafter_share_follows_the_drafter",
+                                            share if drafter_wins else 1 - share)
+    return verdicts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, action="append", required=True, help="an evaluate's run_dir; repeatable")
@@ -67,7 +90,8 @@ def main() -> None:
         report = {k: v for k, v in run_file(run_dir, "eval/report.json").items() if k != "answers"}
         dataset = report["settings"]["dataset"]
         name = NAME if dataset == "builtin:mt_bench" else f"{NAME}_{dataset.rsplit(':', 1)[-1].split('/')[-1]}"
-        goals = issue_goals.check(issue_goals.goals_of(name, NAME), report)
+        specs = issue_goals.goals_of(name, NAME)
+        goals = {**issue_goals.check(specs, report), **figure_goals(specs, report)}
         runs.append({"command": command, "dataset": dataset, "goals": goals, "report": report})
         # one results file per prompt set, each an evaluate report the cards' results blocks can show
         write_results(name, {"command": command, "wall": args.wall, "goals": goals, "report": report})

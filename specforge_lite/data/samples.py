@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,48 @@ def shard_fingerprint(data_dir: Path, index: int) -> str | None:
         return read_json_object(stats_path(data_dir, index)).get("fingerprint")
     except ArtifactError:
         return None
+
+
+def recorded_dtype(samples_dir: Path, stamp: str) -> str | None:
+    """The dtype the target drew the samples of settings `stamp` in (the sample stage decides it once per
+    samples folder): meta.json's record where it is of these settings, else the first written shard's
+    of these settings; None where nothing records one (new samples, or samples from before the record)."""
+    meta = samples_meta(samples_dir)
+    if meta.get("fingerprint") == stamp and (meta.get("target_dtype") or {}).get("used"):
+        return meta["target_dtype"]["used"]
+    data_dir = Path(samples_dir) / "data"
+    for index in completed_shards(data_dir):
+        try:
+            stats = read_json_object(stats_path(data_dir, index))
+        except ArtifactError:
+            continue
+        if stats.get("fingerprint") == stamp and stats.get("target_dtype"):
+            return stats["target_dtype"]
+    return None
+
+
+def dtype_problem(samples_dir: Path, recorded: str | None, requested: str) -> str | None:
+    """Why sampling into `samples_dir` with target.dtype=`requested` is refused: its written shards were
+    drawn in `recorded` (`recorded_dtype`), another dtype; None where nothing would mix."""
+    if not recorded or requested in ("auto", recorded) or not completed_shards(Path(samples_dir) / "data"):
+        return None
+    return (f"{samples_dir} holds samples the target drew in {recorded}; target.dtype={requested} would mix "
+            f"{requested} and {recorded} shards: set target.dtype={recorded} (or auto, which keeps it), "
+            "or use another samples_dir (or run_dir)")
+
+
+def wait_for_recorded_dtype(samples_dir: Path, stamp: str, rank: int, timeout_s: float = 3600.0,
+                            poll_s: float = 2.0) -> str:
+    """The dtype rank 0 chose for these samples (`recorded_dtype`), waiting until it records one: ranks
+    that chose apart (timings differ between processes) would mix float32 and bf16 shards."""
+    deadline = time.monotonic() + timeout_s
+    while (dtype := recorded_dtype(samples_dir, stamp)) is None:
+        if time.monotonic() > deadline:
+            raise SpecforgeError(f"sample rank {rank} waited {timeout_s:.0f} s for rank 0 to record the dtype "
+                                 f"target.dtype=auto chose in {Path(samples_dir) / 'meta.json'}; start rank 0 as "
+                                 "well, or name the dtype on every rank (target.dtype=float32 or bfloat16)")
+        time.sleep(poll_s)
+    return dtype
 
 
 def completed_shards(data_dir: Path) -> list[int]:

@@ -1,5 +1,5 @@
 """What makes an evaluate's figures trustworthy beyond its own counting: a compiled drafter that
-accepts nothing where its eager module accepts falls back to eager (`compiled_drafting`), and the
+proposes otherwise than its eager module falls back to eager (`compiled_drafting`), and the
 machine's own rounding of plain decoding is measured beside the methods' verdicts (`plain_rounding`)."""
 
 from __future__ import annotations
@@ -36,27 +36,54 @@ def plain_rounding(model, target, plain, answers: list[dict], k: int, max_new_to
     return baseline
 
 
+def _proposals(drafter, decode) -> dict[tuple, tuple]:
+    """The chain proposals `drafter` makes while `decode()` runs, by the context each was drafted
+    from (`propose` wrapped on the instance for the call, then unwrapped)."""
+    seen, propose = {}, drafter.propose
+
+    def recording(ctx, k):
+        proposal = propose(ctx, k)
+        seen[tuple(ctx.token_ids)] = tuple(proposal.tokens)
+        return proposal
+
+    drafter.propose = recording
+    try:
+        decode()
+    finally:
+        del drafter.propose
+    return seen
+
+
+# the share of steps a compiled drafter must propose as its eager module does: the two round
+# differently, so a near-tie may flip now and then, while a broken graph disagrees nearly always
+AGREEMENT = 0.75
+
+
 def compiled_drafting(decoders: dict, drafters: dict, info: dict, ids: list[int], max_new_tokens: int,
-                      seed: int, decoded: dict | None = None) -> None:
-    """A drafter whose compiled graphs accept no draft on the first prompt while its eager module
-    does is a compile gone wrong, not a weak drafter (a bf16 graph once drafted nothing the target
-    kept, and the report called it lossless): it drafts eagerly from then on, and `info` (the
-    report's settings.engine) says so under `drafters_graph` and `drafters_fallback`. `decoded`: the
-    warm-up's own answers to that prompt by method, read instead of decoding it again."""
+                      seed: int) -> None:
+    """Each compiled drafter's proposals on the first prompt against its eager module's, step by step
+    on the contexts both saw. A graph that proposes otherwise on more than a quarter of them is a
+    defect, not a weak drafter (a float32 graph fed bf16 features once drafted nothing the target
+    kept, and the report called it lossless): the drafter drafts eagerly from then on, and `info`
+    (the report's settings.engine) says so under `drafters_fallback`, which the report shows as a
+    defect; `drafters_agreement` holds every drafter's count."""
     graphs = info.get("drafters_graph") or {}
     for name in [n for n in graphs if n in decoders and hasattr(drafters.get(n), "eager")]:
-        first = (decoded or {}).get(name) or decoders[name](ids, max_new_tokens, seed)
-        if sum(first.accepted_lengths):
-            continue
         drafter = drafters[name]
-        compiled = dict(vars(drafter))
+        compiled_state = dict(vars(drafter))
+        compiled = _proposals(drafter, lambda: decoders[name](ids, max_new_tokens, seed))
         drafter.eager()
-        accepted = sum(decoders[name](ids, max_new_tokens, seed).accepted_lengths)
-        if not accepted:  # a drafter that accepts nothing either way: its graphs are not the cause
-            vars(drafter).update(compiled)
+        eager = _proposals(drafter, lambda: decoders[name](ids, max_new_tokens, seed))
+        same = [compiled[context] == eager[context] for context in compiled.keys() & eager.keys()]
+        info.setdefault("drafters_agreement", {})[name] = [sum(same), len(same)]
+        if same and sum(same) >= AGREEMENT * len(same):
+            vars(drafter).update(compiled_state)
             continue
-        reason = (f"its compiled drafting graphs accepted no draft on the first prompt, where its eager module "
-                  f"accepted {accepted} token(s)")
-        log.warning("%s: %s; drafting eagerly", name, reason)
+        for hybrid in drafters.values():  # a hybrid sharing this drafter: what it learned of the graphs is void
+            if getattr(hybrid, "drafter", None) is drafter and hasattr(hybrid, "reset_estimates"):
+                hybrid.reset_estimates()
+        reason = (f"DEFECT: its compiled drafting graphs proposed what its eager module proposes on {sum(same)} of "
+                  f"{len(same)} drafting steps of the first prompt")
+        log.error("%s: %s; drafting eagerly", name, reason)
         graphs[name] = "eager"
         info.setdefault("drafters_fallback", {})[name] = reason

@@ -9,7 +9,8 @@
 3. the acceptance rule (`verify.py`) keeps a prefix of the drafts and picks the
    next token (the correction, or the bonus token when all k were kept);
 4. the target's KV cache is cropped to drop the rejected drafts, and the drafter
-   is told how many it got right so it can roll back its own state;
+   is told how many it got right so it can roll back its own state (and, where it
+   has `observe_verify`, the width and measured seconds of that verify forward);
 5. the kept drafts and the next token are emitted; stop on EOS or max_new_tokens.
 
 `generate_tree` is the same loop over a draft tree (`tree.py`): the drafter's `propose_tree`,
@@ -155,6 +156,7 @@ def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new
     clock = time.perf_counter
     start = clock()
     gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
+    observe_verify = getattr(drafter, "observe_verify", None)  # a drafter that prices its steps by verify time
     done = token in eos
     while not done and len(gen.tokens) < max_new_tokens:
         # 1. draft: never more than can still be emitted (the target adds one token itself)
@@ -181,6 +183,8 @@ def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new
         t3 = clock()
         drafter.accept(accepted)
         t4 = clock()
+        if observe_verify:
+            observe_verify(len(draft) + 1, t2 - t1)
         # 5. emit
         new, done = _truncate_at_eos(draft[:accepted] + [token], eos)
         gen.tokens += new
@@ -206,6 +210,7 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
     clock = time.perf_counter
     start = clock()
     gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
+    observe_verify = getattr(drafter, "observe_verify", None)  # a drafter that prices its steps by verify time
     done = token in eos
     while not done and len(gen.tokens) < max_new_tokens:
         # 1. draft a tree no deeper than what can still be emitted (depth 0: an empty tree)
@@ -234,6 +239,8 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
         t3 = clock()
         drafter.accept(len(path))
         t4 = clock()
+        if observe_verify:
+            observe_verify(len(tree) + 1, t2 - t1)
         # 5. emit
         new, done = _truncate_at_eos([tree.tokens[i] for i in path] + [token], eos)
         gen.tokens += new

@@ -1,33 +1,29 @@
 """`<drafter>_hybrid`: each step drafts from the source that pays, suffix lookup or the trained drafter.
 
-Per step the lookup's draft comes first (it costs next to nothing): its score is the number of
-its tokens the target is expected to keep (`suffix.SuffixDraft.score`). The drafter's expected
-kept tokens is what it kept on average over its own earlier steps (its running acceptance;
-before its first step, `prior`), and its step costs its drafting time on top of the verify.
-Until the times are measured lookup drafts where its score reaches the drafter's expected kept
-tokens, else the drafter. From then on each step takes the choice of most tokens per second:
-
-    lookup alone:   (1 + lookup score) / verify_s(its width)
-    the drafter:    (1 + drafter's expected kept) / (verify_s(k + 1) + draft_s)
-    no draft:       1 / verify_s(1)     (a plain step: where neither source pays for itself)
-
-verify_s(w) is measured in this run per width w (drafts + 1): the time between the end of one
-propose and the start of the next (the target's verify of that width and the engine's
-bookkeeping). A width not yet timed is priced as the dearest timed width below it (a forward
-never costs less for more tokens), or the cheapest timed one where none is below.
+Per step the lookup's draft comes first (it costs next to nothing), then `policy.SourcePolicy`
+picks lookup's draft, the drafter's, or none (a plain step) by expected tokens per second: each
+source's expected kept tokens (lookup's own score calibrated by what the target kept of its
+earlier drafts; the drafter's kept tokens per step), learned in this run from a prior worth a few
+steps and raised by an exploration bonus (UCB1) so that no source is locked out by a bad start,
+over the step's cost: the target's verify forward at that width, as the engine measures and reports
+it (`observe_verify`), plus the drafter's drafting time for its own. The drafter is priced at the
+widths it verified after its cut. What was learned is forgotten after the warm-up
+(`clear_sources`) and when the drafter starts drafting another way (`eager`, `reset_estimates`);
+the measured times are kept.
 
 The drafter's draft is then cut to the length that pays (EAGLE-2's confidence, priced by this
 machine): where it gives each token's probability (`DraftProposal.confidence`), the running
 products of those are the expected kept tokens of each prefix, and the prefix of most
 (1 + expected kept) / verify_s(length + 1) is verified; its drafting time is spent either way.
 
-Lookup or no draft skips the drafter's forward. A skipped step's target hidden states are kept and
-handed to the drafter, in order, at its next step, so its cache holds every committed position
-exactly as if it had drafted every step (EAGLE-3, P-EAGLE and DFlash write an anchor per committed
-position).
+Lookup or no draft skips the drafter's forward. A skipped step's target hidden states are kept
+(copies: a compiled target overwrites its outputs at its next forward) and handed to the drafter,
+in order, at its next step, so its cache holds every committed position exactly as if it had
+drafted every step (EAGLE-3, P-EAGLE and DFlash write an anchor per committed position). Such a
+catching-up call is not taken as the drafter's drafting time while calls without catch-up are timed.
 
-`sources` counts, over the drafter's life, the steps each choice took and the tokens the target
-kept of them (the report's share of steps per source), and the drafter's tokens its cut dropped.
+`sources` counts, since the last `clear_sources`, the steps each choice took and the tokens the
+target kept of them (the report's share of steps per source), and the drafter's tokens its cut dropped.
 """
 
 from __future__ import annotations
@@ -40,10 +36,9 @@ from operator import mul
 import torch
 
 from specforge_lite.contract import DraftContext, DraftProposal
+from specforge_lite.decoding.policy import DRAFTER, LOOKUP, NONE, SourcePolicy
 from specforge_lite.decoding.suffix import SuffixDrafter
 from specforge_lite.decoding.tree import DraftTree
-
-LOOKUP, DRAFTER, NONE = "lookup", "drafter", "none"
 
 
 def cut_length(gains: list[float], verify_s) -> int:
@@ -60,49 +55,48 @@ def cut_length(gains: list[float], verify_s) -> int:
 
 
 class HybridDrafter:
-    def __init__(self, drafter, lookup: SuffixDrafter, prior: float = 1.0):
-        self.drafter, self.lookup, self.prior = drafter, lookup, prior
+    def __init__(self, drafter, lookup: SuffixDrafter, prior: float = 1.0, prior_weight: float = 3.0,
+                 explore: float = 1.0):
+        self.drafter, self.lookup = drafter, lookup
         self.name = f"{drafter.name}_hybrid"
         self.hidden_state_layers = drafter.hidden_state_layers
         self.sequential = drafter.sequential
+        # the drafter's own limit on drafts (DFlash's block, P-EAGLE's depths); lookup drafts up to k
+        self.drafter_limit = getattr(drafter, "max_drafts", None)
+        self.policy = SourcePolicy(prior, prior_weight, explore)  # over the drafter's life: times kept
         self.clear_sources()
-        # measured over the drafter's life (a machine's costs and a drafter's acceptance hold across answers)
-        self.kept, self.steps = 0, 0  # the drafter's own steps
-        self.draft_s, self.drafter_calls = 0.0, 0
-        self.verify: dict[int, list] = {}  # width -> [seconds, steps]
         self.reset()
 
     def clear_sources(self) -> None:
+        """Zero the source counts and forget what the sources kept (after a warm-up); times are kept."""
         self.sources = {choice: {"steps": 0, "accepted": 0} for choice in (LOOKUP, DRAFTER, NONE)}
         self.sources[DRAFTER]["cut"] = 0  # drafted tokens the cut left unverified
+        self.policy.reset_estimates()
+
+    def reset_estimates(self) -> None:
+        """Forget what the sources kept (the drafter now drafts another way); times are kept."""
+        self.policy.reset_estimates()
+
+    def eager(self) -> None:
+        """The drafter drafts with its eager module from here on (evaluate's fallback): what it kept
+        when compiled says nothing of it now."""
+        if hasattr(self.drafter, "eager"):
+            self.drafter.eager()
+        self.reset_estimates()
+
+    def observe_verify(self, width: int, seconds: float) -> None:
+        """The engine's measured verify forward of `width` (drafts + 1)."""
+        self.policy.observe_verify(width, seconds)
 
     def reset(self) -> None:
         self.drafter.reset()
         self.lookup.reset()
-        self.pending: dict[int, list[torch.Tensor]] = {}  # skipped steps' hidden states, in order
-        self.ended = None  # when the last propose of this answer returned
-        self.used, self.width = None, None
+        self.pending: dict[int, list[torch.Tensor]] = {}  # skipped steps' hidden states (copies), in order
+        self.used, self.width, self.score = None, None, 0.0
 
     def verify_s(self, width: int) -> float | None:
-        """This run's mean seconds per step of `width` (the module's rule for a width not timed)."""
-        timed = {w: seconds / n for w, (seconds, n) in self.verify.items() if n}
-        if not timed:
-            return None
-        if width in timed:
-            return timed[width]
-        below = [s for w, s in timed.items() if w < width]
-        return max(below) if below else min(timed.values())
-
-    def _choose(self, lookup_score: float | None, lookup_len: int, k: int) -> str:
-        """LOOKUP, DRAFTER or NONE: the most expected tokens per second (the module's rule)."""
-        expected = self.kept / self.steps if self.steps else self.prior
-        if not self.verify or not self.drafter_calls:  # no times yet: the surer of the two drafts
-            return LOOKUP if lookup_score is not None and lookup_score >= expected else DRAFTER
-        rates = {DRAFTER: (1 + expected) / (self.verify_s(k + 1) + self.draft_s / self.drafter_calls),
-                 NONE: 1 / self.verify_s(1)}
-        if lookup_score is not None:
-            rates[LOOKUP] = (1 + lookup_score) / self.verify_s(lookup_len + 1)
-        return max(rates, key=rates.get)
+        """This run's mean seconds of a verify of `width` (`policy.priced_verify`'s rule)."""
+        return self.policy.verify_s(width)
 
     def _hand_over(self, ctx: DraftContext) -> DraftContext:
         """ctx with the skipped steps' hidden states before this step's (the positions in order)."""
@@ -117,43 +111,41 @@ class HybridDrafter:
     def _cut(self, proposal: DraftProposal) -> DraftProposal:
         """The drafter's proposal cut to the length that pays (the module's rule), where it says
         each token's probability and this run has verify times."""
-        if proposal.confidence is None or not self.verify or not proposal.tokens:
+        if proposal.confidence is None or not self.policy.verify or not proposal.tokens:
             return proposal
         length = cut_length(list(accumulate(proposal.confidence[:len(proposal.tokens)], mul)), self.verify_s)
         self.sources[DRAFTER]["cut"] += len(proposal.tokens) - length
         probs = proposal.probs[:length] if proposal.probs is not None else None
         return DraftProposal(proposal.tokens[:length], probs, proposal.confidence[:length])
 
-    def _step(self, ctx: DraftContext, k: int, drafter_width: int):
-        """The verify of the previous step's width is timed; lookup's draft and this step's choice."""
-        start = time.perf_counter()
-        if self.ended is not None and self.used is not None:
-            timed = self.verify.setdefault(self.width, [0.0, 0])
-            timed[0] += start - self.ended
-            timed[1] += 1
+    def _step(self, ctx: DraftContext, k: int, drafter_width: int, drafter_drafts: int) -> list[int]:
+        """Lookup's draft and this step's choice; a step that skips the drafter keeps its hidden states."""
         lookup = self.lookup.best(ctx, k)
-        self.used = self._choose(lookup.score if lookup.tokens else None, len(lookup.tokens[:k]), drafter_width)
+        tokens = lookup.tokens[:k]
+        self.score = lookup.score if tokens else 0.0
+        self.used = self.policy.choose(lookup.score if tokens else None, len(tokens), drafter_width, drafter_drafts)
         if self.used != DRAFTER:  # the drafter's forward is skipped: it gets these hidden states at its next one
             for layer in self.hidden_state_layers:
-                self.pending.setdefault(layer, []).append(ctx.hidden_states[layer])
-        return start, lookup.tokens[:k]
+                self.pending.setdefault(layer, []).append(ctx.hidden_states[layer].clone())
+        return tokens
 
-    def _drafted(self, start: float, width: int) -> None:
-        if self.used == DRAFTER:
-            self.draft_s += time.perf_counter() - start
-            self.drafter_calls += 1
-        self.width = width
-        self.ended = time.perf_counter()
+    def _drafted(self, draft):
+        """The drafter's call on this step's context (its skipped steps' states first), timed."""
+        catch_up, start = bool(self.pending), time.perf_counter()
+        out = draft()
+        self.policy.observe_draft(time.perf_counter() - start, catch_up)
+        return out
 
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         if k == 0:  # the drafter still sees every committed position; nothing is counted
             self.used = None
             return self.drafter.propose(self._hand_over(ctx), 0)
-        start, lookup = self._step(ctx, k, k + 1)
+        drafts = min(k, self.drafter_limit) if self.drafter_limit is not None else k
+        lookup = self._step(ctx, k, drafts + 1, drafts)
         proposal = DraftProposal(lookup if self.used == LOOKUP else [])
         if self.used == DRAFTER:
-            proposal = self._cut(self.drafter.propose(self._hand_over(ctx), k))
-        self._drafted(start, len(proposal.tokens[:k]) + 1)
+            proposal = self._cut(self._drafted(lambda: self.drafter.propose(self._hand_over(ctx), k)))
+        self.width = len(proposal.tokens[:k]) + 1
         return proposal
 
     def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
@@ -163,18 +155,19 @@ class HybridDrafter:
         if depth == 0:
             self.used = None
             return self.drafter.propose_tree(self._hand_over(ctx), 0, branch, nodes)
-        start, lookup = self._step(ctx, depth, nodes + 1)
+        lookup = self._step(ctx, depth, nodes + 1, depth)
         tree = DraftTree.chain(lookup) if self.used == LOOKUP else DraftTree()
         if self.used == DRAFTER:
-            tree = self._pruned(self.drafter.propose_tree(self._hand_over(ctx), depth, branch, nodes))
+            tree = self._pruned(self._drafted(lambda: self.drafter.propose_tree(self._hand_over(ctx), depth,
+                                                                                branch, nodes)))
             tree = DraftTree.chain(lookup).merged(tree, nodes) if lookup else tree
-        self._drafted(start, len(tree) + 1)
+        self.width = len(tree) + 1
         return tree
 
     def _pruned(self, tree: DraftTree) -> DraftTree:
         """The drafter's tree cut to its first nodes that pay (the module's rule), where it scores
         them (cumulative log-probabilities, best first) and this run has verify times."""
-        if tree.scores is None or not self.verify or not len(tree):
+        if tree.scores is None or not self.policy.verify or not len(tree):
             return tree
         keep = cut_length([math.exp(score) for score in tree.scores], self.verify_s)
         self.sources[DRAFTER]["cut"] += len(tree) - keep
@@ -187,14 +180,14 @@ class HybridDrafter:
             return
         self.sources[self.used]["steps"] += 1
         self.sources[self.used]["accepted"] += num_accepted
+        self.policy.record(self.used, num_accepted, self.width, self.score)
         if self.used == DRAFTER:
-            self.kept += num_accepted
-            self.steps += 1
             self.drafter.accept(num_accepted)
 
 
 def clear_sources(drafters) -> None:
-    """Zero the source counts of the hybrids among `drafters` (after a warm-up)."""
+    """Zero the source counts of the hybrids among `drafters` and forget what their sources kept
+    (after a warm-up: the timed runs learn afresh, on the machine's times measured so far)."""
     for drafter in drafters:
         if isinstance(drafter, HybridDrafter):
             drafter.clear_sources()

@@ -13,13 +13,12 @@ Conventions (stated in every report):
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable, Iterable, Sequence
 
 import torch
 
 from specforge_lite.decoding.engine import Generation, TargetRunner
+from specforge_lite.runtime.width_timing import time_forwards
 
 
 def per_position_acceptance(generations: Iterable[Generation], max_k: int) -> list[float | None]:
@@ -89,27 +88,15 @@ def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int
     `context_len`-token cache (random ids: the cost does not depend on the content), with
     the forward the run decoded with (`runner`; Hugging Face's by default).
 
-    The widths are timed in interleaved rounds (one forward of each width per round, 5 *
-    `repeats` rounds after a warm-up round), so a drift of the machine's speed while measuring
-    moves every width alike instead of whichever width was timed then (timing each width's
-    repeats back to back once put the width-1 forward 27% above what plain decoding measured
+    The widths are timed in interleaved rounds (`width_timing.time_forwards`: one forward of each
+    width per round, 5 * `repeats` rounds after a warm-up round), so a drift of the machine's speed
+    while measuring moves every width alike instead of whichever width was timed then (timing each
+    width's repeats back to back once put the width-1 forward 27% above what plain decoding measured
     in the same run, and with it every expected speedup)."""
-    runner = runner or TargetRunner(model)
-    runner.reset()
     vocab = vocab_size or model.get_output_embeddings().weight.shape[0]
-    rng = torch.Generator().manual_seed(seed)
-    runner.forward(torch.randint(0, vocab, (context_len,), generator=rng).tolist(), last_only=True)
-    widths = {t: torch.randint(0, vocab, (t,), generator=rng).tolist() for t in range(1, max_tokens + 1)}
-    times: dict[int, list[float]] = {t: [] for t in widths}
-    for round_index in range(5 * repeats + 1):  # round 0 is a warm-up
-        for t, ids in widths.items():
-            start = time.perf_counter()
-            runner.forward(ids)
-            runner._sync()
-            if round_index:
-                times[t].append(time.perf_counter() - start)
-            runner.crop(context_len)
-    return {t: statistics.median(samples) for t, samples in times.items()}
+    context = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    timing = time_forwards({"target": runner or TargetRunner(model)}, context, range(1, max_tokens + 1), 5 * repeats)
+    return {t: ms / 1e3 for t, ms in timing["ms"]["target"].items()}
 
 
 def costs_as_decoding_paid(forward_costs: dict[int, float], plain_forward_ms: float | None) -> tuple[dict, float]:

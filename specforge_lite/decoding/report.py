@@ -199,6 +199,23 @@ def flatness(ms_by_width: dict) -> str:
     return f" The widest, t={widths[-1]}, costs {ms_by_width[widths[-1]] / ms_by_width[widths[0]]:.2f}x the one-token forward."
 
 
+def served_by(engine: dict | None) -> str:
+    """Which target forward served each width (the compiled graph, or the eager module where timing
+    found it faster: settings.engine.widths), with both forwards' times where the eager one serves."""
+    routed = (engine or {}).get("widths") or {}
+    serves, ms = routed.get("serves") or {}, routed.get("ms") or {}
+    if not serves:
+        return ""
+    eager = [int(w) for w, forward in serves.items() if forward == "eager"]
+    if not eager:
+        return f" Widths 1..{max(map(int, serves))} ran on the compiled graph (timed faster than the eager module at each)."
+    eager_ms, compiled_ms = ({int(w): v for w, v in (ms.get(name) or {}).items()} for name in ("eager", "compiled"))
+    timed = "; ".join(f"t={w}: eager {eager_ms[w]:.1f} ms, compiled {compiled_ms[w]:.1f} ms"
+                      for w in sorted(eager) if w in eager_ms and w in compiled_ms)
+    return (f" The eager module served t={', '.join(map(str, sorted(eager)))} (faster there than the compiled graph: "
+            f"{timed}); the compiled graph the other widths up to {max(map(int, serves))}.")
+
+
 def render_markdown(report: dict) -> str:
     s = report["settings"]
     mode = "greedy" if s["temperature"] == 0 else f"sampling T={s['temperature']}, top-p={s['top_p']}"
@@ -209,6 +226,9 @@ def render_markdown(report: dict) -> str:
         f"{report['num_prompts']} prompts of `{report['dataset']}` ({report['num_answers']} answers), "
         f"{s['max_new_tokens']} new tokens max, {mode}, {k_text(s)}, batch 1, "
         f"{s['warmup']} warm-up run(s) per method." + _engine_sentence(s.get("engine")), "",
+        *[f"**Defect** ({name}): {reason}; its figures below are of eager drafting.\n"
+          for name, reason in ((s.get("engine") or {}).get("drafters_fallback") or {}).items()],
+        *([f"**Busy machine**: {report['machine_drift']['text']}.\n"] if report.get("machine_drift") else []),
         methods_table(report), "",
     ]
     if trees := trees_table(report):
@@ -232,7 +252,7 @@ def render_markdown(report: dict) -> str:
     out += ["", "## Best k", "",
             f"Target forward over t new tokens at context {costs['context_len']}: "
             + ", ".join(f"t={t}: {ms:.1f} ms" for t, ms in costs["ms_by_num_tokens"].items()) + "."
-            + flatness(costs["ms_by_num_tokens"])
+            + flatness(costs["ms_by_num_tokens"]) + served_by(s.get("engine"))
             + (f" Best k prices them at what plain decoding paid a forward in this run ({costs['decoding_scale']:.2f}x "
                "the timing above)." if costs.get("decoding_scale", 1.0) != 1.0 else ""), ""]
     for name, m in report["methods"].items():

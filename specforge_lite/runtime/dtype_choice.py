@@ -1,9 +1,13 @@
 """Which dtype a CPU target decodes in when `target.dtype=auto`: float32 unless the CPU computes
-bf16 natively, in which case both are timed here and the faster one is kept.
+bf16 natively, in which case both are timed here and bf16 is kept only where it is faster by more
+than the noise of that timing can make (`width_timing`'s rule; float32 is the default because it
+is exact, and bf16 rounding changes greedy answers).
 
 Whether bf16 pays is the machine's to say: CPUs without bf16 instructions emulate it, while
 with bf16 dot-product or matrix units (AVX512-BF16, AMX, Arm's BF16) it depends on the width and
 the thread count (docs/BENCHMARKS.md, sections `dtype_choice_xeon_amx` and `dtype_choice_xeon_amx_16t`).
+The forward timed is the one the run decodes with: evaluate's compiled package where it compiles
+(`CompiledShape`), else our eager static forward (Hugging Face's where that does not cover the model).
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ import copy
 import logging
 import platform
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
 from specforge_lite.runtime.fast_engine import FastEngine
 from specforge_lite.runtime.hf_runner import TargetRunner
 from specforge_lite.runtime.static_llama import unsupported_reason
-from specforge_lite.runtime.target_choice import _median_forward_s
+from specforge_lite.runtime.width_timing import MARGIN_RULE, keep_or_replace, time_forwards, timing_line
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +53,39 @@ def native_bf16() -> bool:
     return any(flag in flags for flag in X86_BF16_FLAGS)
 
 
-def _forward_ms(model, widths: list[int], repeats: int) -> dict[int, float]:
-    """ms per forward of each width after a 64-token context, on our static forward where it covers
-    the model (the compiled engine is its graph), else on Hugging Face's."""
-    vocab = model.config.vocab_size
-    context = torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+class CompiledShape(NamedTuple):
+    """The compiled engine a run will build (`FastEngine`'s capacity, hidden layers and widest forward):
+    timed in that shape its package is the one the run's own compile then loads from the graph cache."""
+    capacity: int
+    hidden_layers: tuple = ()
+    max_width: int = 1
+
+
+def _timed_runner(model, widths: list[int], compiled: CompiledShape | None) -> tuple:
+    """`(runner, what it runs)`: the compiled package of `compiled`'s shape (kept in the graph cache),
+    else our eager static forward, else Hugging Face's where ours does not cover the model."""
     if unsupported_reason(model.config):
-        runner = TargetRunner(model)
-    else:
-        runner = FastEngine(model, -(-(64 + max(widths)) // 64) * 64, max_width=max(widths)).runner()
-    return {w: round(1e3 * _median_forward_s(runner, context, w, repeats), 3) for w in widths}
+        return TargetRunner(model), "hf"
+    if compiled is not None:
+        engine = FastEngine(model, compiled.capacity, compiled.hidden_layers, compiled.max_width, compiled=True)
+        try:
+            engine.compile()
+            return engine.runner(), f"compiled (capacity {engine.capacity}, widths 1..{compiled.max_width})"
+        except Exception as error:  # no C++ compiler, an inductor limitation: the eager forward decides
+            log.warning("target.dtype=auto: compiling the target to time it failed (%s: %s); timing the eager "
+                        "static forward", type(error).__name__, str(error).splitlines()[0][:200])
+    return FastEngine(model, -(-(64 + max(widths)) // 64) * 64, max_width=max(widths)).runner(), "static (eager)"
 
 
-def choose_cpu_dtype(model, widths: Iterable[int], repeats: int = 5, native: bool | None = None) -> tuple:
-    """`(model, info)`: `model` (loaded in float32 for `target.dtype=auto`) or its bf16 copy,
-    whichever runs forwards of `widths` tokens (1 and the widest verification) in less total
-    time; a CPU without native bf16 keeps float32 without timing. `info` is what the report's
-    `settings.engine.dtype` records: the choice, why, and the timings in ms per forward."""
+def choose_cpu_dtype(model, widths: Iterable[int], rounds: int = 5, native: bool | None = None,
+                     compiled: CompiledShape | None = None) -> tuple:
+    """`(model, info)`: `model` (loaded in float32 for `target.dtype=auto`) or its bf16 copy.
+    Forwards of `widths` tokens (1 and the widest verification) are timed in both dtypes in
+    interleaved rounds (`width_timing.time_forwards`), on the compiled package of `compiled`'s
+    shape where the run compiles, else eagerly; bf16 is kept only when clearly faster
+    (`width_timing.keep_or_replace`, float32 the default). A CPU without native bf16 keeps
+    float32 without timing. `info` is what the report's `settings.engine.dtype` records: the
+    choice, why, the forward timed, the timings in ms per forward, their noise and the rule."""
     native = native_bf16() if native is None else native
     widths = sorted({1, *(int(w) for w in widths)})
     info = {"requested": "auto", "native_bf16": native, "measured_ms": {}, "widths": widths}
@@ -77,27 +97,45 @@ def choose_cpu_dtype(model, widths: Iterable[int], repeats: int = 5, native: boo
         log.info("target.dtype=auto: float32 (%s)", info["reason"])
         return model, info
     low = copy.deepcopy(model).to(torch.bfloat16).eval()
-    info["measured_ms"] = {"float32": _forward_ms(model, widths, repeats),
-                           "bfloat16": _forward_ms(low, widths, repeats)}
-    total = {name: sum(ms.values()) for name, ms in info["measured_ms"].items()}
-    used = min(total, key=total.get)
-    info.update(used=used, reason=f"the faster of the two on this CPU (ms per forward of widths "
-                                  f"{'/'.join(map(str, widths))}: " +
-                                  "; ".join(f"{n} " + "/".join(f"{v:.1f}" for v in ms.values())
-                                            for n, ms in info["measured_ms"].items()) + ")")
+    runners, timed = {}, {}
+    for name, candidate in (("float32", model), ("bfloat16", low)):
+        runners[name], timed[name] = _timed_runner(candidate, widths, compiled)
+    vocab = model.config.vocab_size
+    context_len = max(1, min(64, compiled.capacity - max(widths))) if compiled else 64
+    context = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    timing = time_forwards(runners, context, widths, rounds)
+    used = keep_or_replace(timing, "float32")
+    info.update(used=used, measured_ms=timing["ms"], noise=timing["noise"], rounds=rounds,
+                timed_forward=timed, margin_rule=MARGIN_RULE,
+                reason=("bf16 clearly faster" if used == "bfloat16" else "bf16 not clearly faster")
+                + f" on this CPU (ms per forward of widths {'/'.join(map(str, widths))}: {timing_line(timing)})")
     log.info("target.dtype=auto: %s, %s", used, info["reason"])
+    del runners
     if used == "bfloat16":
         return low, info
     del low
     return model, info
 
 
-def chosen_dtype(target_cfg, model, widths: Iterable[int]) -> tuple:
-    """`(model, what chose its dtype)`: with `target.dtype=auto` on a CPU, float32 or its bf16 copy,
-    whichever forwards of `widths` tokens run faster on this machine (`choose_cpu_dtype`);
-    a dtype the user named is kept as loaded."""
+def chosen_dtype(target_cfg, model, widths: Iterable[int], engine=None, capacity: int | None = None,
+                 max_width: int = 1, hidden_layers: Iterable[int] = ()) -> tuple:
+    """`(model, what chose its dtype)`: with `target.dtype=auto` on a CPU, float32 or its bf16 copy
+    (`choose_cpu_dtype`); a dtype the user named is kept as loaded. engine: the run's eval.engine;
+    where it compiles (compiled, auto) the dtypes are timed on the package `build_target_engine`
+    builds for `capacity`, `max_width` and the `hidden_layers` its drafters read (so that the run's own
+    compile loads the chosen dtype's package)."""
     requested = str(getattr(target_cfg.dtype, "value", target_cfg.dtype))
     if requested != "auto" or model.device.type != "cpu":
         return model, {"requested": requested, "used": str(model.dtype).removeprefix("torch."),
                        "reason": f"target.dtype={requested}" if requested != "auto" else "bf16 on a GPU"}
-    return choose_cpu_dtype(model, widths)
+    compiles = str(getattr(engine, "value", engine)) in ("compiled", "auto")
+    shape = (CompiledShape(capacity or model.config.max_position_embeddings, tuple(hidden_layers), max_width)
+             if compiles else None)
+    return choose_cpu_dtype(model, widths, compiled=shape)
+
+
+def timed_choice(target_cfg, model) -> bool:
+    """Whether `chosen_dtype` would time the two dtypes here (its answer may then differ between
+    processes), rather than follow a rule (a named dtype, a GPU, a CPU without native bf16)."""
+    requested = str(getattr(target_cfg.dtype, "value", target_cfg.dtype))
+    return requested == "auto" and model.device.type == "cpu" and model.dtype == torch.float32 and native_bf16()

@@ -19,142 +19,32 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
-import torch.nn as nn
 
 from specforge_lite.runtime import graph_cache
 from specforge_lite.runtime.compile import compile_frozen
 from specforge_lite.runtime.static_llama import WINDOW_STEP, StaticLlama
+from specforge_lite.runtime.target_package import (PACKAGE_WIDTHS, TreeVerify, _tree_example, packaged_forward,
+                                                   packaged_tree_forward)
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "compiled", "static", "hf")
 
-# a package serves widths 1..max(this, the engine's max_width): its width is a dynamic size (as
-# fast as per-width graphs: docs/BENCHMARKS.md engine_avx2), so evaluations at other k load it
-PACKAGE_WIDTHS = 16
-
-
-class _Exported(nn.Module):
-    """`StaticLlama.forward` with the KV caches as inputs (graphs write them in place), the
-    shape torch.export wants: a package then holds the weights but not the cache, which the
-    engine keeps and every width shares."""
-
-    def __init__(self, module: StaticLlama):
-        super().__init__()
-        self.module = module
-
-    def forward(self, ids, positions, window, *caches):
-        return self.module(ids, positions, None, False, window, caches)
-
-
-class TreeVerify(nn.Module):
-    """A draft tree's verify forward at one width W (the node budget + 1), as a graph takes it:
-    ids [W], rotary positions [W], the window, write_at [W] = the slots committed ..
-    committed + W - 1, and rows [W, W] bool, the tree's own mask (row r sees row r' where
-    True; `decoding/tree.verify_layout`'s last W columns). Every row also sees the committed
-    slots (those before write_at[0]) and none past the forward's own. Padding rows (a smaller
-    tree) see only themselves. Returns the module's (logits [W, V], hidden states [W, H])."""
-
-    def __init__(self, module: StaticLlama):
-        super().__init__()
-        self.module = module
-
-    def forward(self, ids, positions, window, write_at, rows, *caches):
-        width = rows.shape[0]
-        offset = window - write_at[0]  # a slot's row in this forward; negative: committed context
-        tree = rows[:, offset.clamp(0, width - 1)] & ((offset >= 0) & (offset < width))[None, :]
-        visible = (offset < 0)[None, :] | tree
-        return self.module(ids, positions, None, False, window, caches or None, write_at, visible)
-
-
-def _caches(module: StaticLlama) -> list[torch.Tensor]:
-    return [c for layer in module.layers for c in (layer.k_cache, layer.v_cache)]
-
-
-def graph_key(module: StaticLlama, max_width: int, tree: bool = False) -> str:
-    """A digest of everything a target package is built from: the weights and rotary tables
-    (every byte), the shapes, the source of the files that build it, torch's version, the
-    CPU capability inductor compiles for and the thread count its kernels are built for
-    (`graph_cache.graph_key`). tree: the tree-verify package of width `max_width`."""
-    facts = {"max_width": max_width, "tree": tree, "capacity": module.capacity, "batch": module.batch,
-             "hidden_layers": list(module.hidden_layers), "window_step": WINDOW_STEP}
-    tensors = [*module.named_parameters(), *[(n, b) for n, b in module.named_buffers() if n in ("cos", "sin")]]
-    return graph_cache.graph_key(facts, tensors, graph_cache.RUNTIME_FILES)
-
-
-def _export(module: StaticLlama, max_width: int):
-    """The forward exported with width 1..max_width and the window length dynamic."""
-    from torch.export import Dim, export
-
-    device = module.lm_head.device
-    width = min(2, max_width)
-    ids = torch.zeros(width, dtype=torch.long, device=device)
-    window = module.window(WINDOW_STEP)
-    caches = tuple(c.clone() for c in _caches(module))  # not the buffers: export rejects aliased inputs
-    width_dim = Dim("width", min=1, max=max_width) if max_width > 1 else None
-    dims = ({0: width_dim} if width_dim else None, {0: width_dim} if width_dim else None,
-            {0: Dim("window", min=2, max=module.capacity)}, (None,) * len(caches))
-    with torch.no_grad():
-        return export(_Exported(module), (ids, torch.arange(width, device=device), window, *caches),
-                      dynamic_shapes=dims)
-
-
-def _tree_example(module: StaticLlama, width: int) -> tuple:
-    """TreeVerify's arguments for a tree of `width` rows at slot 0 (a chain: any mask serves)."""
-    device = module.lm_head.device
-    steps = torch.arange(width, device=device)
-    rows = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    return torch.zeros(width, dtype=torch.long, device=device), steps, module.window(width), steps.clone(), rows
-
-
-def _export_tree(module: StaticLlama, width: int):
-    """TreeVerify at `width` rows, exported with the window's length dynamic."""
-    from torch.export import Dim, export
-
-    caches = tuple(c.clone() for c in _caches(module))
-    dims = (None, None, {0: Dim("window", min=2, max=module.capacity)}, None, None, (None,) * len(caches))
-    with torch.no_grad():
-        return export(TreeVerify(module), (*_tree_example(module, width), *caches), dynamic_shapes=dims)
-
-
-def packaged_forward(module: StaticLlama, max_width: int, cache_dir: Path | None
-                     ) -> tuple[Callable, float, str]:
-    """The module's forward for widths 1..max_width (and up to PACKAGE_WIDTHS) as one
-    AOTInductor package: loaded from `cache_dir` when a package built from the same weights,
-    shapes and software is there, else compiled (and kept there unless `cache_dir` is None;
-    `graph_cache.kept_package`).
-    Returns (forward taking the module's arguments, seconds taken, "loaded" or "compiled")."""
-    widths = max(max_width, PACKAGE_WIDTHS)
-    runner, seconds, how = graph_cache.kept_package("target", graph_key(module, widths),
-                                                    lambda: _export(module, widths), cache_dir)
-    caches = _caches(module)
-
-    def forward(ids, positions, start=None, last_only=False, window=None):
-        if start is not None or last_only or window is None:
-            raise ValueError("the packaged forward takes batch-1 ids, positions and a window")
-        return runner(ids, positions, window, *caches)
-
-    return forward, seconds, how
-
-
-def packaged_tree_forward(module: StaticLlama, width: int, cache_dir: Path | None) -> tuple[Callable, float, str]:
-    """`TreeVerify` of `width` rows as one AOTInductor package (kept and loaded as
-    `packaged_forward`'s). Returns (forward taking TreeVerify's arguments without the caches,
-    seconds taken, "loaded" or "compiled")."""
-    runner, seconds, how = graph_cache.kept_package("target_tree", graph_key(module, width, tree=True),
-                                                    lambda: _export_tree(module, width), cache_dir)
-    caches = _caches(module)
-    return (lambda *args: runner(*args, *caches)), seconds, how
+# the eager module serves a width only where it beats the graph by more than this share: within
+# it the two are the same to the timer's noise, and the graph is kept
+EAGER_MARGIN = 0.05
 
 
 class FastEngine:
     """One `StaticLlama` for a run, shared by every method's runner (one decode at a time).
 
-    compiled: forwards of width 1..max_width run compiled graphs (built or loaded by
-    `compile()`, before anything is timed); other widths run the module eagerly. On a CPU
+    compiled: forwards of the widths the graphs cover run them (built or loaded by `compile()`,
+    before anything is timed; a package covers 1..max(max_width, PACKAGE_WIDTHS)), but for the
+    widths `route_widths` measured the eager module faster at; other widths run the module
+    eagerly. On a CPU
     the graphs are one AOTInductor package kept in `cache_dir` (default `graph_cache_dir()`;
     None keeps none); on a GPU, `torch.compile` graphs with CUDA graphs (`packaged=False`
     asks for those on a CPU too: one per width, built each run).
@@ -182,10 +72,68 @@ class FastEngine:
         self.tree_graph_source: str | None = None
         self.length = 0
         self.owner = None  # the runner whose state the cache holds
+        self.eager_widths: set[int] = set()  # widths the graph covers that the module serves faster (`route_widths`)
 
     @property
     def capacity(self) -> int:
         return self.module.capacity
+
+    @property
+    def graph_widths(self) -> int:
+        """The widest forward the compiled graph covers (0 before `compile`): a package covers
+        1..max(max_width, PACKAGE_WIDTHS), per-width graphs 1..max_width."""
+        if self._graph is None:
+            return 0
+        return max(self.max_width, PACKAGE_WIDTHS) if self.packaged else self.max_width
+
+    def serves(self, width: int) -> str:
+        """Which forward runs a chain forward of `width` tokens: "compiled" or "eager"."""
+        return "compiled" if width <= self.graph_widths and width not in self.eager_widths else "eager"
+
+    @torch.inference_mode()
+    def route_widths(self, widths: Iterable[int], context_len: int = 64, rounds: int = 7) -> dict:
+        """Time the compiled graph and the eager module at each of `widths` the graph covers, after a
+        `context_len`-token context, in interleaved rounds (a drift of the machine moves both alike),
+        and let the eager module serve the widths where it is faster by more than EAGER_MARGIN (a
+        graph's kernel choice can make some widths dearer than the eager forward, which has no
+        such choice to make). Returns {"ms": {forward: {width: median ms}}, "serves": {width: forward}}
+        for the report; the cache holds nothing committed afterwards."""
+        import statistics
+        import time
+
+        widths = sorted({w for w in widths if 1 <= w <= self.graph_widths and context_len + w <= self.capacity})
+        self.eager_widths = set()
+        if not widths:
+            return {"ms": {}, "serves": {}}
+        gen = torch.Generator().manual_seed(0)
+        vocab = self.model.config.vocab_size
+        context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
+        feeds = {w: torch.randint(0, vocab, (w,), generator=gen).tolist() for w in widths}
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.owner, self.length = None, 0
+        self.forward(context)
+        times: dict[str, dict[int, list[float]]] = {"compiled": {w: [] for w in widths},
+                                                    "eager": {w: [] for w in widths}}
+        for round_index in range(rounds + 1):  # round 0 is a warm-up
+            for w in widths:
+                for forward, eager in (("compiled", set()), ("eager", {w})) if round_index % 2 else \
+                        (("eager", {w}), ("compiled", set())):
+                    self.eager_widths = eager
+                    start = time.perf_counter()
+                    self.forward(feeds[w])
+                    sync()
+                    if round_index:
+                        times[forward][w].append(time.perf_counter() - start)
+                    self.length = context_len
+        self.length = 0
+        ms = {name: {w: round(1e3 * statistics.median(t), 3) for w, t in by_width.items()}
+              for name, by_width in times.items()}
+        self.eager_widths = {w for w in widths if ms["eager"][w] * (1 + EAGER_MARGIN) < ms["compiled"][w]}
+        serves = {w: self.serves(w) for w in widths}
+        if self.eager_widths:
+            log.info("the eager forward serves widths %s (faster there than the compiled graph)",
+                     sorted(self.eager_widths))
+        return {"ms": ms, "serves": serves}
 
     def compile(self) -> float:
         """Build (or load) the graphs of widths 1..max_width now; returns the seconds it took."""
@@ -232,7 +180,7 @@ class FastEngine:
                                f"{start + width} (raise the engine's capacity)")
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + width, device=self.device)
-        use_graph = self._graph is not None and width <= self.max_width
+        use_graph = self.serves(width) == "compiled"
         window = self.module.window(start + width)
         logits, hidden = (self._graph if use_graph else self.module)(ids, positions, None, False, window)
         self.length = start + width
@@ -254,7 +202,7 @@ class FastEngine:
                                f"{start + width} (raise the engine's capacity)")
         positions, mask = positions.cpu(), mask.cpu()  # verify_layout builds them on the CPU: no device sync
         rows = mask[:, start:start + width]
-        if self._graph is not None and width <= self.max_width and _chain_shaped(positions, rows, start):
+        if self.serves(width) == "compiled" and _chain_shaped(positions, rows, start):
             return self.forward(token_ids)
         if (self._tree_graph is not None and width <= self.tree_width and start + self.tree_width <= self.capacity
                 and bool(mask[:, :start].all())):

@@ -48,7 +48,7 @@ CACHE_ENV = "SPECFORGE_LITE_CACHE"  # its `compiled/` folder is the default
 KEEP_PER_LABEL = 4
 # the runtime files that shape every graph: a change to any of them rebuilds the packages
 RUNTIME_FILES = tuple(Path(__file__).parent / name for name in
-                      ("graph_cache.py", "compile.py", "static_llama.py", "fast_engine.py"))
+                      ("graph_cache.py", "compile.py", "static_llama.py", "fast_engine.py", "target_package.py"))
 
 
 def graph_cache_dir() -> Path | None:
@@ -301,8 +301,15 @@ def compile_kept(label: str, module: nn.Module, example_calls: Sequence[tuple], 
         return export(wrapper, args, dynamic_shapes=dims)
 
     runner, seconds, how = kept_package(label, key, program, resolve_cache_dir(cache_dir))
+    dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in example]
 
     def graph(*args):
+        # a package reads an input's bytes as the dtype it was built for: a bf16 tensor passed to a
+        # float32 graph drafts garbage without an error, so a call in another dtype is refused
+        for index, (arg, dtype) in enumerate(zip(args, dtypes)):
+            if dtype is not None and arg.dtype != dtype:
+                raise TypeError(f"compiled graph {label}: argument {index} is {arg.dtype}, the graph was built "
+                                f"for {dtype}")
         return runner(*args, *state_tensors())
 
     return graph, seconds, how

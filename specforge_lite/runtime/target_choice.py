@@ -4,8 +4,6 @@ eager, or its compiled graphs, chosen by name or by timing them here (`build_tar
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from pathlib import Path
 from typing import Iterable
 
@@ -15,22 +13,9 @@ from specforge_lite.runtime.compile import autotune, gemm_rows
 from specforge_lite.runtime.fast_engine import FastEngine
 from specforge_lite.runtime.hf_runner import TargetRunner
 from specforge_lite.runtime.static_llama import unsupported_reason
+from specforge_lite.runtime.width_timing import MARGIN_RULE, keep_or_replace, time_forwards, timing_line
 
 log = logging.getLogger(__name__)
-
-
-def _median_forward_s(runner, context: list[int], width: int, repeats: int) -> float:
-    runner.reset()
-    runner.forward(context, last_only=True)
-    ids = context[:width]
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        start = time.perf_counter()
-        runner.forward(ids)
-        runner._sync()
-        times.append(time.perf_counter() - start)
-        runner.crop(len(context))
-    return statistics.median(times[1:])
 
 
 class TargetForward:
@@ -51,8 +36,9 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
 
     choice: hf (transformers' forward), static (`StaticLlama`, eager), compiled (its
     graphs for widths 1..max_width) or auto: every candidate this model and machine
-    can run, timed on widths 1 and max_width after a 64-token context, the one with the
-    least total kept. cache_dir: where compiled graphs are kept (`FastEngine`); tree_width:
+    can run, timed on widths 1 and max_width after a 64-token context in interleaved rounds
+    (`width_timing.time_forwards`; `repeats` rounds), the compiled one kept unless another is
+    faster by more than the noise can make (`width_timing.keep_or_replace`). cache_dir: where compiled graphs are kept (`FastEngine`); tree_width:
     the tree methods' node budget + 1, the width of the compiled tree-verify graph (0: none).
     """
     info = {"requested": choice, "capacity": capacity, "compile_s": None, "measured_ms": {}, "fallback": None}
@@ -94,11 +80,12 @@ def build_target_engine(model, choice: str, capacity: int, hidden_layers: Iterab
     context_len = max(1, min(64, capacity - max_width))
     context = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(0)).tolist()
     candidates = {"hf": TargetRunner(model), **{name: e.runner() for name, e in engines.items()}}
-    for name, runner in candidates.items():
-        info["measured_ms"][name] = {w: 1e3 * _median_forward_s(runner, context, w, repeats)
-                                     for w in sorted({1, max_width})}
-    used = min(info["measured_ms"], key=lambda n: sum(info["measured_ms"][n].values()))
-    info["used"] = used
-    log.info("eval.engine=auto: %s (ms per forward of width %s: %s)", used, sorted({1, max_width}),
-             "; ".join(f"{n} " + "/".join(f"{v:.1f}" for v in ms.values()) for n, ms in info["measured_ms"].items()))
+    timing = time_forwards(candidates, context, [1, max_width], repeats)
+    # compiled by default: the forward the decoders are built around, and a lead inside the noise is none
+    default = "compiled" if "compiled" in engines else "static"
+    used = keep_or_replace(timing, default)
+    info.update(used=used, measured_ms=timing["ms"], noise=timing["noise"], rounds=timing["rounds"],
+                default=default, margin_rule=MARGIN_RULE)
+    log.info("eval.engine=auto: %s (default %s; ms per forward of widths %s: %s)", used, default,
+             sorted({1, max_width}), timing_line(timing))
     return TargetForward(model, engines.get(used), info)

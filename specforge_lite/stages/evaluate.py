@@ -23,11 +23,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from specforge_lite import SpecforgeError
@@ -43,19 +42,22 @@ from specforge_lite.decoding.engine import generate_plain, generate_speculative,
 from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
 from specforge_lite.decoding.suffix import lookup_factory
 from specforge_lite.runtime.dtype_choice import chosen_dtype
+from specforge_lite.runtime.compiled_run import prepare_compiled
+from specforge_lite.runtime.drift import drifted
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
-from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
-from specforge_lite.decoding.metrics import (costs_as_decoding_paid, measure_forward_costs,
-                                             our_conventions, summarise)
+from specforge_lite.decoding.choices import drafted_k
+from specforge_lite.decoding.metrics import (measure_forward_costs,
+                                             our_conventions)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import k_text, render_markdown, write_plots
 from specforge_lite.decoding.recommend import recommend
-from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
 from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed,
-                                           hybrid_of, labelled_drafters, own_k_methods, run_order, tree_base)
-from specforge_lite.drafters.registry import DRAFTERS, detect_drafter, say_what_the_trained_folder_decides
+                                           hybrid_of, labelled_drafters, run_order, tree_base)
+from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, engine_decoder, hidden_layers_of,
+                                             say_what_the_trained_folder_decides)
+from specforge_lite.stages.evaluate_entries import build_report, our_entries
 from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
 from specforge_lite.targets.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
@@ -65,11 +67,28 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- decoders
 
+def trained_folders(cfg: DictConfig, methods: list[str]) -> dict[str, tuple[str, Path]]:
+    """name -> (drafter kind, folder) of each trained drafter the methods draft with: a registered
+    drafter's `trained_dir`, or a folder under the user's label (its kind detected)."""
+    labelled, folders = labelled_drafters(cfg.eval), {}
+    for name in chain_methods(methods):
+        if name in DRAFTERS:
+            folders[name] = (name, trained_dir(cfg, name))
+        elif name in labelled and name not in BUILTIN:
+            kind, layout = detect_drafter(labelled[name])
+            log.info("%s: %s drafter in %s (%s layout)", name, kind, labelled[name], layout)
+            folders[name] = (kind, Path(labelled[name]))
+    return folders
+
+
 def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_ids: list[int],
-                   sampling: SamplingParams, capacity: int = 0) -> tuple[dict, dict, TargetForward]:
+                   sampling: SamplingParams, capacity: int = 0, folders: dict | None = None
+                   ) -> tuple[dict, dict, TargetForward]:
     """name -> decode(prompt_ids, max_new_tokens, seed) -> Generation, our drafters, and the
-    target forward they decode with (`eval.engine`; `capacity`: positions its cache holds)."""
+    target forward they decode with (`eval.engine`; `capacity`: positions its cache holds;
+    `folders`: `trained_folders`, found here when not given)."""
     ecfg = cfg.eval
+    folders = trained_folders(cfg, methods) if folders is None else folders
     device = model.device
     drafters, assistant = {}, None
 
@@ -83,39 +102,29 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
             prepare_assistant(assistant, draft_tokens(ecfg, "hf_assisted"))
         return assistant
 
-    labelled, scfg, lookup = labelled_drafters(ecfg), ecfg.suffix, None
-    if {SUFFIX, ARCTIC_SUFFIX} & set(methods) or any(map(hybrid_of, methods)):  # the target's answers, once
+    scfg, lookup = ecfg.suffix, None
+    if {SUFFIX, ARCTIC_SUFFIX} & set(chain_methods(methods)) or any(map(hybrid_of, methods)):  # answers, once
         lookup = lookup_factory(scfg, scfg.samples and answer_corpus(samples_dir(cfg), cfg.target.path,
                                                                      scfg.max_corpus_tokens))
     for name in chain_methods(methods):  # every drafter first (a tree method's too): the engine serves their layers
         if name in (SUFFIX, ARCTIC_SUFFIX):
             drafters[name] = lookup(name)
-        elif name in BUILTIN or name in DRAFTERS or name in labelled:
+        elif name in BUILTIN or name in folders:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())
             elif name in BUILTIN:
                 drafter = BUILTIN[name](cfg, model)
-            elif name in DRAFTERS:
-                drafter = DRAFTERS[name].decoder(DRAFTERS[name].load(trained_dir(cfg, name), model))
-            else:  # a drafter folder under the user's label, its kind detected
-                kind, layout = detect_drafter(labelled[name])
-                log.info("%s: %s drafter in %s (%s layout)", name, kind, labelled[name], layout)
-                drafter = DRAFTERS[kind].decoder(DRAFTERS[kind].load(Path(labelled[name]), model))
+            else:
+                drafter = engine_decoder(*folders[name], model)
             drafters[name] = drafter
     layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
     trees = ecfg.get("tree") and any(tree_base(name) for name in methods)
     target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,
                                  layers, widest_k(ecfg) + 1, tree_width=ecfg.tree.nodes + 1 if trees else 0)
-    if target.info["used"] == "compiled":  # the drafters' forwards through the same mechanism
-        target.info["drafters_compile_s"], target.info["drafters_graph"] = {}, {}
-        for name, drafter in drafters.items():
-            if hasattr(drafter, "compile"):
-                k = drafted_k(ecfg, name, drafter)
-                seconds = drafter.compile(k, target.engine.capacity)
-                how = getattr(drafter, "graph_source", None) or "compiled"
-                target.info["drafters_compile_s"][name] = seconds
-                target.info["drafters_graph"][name] = how
-                log.info("%s: %s its drafting graphs for k=%d in %.0f s", name, how, k, seconds)
+    # the drafters' forwards through the same mechanism; each verify width on the faster target forward
+    prepare_compiled(target, drafters, lambda name, drafter: drafted_k(ecfg, name, drafter),
+                     range(1, max(widest_k(ecfg) + 1, ecfg.cost_widths, ecfg.tree.nodes + 1 if trees else 0) + 1),
+                     (ecfg.tree.depth, ecfg.tree.branch) if trees else None)
     plain_runner = target.runner()
     decoders = {PLAIN: lambda ids, n, seed: generate_plain(model, ids, n, sampling, eos_ids, gen_for(seed),
                                                              plain_runner)}
@@ -231,33 +240,39 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     sampling = SamplingParams(ecfg.temperature, ecfg.top_p)
     model, tokenizer = load_target(cfg.target, path=path)
     widest = max([widest_k(ecfg)] + [ecfg.tree.nodes for m in methods if tree_base(m)])  # best tree's too
-    model, dtype_choice = chosen_dtype(cfg.target, model, [1, widest + 1])
     require_chat_template(tokenizer)
     eos_ids = eos_token_ids(model, tokenizer)
     prompts, too_long = fitting_prompts(tokenizer, prompts, ecfg, model.config)
     capacity = cache_capacity(tokenizer, prompts, ecfg, model.config)
-    decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity)
+    # the dtypes timed on the package the run compiles: the hidden layers its drafters read included
+    folders = trained_folders(cfg, methods)
+    layers = sorted({layer for kind, folder in folders.values() for layer in hidden_layers_of(kind, folder, model)})
+    model, dtype_choice = chosen_dtype(cfg.target, model, [1, widest + 1], ecfg.engine, capacity, widest_k(ecfg) + 1,
+                                       layers)
+    decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity, folders)
     out = stage_dir(cfg, "evaluate")  # once every input has loaded
     log.info("evaluating %s on %d prompts of %s (%s, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              k_text(ecfg), "greedy" if sampling.greedy else f"T={sampling.temperature}")
 
-    # 1. warm-up: every method, untimed, on the first prompt; a compiled drafter accepting nothing there
+    # 1. warm-up: every method, untimed, on the first prompt; a compiled drafter proposing otherwise there
     first, warm = prompt_ids(tokenizer, conversation(prompts[0], [], 0)), min(ecfg.warmup_tokens, ecfg.max_new_tokens)
-    warmed = {}
     for _ in range(ecfg.warmup):
-        warmed = {name: decoders[name](first, warm, _seed(cfg.seed, "warmup")) for name in methods}
-    checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"), warmed)
+        for name in methods:
+            decoders[name](first, warm, _seed(cfg.seed, "warmup"))
+    checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"))
     clear_sources(drafters.values())  # a hybrid counts which source drafted in the timed runs only
 
     # 2. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
     requests, plain_tokens = [], []  # every prompt and turn, for the serving engines
-    for prompt in tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True):
+    for index, prompt in enumerate(tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True)):
         replies: list[str] = []
         for turn in range(len(prompt["turns"])):
             ids = prompt_ids(tokenizer, conversation(prompt, replies, turn))
-            gens = {name: decoders[name](ids, ecfg.max_new_tokens, _seed(cfg.seed, prompt["id"], turn, name))
-                    for name in methods}
+            order = methods[index % len(methods):] + methods[:index % len(methods)]  # a drift hits all alike
+            ran = {name: decoders[name](ids, ecfg.max_new_tokens, _seed(cfg.seed, prompt["id"], turn, name))
+                   for name in order}
+            gens = {name: ran[name] for name in methods}
             requests.append(ids)
             plain_tokens.append(gens[PLAIN].tokens)
             for name, gen in gens.items():
@@ -282,6 +297,8 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
 
     entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)
     report = build_report(cfg, prompts, rows, entries, our_conventions(ecfg.bootstrap), **fields)
+    report["machine_drift"] = drifted([g.target_s / max(g.num_forwards, 1) for g in plain_gens],
+                                      "plain decoding's one-token forward")
     report["settings"]["engine"] = {**target.info, "dtype": dtype_choice}
     report["rounding_baseline"] = baseline
     report["skipped"] = {"prompt_too_long": len(too_long), "ids": too_long} if too_long else {}
@@ -317,84 +334,3 @@ def prepare_alone(cfg: DictConfig, engine: Engine, prompts: list[dict], path: st
     return out, target, requests, prompts, notes
 
 
-def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries: dict, conventions: dict,
-                 **fields) -> dict:
-    """The evaluate report, whichever engine measured its `methods` (`entries`, from the answer
-    `rows` the report keeps): ours beside the serving engines, or one engine alone; `fields`:
-    what that measurement adds (our forward costs and best k, or the engine's baseline)."""
-    ecfg = cfg.eval
-    categories = list(dict.fromkeys(p["category"] for p in prompts))
-    return {
-        "target": cfg.target.path, "dataset": ecfg.dataset, "settings": OmegaConf.to_container(ecfg, resolve=True),
-        "conventions": conventions, "num_prompts": len(prompts), "num_answers": sum(len(p["turns"]) for p in prompts),
-        "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
-        "methods": entries,
-        "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in entries}
-                             for cat in categories},
-        "best_k": None, "best_k_method": None,  # best k needs our engine's forward costs
-        **fields, "answers": rows,
-    }
-
-
-def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> tuple[dict, list[dict], dict]:
-    """Our engine's `methods` table from its answers, the answer rows and the report fields
-    our engine adds (its dtype and device, forward costs, best k)."""
-    ecfg = cfg.eval
-    greedy = ecfg.temperature == 0
-    by_method = defaultdict(list)
-    by_method_cat = defaultdict(lambda: defaultdict(list))
-    for a in answers:
-        by_method[a["method"]].append(a)
-        by_method_cat[a["method"]][a["prompt"]["category"]].append(a["gen"])
-    plain = summarise([a["gen"] for a in by_method[PLAIN]])
-    plain_gens = [a["gen"] for a in by_method[PLAIN]]  # mean answer, for best k's per-answer rates
-    answer_shape = (statistics.fmean(g.prefill_s for g in plain_gens),
-                    statistics.fmean(len(g.tokens) for g in plain_gens))
-    plain_cat = {c: summarise(g) for c, g in by_method_cat[PLAIN].items()}
-    hf_plain = summarise([a["gen"] for a in by_method["hf_generate"]]) if "hf_generate" in by_method else None
-    answer_rows = [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
-                    "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
-                    "num_tokens": len(a["gen"].tokens), "num_forwards": a["gen"].num_forwards,
-                    "total_s": a["gen"].total_s, "finish": a["gen"].finish, "tau": a["gen"].tau,
-                    "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s, "identical_to_plain": a["identical"]}
-                   for a in answers]
-    # intervals from the rows report.json keeps, so that they can be recomputed from the report alone
-    boot = ecfg.bootstrap
-    intervals = method_intervals(prompt_totals(answer_rows), PLAIN, boot.resamples, boot.seed, boot.level)
-
-    # best k prices a step at what decoding paid a forward in this run, not the isolated timing
-    paid, scale = costs_as_decoding_paid(costs, plain["target_forward_ms"])
-    entries = {}
-    for name in methods:
-        rows = by_method[name]
-        chain = name in drafters and not tree_base(name)
-        entry = summarise([a["gen"] for a in rows], drafted_k(ecfg, name, drafters[name]) if chain else 0)
-        if name in own_k_methods(ecfg):
-            entry["k"] = drafted_k(ecfg, name, drafters.get(name))
-        entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
-        entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
-        entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts
-        entry.update(identity.entry_fields(rows, greedy))  # identical_to_plain, identity (bf16 verdicts), lossless
-        entry["per_category"] = {}
-        for cat, gens in by_method_cat[name].items():
-            s = summarise(gens)
-            entry["per_category"][cat] = {"tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
-                                          "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
-        if hasattr(drafters.get(name), "sources"):  # a hybrid: the steps each source drafted, the tokens kept
-            entry["sources"] = drafters[name].sources
-        if chain:
-            entry["best_k"] = best_k_for(entry, drafters[name], paid, answer_shape, plain)
-        elif tree_base(name):
-            entry["tree"] = tree_fields(ecfg.tree, *tree_base(name), [a["gen"] for a in rows], entry,
-                                         drafters.get(name) or drafters[tree_base(name)[0]], paid, answer_shape, plain)
-        entries[name] = entry
-
-    ours = [m for m in methods if m in drafters and not tree_base(m)]
-    best_method = ecfg.best_k_method or (ours[0] if ours else None)
-    best = entries[best_method]["best_k"]["best_k"] if best_method in ours else None
-    fields = {"dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
-              "torch_threads": torch.get_num_threads(),
-              "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},
-                                "decoding_scale": scale, "ms_as_decoding_paid": {t: 1e3 * s for t, s in paid.items()}},
-              "best_k": best, "best_k_method": best_method}
-    return entries, answer_rows, fields

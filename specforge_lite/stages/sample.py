@@ -33,12 +33,12 @@ from specforge_lite.data.readers import heldout_split, read_conversations
 from specforge_lite.data.samples import (completed_shards, damaged_shards, remove_shard, samples_meta, shard_fingerprint,
                                          shard_path, stats_path, write_shard)
 from specforge_lite.targets.digest import target_files
-from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.static_llama import unsupported_reason
 from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
 from specforge_lite.serving.vllm.sampler import VllmSampleBackend
 from specforge_lite.targets.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
 from specforge_lite.decoding.sampling import HFBackend, StaticBackend
+from specforge_lite.stages.sample_dtype import decided_dtype, samples_dtype, vllm_dtype
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,13 @@ def backend_name(requested, vllm_python: str | None, target_config) -> str:
     return "hf" if unsupported_reason(target_config) else "compiled"
 
 
-def open_backend(cfg, log_path: Path):
-    """`(backend, tokenizer, name)`: the sampler of `cfg.sample.backend` (auto resolved), its target
-    loaded where it runs in this process. vLLM chosen by `auto` on a CPU gets this process's torch
-    threads unless sample.vllm.cpu_threads says otherwise; where it cannot start (a target its
-    kernels do not run, a broken interpreter) `auto` says why in one line and samples with what
-    it picks without vLLM."""
+def open_backend(cfg, log_path: Path, dtype_of):
+    """`(backend, tokenizer, name, dtype)`: the sampler of `cfg.sample.backend` (auto resolved), its
+    target loaded where it runs in this process, in the dtype `dtype_of(model)` gives as `(model,
+    dtype)` (vLLM's dtype: target.dtype as vLLM loads it). vLLM chosen by `auto` on a CPU gets this
+    process's torch threads unless sample.vllm.cpu_threads says otherwise; where it cannot start (a
+    target its kernels do not run, a broken interpreter) `auto` says why in one line and samples with
+    what it picks without vLLM."""
     sample_cfg = cfg.sample
     requested = str(getattr(sample_cfg.backend, "value", sample_cfg.backend))
     config = None
@@ -74,19 +75,20 @@ def open_backend(cfg, log_path: Path):
             sample_cfg = OmegaConf.merge(sample_cfg, {"vllm": {"cpu_threads": torch.get_num_threads()}})
         tokenizer = load_tokenizer(cfg.target)
         if requested != "auto":
-            path = resolve_target_path(cfg.target.path)
-            return VllmSampleBackend(path, cfg.target, sample_cfg, tokenizer, log_path), tokenizer, name
+            backend = VllmSampleBackend(resolve_target_path(cfg.target.path), cfg.target, sample_cfg, tokenizer,
+                                        log_path)
+            return backend, tokenizer, name, vllm_dtype(cfg)
         backend, failed = start_vllm(cfg, sample_cfg, tokenizer, log_path)
         if failed is None:
-            return backend, tokenizer, name
+            return backend, tokenizer, name, vllm_dtype(cfg)
         name = backend_name(requested, None, config)  # what auto picks where there is no vLLM
         log.warning("sample.backend=auto: vLLM cannot sample %s (%s); sampling with the %s backend instead",
                     cfg.target.path, failure_reason(failed), name)
     model, tokenizer = load_target(cfg.target)
-    model, _ = chosen_dtype(cfg.target, model, [1, sample_cfg.batch_size])  # as evaluate chooses it
+    model, dtype = dtype_of(model)
     if name in ("static", "compiled"):
-        return StaticBackend(model, tokenizer, sample_cfg, compiled=name == "compiled"), tokenizer, name
-    return HFBackend(model, tokenizer, sample_cfg), tokenizer, name
+        return StaticBackend(model, tokenizer, sample_cfg, compiled=name == "compiled"), tokenizer, name, dtype
+    return HFBackend(model, tokenizer, sample_cfg), tokenizer, name, dtype
 
 
 def start_vllm(cfg, sample_cfg, tokenizer, log_path: Path):
@@ -254,6 +256,7 @@ def run(cfg: DictConfig) -> None:
             problem = None
         if problem:
             raise SpecforgeError(problem)
+    dtype, load_cfg = samples_dtype(cfg, out, stamp)  # decided once per samples folder (sample_dtype.py)
     if rank == 0:  # shard files of no shard of these samples (another run's, a copy): not theirs to keep
         for j in [j for j in completed_shards(data_dir) if j >= num_shards]:
             log.warning("%s is not one of these samples' %d shards; removed", shard_path(data_dir, j), num_shards)
@@ -274,7 +277,8 @@ def run(cfg: DictConfig) -> None:
 
     if todo:  # the target loads before anything is written
         # vllm runs in a child process (specforge_lite/serving); auto picks the fastest one installed
-        backend, tokenizer, backend_used = open_backend(cfg, out / f"vllm-rank{rank}.log")
+        backend, tokenizer, backend_used, dtype = open_backend(
+            load_cfg, out / f"vllm-rank{rank}.log", lambda model: decided_dtype(cfg, model, out, stamp, rank, dtype))
         log.info("sample backend: %s", backend_used)
         require_chat_template(tokenizer)
     if rank == 0:
@@ -282,7 +286,7 @@ def run(cfg: DictConfig) -> None:
         write_provenance(out, cfg)
         atomic_write_json(out / "split.json", {"heldout_ids": [r["id"] for r in heldout],
                                                "num_train": len(train), "read": read_stats.to_dict()})
-        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=False)
+        _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, False, dtype)
 
     if todo:
         started, generated = time.perf_counter(), 0
@@ -302,7 +306,8 @@ def run(cfg: DictConfig) -> None:
             write_shard(data_dir, j, rows, {"records": len(chunk), "written": len(rows), "skipped": dict(skipped),
                                             "generated_tokens": sum(r["num_generated_tokens"] for r in rows),
                                             "seconds": time.perf_counter() - shard_started,
-                                            "backend": backend_used, "fingerprint": stamp})
+                                            "backend": backend_used, "fingerprint": stamp,
+                                            "target_dtype": dtype["used"]})
             bar.update(len(chunk))
         bar.close()
         elapsed = time.perf_counter() - started
@@ -317,7 +322,7 @@ def run(cfg: DictConfig) -> None:
                     len(damaged), next(iter(damaged.values())))
         finished = False
     if finished:
-        meta = _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, complete=True)
+        meta = _write_meta(meta_path, cfg, stamp, train, heldout, read_stats, data_dir, True, dtype)
         log.info("samples: %d conversations, %d assistant tokens in %s (skipped: %s)", meta["num_rows"],
                  meta["num_loss_tokens"], data_dir, meta["skipped"] or "none")
         if not meta["num_rows"]:
@@ -328,7 +333,8 @@ def run(cfg: DictConfig) -> None:
                  len(completed_shards(data_dir)), num_shards)
 
 
-def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Path, complete: bool) -> dict:
+def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Path, complete: bool,
+                dtype: dict | None) -> dict:
     skipped: Counter = Counter()
     backends: Counter = Counter()  # which backend made each shard (a resume may use another)
     num_rows = num_tokens = num_loss = generated = 0
@@ -356,6 +362,7 @@ def _write_meta(path: Path, cfg, stamp, train, heldout, read_stats, data_dir: Pa
                  "read": read_stats.to_dict()},
         "num_rows": num_rows, "num_tokens": num_tokens, "num_loss_tokens": num_loss,
         "num_generated_tokens": generated, "skipped": dict(skipped), "versions": package_versions(),
+        "target_dtype": dtype,  # the target's dtype, decided once for these samples (`decided_dtype`)
         # generation time summed over the shards (whichever command or rank made them), start-up excluded:
         # what the target's own answers cost, next to what training on them buys
         "generation_s": seconds,

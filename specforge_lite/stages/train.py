@@ -48,6 +48,7 @@ from specforge_lite.stages.train_keys import already_trained, fingerprint, finge
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
                                             require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
+from specforge_lite.runtime.drift import DriftWatch
 from specforge_lite.training.throughput import per_device
 from specforge_lite.drafters.registry import chosen_drafter
 from specforge_lite.scale.sizing import (batch_choice, dry_run_choice,
@@ -229,6 +230,7 @@ def run(cfg: DictConfig) -> None:
                disable=not accelerator.is_local_main_process)
     window = empty_window()
     history, tokens_seen, positions = [], 0, 0
+    slowdown = DriftWatch("training's time per token")  # a busy machine is named in the log and metrics.json
     counts_of_rank = RankCounts()  # real tokens only: a dummy sequence of an idle rank counts zero
     data_hint = (f"the offline features in {out / 'features'} may be damaged (delete that folder to rebuild them)"
                  if cache is not None else f"the samples in {samples_dir(cfg)} may hold bad data")
@@ -288,6 +290,8 @@ def run(cfg: DictConfig) -> None:
             if world > 1:  # logged numbers cover every rank's positions
                 window = global_window(window, accelerator)
             stats = summarise_window(window, optimizer.param_groups[0]["lr"], float(grad_norm))
+            if (slow := slowdown.add(window["time"] / max(window["tokens"], 1))) and accelerator.is_main_process:
+                log.warning("step %d: %s", done, slow)
             stats["step"] = done
             tokens_seen += window["tokens"]
             stats["tokens_seen"] = tokens_seen  # this run's, from `start`
@@ -327,7 +331,8 @@ def run(cfg: DictConfig) -> None:
             atomic_write_json(out / "metrics.json", {"history": history, "total_steps": total_steps,
                                                      "tokens_seen": sum(rank_counts["tokens_per_rank"]), **rank_counts,
                                                      "batching": {**choice.record(), "padding_share": padding},
-                                                     "throughput": throughput})
+                                                     "throughput": throughput,
+                                                     "slowest_vs_start": round(slowdown.worst, 2)})
             plot_learning_curve(history, out / "learning_curve.png")
         log.info("drafter written to %s", final)
     accelerator.wait_for_everyone()

@@ -128,6 +128,14 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "sample.max_new_tokens=7")
     assert proc.returncode == 2
     assert "holds samples made with other settings" in proc.stderr
+    # the target's dtype is recorded and decided once: a resume that names another is refused
+    stats = json.loads((tmp_path / "samples" / "data" / "shard-00000.stats.json").read_text())
+    assert json.loads((tmp_path / "samples" / "meta.json").read_text())["target_dtype"]["used"] == "float32"
+    assert stats["target_dtype"] == "float32"
+    proc = run_cli("sample", "+recipe=smoke", f"run_dir={tmp_path}", "target.dtype=bfloat16")
+    assert proc.returncode == 2
+    assert (f"{tmp_path / 'samples'} holds samples the target drew in float32; target.dtype=bfloat16 would mix "
+            "bfloat16 and float32 shards: set target.dtype=float32") in proc.stderr
 
 
 def test_another_model_in_the_same_folder_is_not_taken_for_the_old_one(tmp_path):

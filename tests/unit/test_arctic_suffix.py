@@ -32,10 +32,18 @@ def test_it_drafts_what_our_suffix_drafts_on_a_plain_corpus(built):
         assert theirs.propose(ctx, 3).tokens == ours.propose(ctx, 3).tokens != []
         theirs.reset()
         ours.reset()
-    # an answer evaluated is evicted from the global tree when its request ends
-    theirs.propose(DraftContext(token_ids=[40, 41, 42, 43, 44], num_prompt_tokens=5), 2)
-    theirs.reset()
-    assert theirs.propose(DraftContext(token_ids=[50, 40, 41], num_prompt_tokens=3), 2).tokens == []
+    # an answer evaluated is evicted from the global tree when its request ends: the same answer with
+    # its request only stopped stays there and drafts its continuation for a later request; evicted, nothing
+    query = DraftContext(token_ids=[50, 41, 42], num_prompt_tokens=3)
+    for evict in (False, True):
+        drafter = arctic.ArcticSuffixDrafter([], factor=2.0)
+        drafter.propose(DraftContext(token_ids=[40, 41, 42, 43, 44], num_prompt_tokens=2), 2)  # answer 42 43 44
+        if evict:
+            drafter.reset()
+        else:
+            drafter.cache.stop_request(drafter.request)
+            drafter.request = None
+        assert drafter.propose(query, 2).tokens == ([] if evict else [43, 44]), evict
 
 
 def test_it_decodes_greedily_as_plain_with_acceptances(built, tiny_target):

@@ -4,7 +4,6 @@ decoding (greedy and sampled), save / load, the speculators export and the bad i
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 
@@ -19,7 +18,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dflash
 from specforge_lite.drafters.dflash.model import anchor_block_mask, block_positions, select_anchors
 from specforge_lite.drafters.dflash.train import dpace_weights, exp_decay_weights
-from tests.conftest import assert_same_law, drive_compiled_drafting, mostly_agree, tokens_2_3_law
+from tests.conftest import as_evaluate_loads, assert_same_law, drive_compiled_drafting, mostly_agree, tokens_2_3_law
 
 AUX = [1, 3, 4]
 H = 64
@@ -386,16 +385,17 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     from specforge_lite.drafters.dflash.decode import DFlashDecodeDrafter
 
     drafter = tiny_drafter(tiny_target, causal=causal, block_size=5)
-    drafter = copy.deepcopy(drafter).to(dtype)  # a copy: the drafter may hold the session target's tensors
+    # saved as trained (float32) and loaded as evaluate loads it, in the target's dtype
+    drafter = as_evaluate_loads("dflash", drafter, tiny_target, dtype, tmp_path / "drafter")
     if dtype == torch.bfloat16:  # a random readout gives near-ties that bf16 rounding flips; sharpen it
         for param in drafter.parameters():
             param.data.mul_(2)
     eager, compiled = DFlashDecodeDrafter(drafter, capacity=64), DFlashDecodeDrafter(drafter, capacity=64)
     k = 3
-    assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
+    assert compiled.compile(k, cache_dir=tmp_path / "graphs") > 0 and compiled.graph_source == "compiled"
     loaded = DFlashDecodeDrafter(drafter, capacity=64)
-    loaded.compile(k, cache_dir=tmp_path)
-    assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in tmp_path.iterdir()] == [["dflash", "block"]]
+    loaded.compile(k, cache_dir=tmp_path / "graphs")
+    assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in (tmp_path / "graphs").iterdir()] == [["dflash", "block"]]
     forbid_recompiles()  # the graph built is the one used
     used, graph = [], compiled.graph
     compiled.graph = lambda *args: used.append(args[0].shape[1]) or graph(*args)

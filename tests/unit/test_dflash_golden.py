@@ -52,9 +52,24 @@ def test_a_peer_folder_reproduces_specforge_forward(target, layout):
     torch.testing.assert_close(logits, ref["logits"], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["specforge", "speculators"])
-def test_a_peer_folder_decodes_losslessly(target, layout):
-    decoder = dflash.decoder(dflash.load(GOLDEN / layout, target))
-    for seed in range(2):
-        prompt = torch.randint(0, 95, (5 + 4 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
-        assert generate_speculative(target, decoder, prompt, 16, 3).tokens == generate_plain(target, prompt, 16).tokens
+def test_both_peer_folders_draft_alike_and_decode_losslessly(target):
+    """The two folders hold one drafter (speculators' converter wrote the second from the first): read
+    by our two readers, they must propose the same drafts from the same contexts, step by step, and
+    each decode equals plain decoding (a random drafter's drafts are rejected, so identity alone
+    could not tell a misread folder: the proposals can)."""
+    proposals = {}
+    for layout in ("specforge", "speculators"):
+        decoder = dflash.decoder(dflash.load(GOLDEN / layout, target))
+        seen, propose = proposals.setdefault(layout, []), decoder.propose
+
+        def recording(ctx, k, propose=propose, seen=seen):
+            proposal = propose(ctx, k)
+            seen.append(proposal.tokens)
+            return proposal
+        decoder.propose = recording
+        for seed in range(2):
+            prompt = torch.randint(0, 95, (5 + 4 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+            out = generate_speculative(target, decoder, prompt, 16, 3)
+            assert out.tokens == generate_plain(target, prompt, 16).tokens and sum(out.draft_lengths) > 0
+    assert sum(len(p) == 3 for p in proposals["specforge"]) > 8  # k = 3 but near an answer's end
+    assert proposals["specforge"] == proposals["speculators"]

@@ -196,7 +196,7 @@ ENTRIES = {
                                          "require_finite_drafter"],
     "specforge_lite/drafters/common.py": ["require_finite"],
     "specforge_lite/targets/digest.py": ["*"],
-    "specforge_lite/data/samples.py": ["shard_problem", "answer_corpus"],
+    "specforge_lite/data/samples.py": ["shard_problem", "answer_corpus", "dtype_problem", "wait_for_recorded_dtype"],
     "specforge_lite/training/features.py": ["prepare", "_intact"],
     "specforge_lite/serving/llamacpp/files.py": ["target_gguf", "load_check"],
     "specforge_lite/serving/llamacpp/methods.py": ["check_drafted"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from omegaconf import OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.drafters import eagle3
 from specforge_lite.drafters.vocab import build_draft_vocab, count_tokens, vocab_maps
-from tests.conftest import mostly_agree
+from tests.conftest import as_evaluate_loads, mostly_agree
 
 
 def test_draft_vocab_takes_most_frequent_masked_tokens():
@@ -188,38 +187,63 @@ def test_speculators_export_round_trip(tiny_target, tmp_path, variant):
         write_sglang_dir(drafter, tmp_path / "sglang")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path, dtype):
+@pytest.mark.parametrize("dtype,cast", [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)],
+                         ids=["float32", "bfloat16", "bfloat16-target-float32-drafter"])
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path, dtype, cast):
     """`compile(k)` (frozen graphs for the greedy chain and 1..k+1 new anchors; on a CPU two
     packages kept in the graph folder, which a later drafter loads) proposes what the eager
-    drafter proposes, call for call; outgrowing the compiled cache falls back to eager
-    drafting with the same proposals."""
+    drafter proposes, call for call, fed the target's features in the target's dtype; outgrowing
+    the compiled cache falls back to eager drafting with the same proposals. The drafter is saved
+    as trained (float32) and loaded as evaluate loads it, in the target's dtype; not `cast`, it
+    stays float32 beside a bf16 target (its graphs then read bf16 features: they once read their
+    bytes as float32 and drafted garbage, which the eager module never did)."""
     from specforge_lite.contract import DraftContext
     from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
 
     drafter = tiny_drafter(tiny_target, 64, *VARIANTS[3])
     for param in drafter.parameters():  # a random readout gives near-ties; sharpen it
         param.data.mul_(3)
-    drafter = copy.deepcopy(drafter).to(dtype)  # a copy: the drafter may hold the session target's tensors
+    drafter = as_evaluate_loads("eagle3", drafter, tiny_target, dtype, tmp_path / "drafter", cast)
+    graphs = tmp_path / "graphs"
     eager, compiled = Eagle3DecodeDrafter(drafter, capacity=64), Eagle3DecodeDrafter(drafter, capacity=64)
     k = 3
-    assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
-    assert sorted(p.name.split("-")[:2] for p in tmp_path.iterdir()) == [["eagle3", "anchors"], ["eagle3", "chain"]]
+    assert compiled.compile(k, cache_dir=graphs) > 0 and compiled.graph_source == "compiled"
+    assert sorted(p.name.split("-")[:2] for p in graphs.iterdir()) == [["eagle3", "anchors"], ["eagle3", "chain"]]
+    if not cast:  # a graph refuses features of another dtype instead of reading their bytes as its own
+        with pytest.raises(TypeError, match="argument 0 is torch.bfloat16, the graph was built for torch.float32"):
+            compiled._anchor_graph(torch.zeros(1, 2, 3 * 64, dtype=dtype), torch.zeros(1, 2, dtype=torch.long),
+                                   torch.arange(2))
     loaded = Eagle3DecodeDrafter(drafter, capacity=64)
-    loaded.compile(k, cache_dir=tmp_path)
-    assert loaded.graph_source == "loaded" and len(list(tmp_path.iterdir())) == 2
+    loaded.compile(k, cache_dir=graphs)
+    assert loaded.graph_source == "loaded" and len(list(graphs.iterdir())) == 2
+    tree_calls = []
+    if cast:  # EAGLE-2's tree of depth 3, branch 2, as one graph (the drafter in the target's dtype)
+        assert compiled.compile_tree(3, 2, cache_dir=graphs) > 0
+        tree_graph = compiled._tree_graph
+        compiled._tree_graph = lambda *args: tree_calls.append(1) or tree_graph(*args)
     forbid_recompiles()  # the graphs built are the ones used
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 256, (100,), generator=gen).tolist()
     aux = torch.randn(1, 100, 3 * 64, generator=gen).to(dtype)
     layers = (1, 3, 4)
-    calls, lo = [], 0
+    calls, trees, lo = [], [], 0
     for hi in [7, 8, 10, 13, 17, 18, 21, 40, 44, 70, 73]:  # prompt, then 1..4 new positions per step
         hidden = {layer: aux[:, lo:hi, 64 * i: 64 * (i + 1)] for i, layer in enumerate(layers)}
         ctx = DraftContext(token_ids=ids[: hi + 1], num_prompt_tokens=7, hidden_states=hidden)
         calls.append((eager.propose(ctx, k).tokens, compiled.propose(ctx, k).tokens, loaded.propose(ctx, k).tokens))
+        trees.append((eager.propose_tree(ctx, 3, 2, 6), compiled.propose_tree(ctx, 3, 2, 6)))
         lo = hi
     assert all(len(a) == len(b) == len(c) == k for a, b, c in calls), calls
     assert mostly_agree([a == b == c for a, b, c in calls], dtype), calls
+    assert len(tree_calls) >= 8 * cast and all(len(a) == len(b) == 6 for a, b in trees)  # the graph drafted them
+    # the same scores, best first, and the same best root token: this random drafter gives every node
+    # nearly one law, so paths tie exactly in one forward and by an ulp in the other, and which of two
+    # tied nodes a tree keeps may differ (a broken graph changes the scores themselves)
+    # (bf16: the best node's score alone, each law's rounding moving every deeper path's)
+    depth = len(trees[0][0]) if dtype == torch.float32 else 1
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    assert mostly_agree([a.tokens[0] == b.tokens[0] and all(abs(x - y) <= tol for x, y in
+                                                             zip(a.scores[:depth], b.scores[:depth]))
+                         for a, b in trees], dtype), trees
     assert len({tuple(a) for a, _, _ in calls}) > 3  # the proposals follow the context
     assert compiled.compiled_k is None and loaded.compiled_k is None  # 74 positions outgrew the 64-slot cache

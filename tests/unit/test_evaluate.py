@@ -113,10 +113,12 @@ def test_jsonl_prompts_categories_and_second_turns(tmp_path):
 
 def test_methods_draft_their_own_k_in_one_evaluate(tmp_path):
     """eval.method_draft_tokens gives ngram k=2 and untrained_draft k=1 beside hf_prompt_lookup's
-    eval.num_draft_tokens=3: each decodes, reports and estimates best k at its own k."""
+    eval.num_draft_tokens=3: each decodes, reports and estimates best k at its own k. suffix_tree
+    without its chain method `suffix` among the methods still gets its lookup (it once called None)."""
     dataset = write_prompts(tmp_path / "prompts.jsonl")
     cfg = eval_cfg(tmp_path, f"eval.dataset={dataset}", "eval.max_prompts=2", "eval.max_turns=1",
-                   "eval.methods=[ngram,hf_prompt_lookup,untrained_draft]", "eval.truncate_layers=2",
+                   "eval.methods=[ngram,hf_prompt_lookup,untrained_draft,suffix_tree]", "eval.truncate_layers=2",
+                   "eval.suffix.samples=false",
                    "eval.best_k_method=untrained_draft", "eval.num_draft_tokens=3",
                    "eval.method_draft_tokens=[ngram:2,untrained_draft:1]")
     evaluate.run(cfg)
@@ -343,9 +345,9 @@ def test_report_names_the_target_forward_and_where_its_graphs_came_from():
                        "(SPECFORGE_LITE_AUTOTUNE=0: inductor's default kernels, not autotuned ones).")
 
 
-def test_compiled_drafting_that_accepts_nothing_falls_back_to_eager(tiny_target, tmp_path):
-    """A drafter whose compiled graphs accept nothing on the first prompt, while its eager module
-    accepts, drafts eagerly from then on and the report's engine line says why; a graph that is
+def test_compiled_drafting_that_proposes_otherwise_falls_back_to_eager(tiny_target, tmp_path):
+    """A drafter whose compiled graphs propose otherwise than its eager module on the first prompt
+    drafts eagerly from then on and the report's engine line calls it a defect; a graph that is
     fine is kept. The drafter: the target itself as a draft model (every eager draft accepted), its
     compiled runner planted with a fault that makes every draft wrong."""
     from specforge_lite.decoding import checks
@@ -375,9 +377,12 @@ def test_compiled_drafting_that_accepts_nothing_falls_back_to_eager(tiny_target,
     checks.compiled_drafting(decoders, drafters, info, ids, 12, 0)
     assert info["drafters_graph"] == {"good": "compiled", "broken": "eager"}
     assert drafters["good"].runner is not None and drafters["broken"].runner is None
-    assert "accepted no draft" in info["drafters_fallback"]["broken"] and "good" not in info["drafters_fallback"]
+    assert "DEFECT" in info["drafters_fallback"]["broken"] and "good" not in info["drafters_fallback"]
+    good, broken = info["drafters_agreement"]["good"], info["drafters_agreement"]["broken"]
+    assert good[0] == good[1] > 0 and broken[0] == 0 < broken[1], info["drafters_agreement"]
     assert sum(decoders["broken"](ids, 12, 0).accepted_lengths) > 0
-    assert "broken eager (its compiled drafting graphs accepted no draft" in _engine_sentence(info)
+    assert "broken eager (DEFECT: its compiled drafting graphs proposed what its eager module proposes on 0 of" \
+        in _engine_sentence(info)
 
 
 def test_the_cost_curve_says_how_much_the_widest_forward_costs():

@@ -3,7 +3,6 @@ lossless greedy decoding, the target's law when sampling, save / load and the sp
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 
 import pytest
@@ -16,7 +15,7 @@ from specforge_lite.decoding.engine import generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import eagle3, peagle
 from specforge_lite.drafters.peagle.model import depth_keep, drop_token_layout, parallel_attention_mask
-from tests.conftest import assert_same_law, drive_compiled_drafting, mostly_agree, tokens_2_3_law
+from tests.conftest import as_evaluate_loads, assert_same_law, drive_compiled_drafting, mostly_agree, tokens_2_3_law
 
 AUX = [1, 3, 4]
 
@@ -247,13 +246,14 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     drafter = tiny_drafter(tiny_target, randomise=0.3)
     for param in drafter.parameters():  # a random readout gives near-ties; sharpen it
         param.data.mul_(2)
-    drafter = copy.deepcopy(drafter).to(dtype)  # a copy: the drafter may hold the session target's tensors
+    # saved as trained (float32) and loaded as evaluate loads it, in the target's dtype
+    drafter = as_evaluate_loads("peagle", drafter, tiny_target, dtype, tmp_path / "drafter")
     eager, compiled = PEagleDecodeDrafter(drafter, capacity=64), PEagleDecodeDrafter(drafter, capacity=64)
     k = 3
-    assert compiled.compile(k, cache_dir=tmp_path) > 0 and compiled.graph_source == "compiled"
+    assert compiled.compile(k, cache_dir=tmp_path / "graphs") > 0 and compiled.graph_source == "compiled"
     loaded = PEagleDecodeDrafter(drafter, capacity=64)
-    loaded.compile(k, cache_dir=tmp_path)
-    assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in tmp_path.iterdir()] == [["peagle", "rows"]]
+    loaded.compile(k, cache_dir=tmp_path / "graphs")
+    assert loaded.graph_source == "loaded" and [p.name.split("-")[:2] for p in (tmp_path / "graphs").iterdir()] == [["peagle", "rows"]]
     forbid_recompiles()  # the graphs built are the ones used
     greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, 64, dtype=dtype)
     assert all(len(a) == len(b) == len(c) == k for a, b, c in greedy), greedy

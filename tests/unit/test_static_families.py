@@ -99,3 +99,22 @@ def test_a_batched_prefill_gives_each_row_its_own_last_logits(family_model):
         got = static.prefill_rows(rows)
         for b, row in enumerate(rows):
             torch.testing.assert_close(got[b], family_model(torch.tensor([row])).logits[0, -1], atol=2e-4, rtol=1e-4)
+
+
+def test_qwen2_attention_biases_against_transformers():
+    """Qwen2's q/k/v biases through the static forward's fused q/k/v product, against transformers'
+    forward: the biases random (transformers starts them at zero, which no bias path could get wrong)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tests.families import SHAPE
+
+    torch.manual_seed(3)
+    model = Qwen2ForCausalLM(Qwen2Config(**{**SHAPE, "num_hidden_layers": 2})).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                assert proj.bias is not None
+                proj.bias.normal_(0, 0.5)
+    assert unsupported_reason(model.config) is None
+    engine = FastEngine(model, capacity=64, hidden_layers=LAYERS, max_width=4)
+    _compare(TargetRunner(model, LAYERS), engine.runner(LAYERS), STEPS, CROPS)

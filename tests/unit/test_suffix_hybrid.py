@@ -1,10 +1,13 @@
 """Suffix decoding (decoding/suffix.py) and the hybrid drafter (decoding/hybrid.py): hand-counted
-drafts, the choice and the cut of a draft on hand-set timings, greedy identity with acceptances on
-the tiny target for every hybrid (chain and tree), a drafter's cache after skipped steps, the
-sampled law, and the samples corpus refused for other weights."""
+drafts, the cut of a draft on hand-set timings, greedy identity on the tiny target for every hybrid
+(chain and tree) with both sources' drafts kept (each trained kind's decoder fitted to the target's
+answers: its forward runs, its drafts are the target's own), a drafter's cache after skipped steps,
+the sampled law, and the samples corpus refused for other weights. The choice rule itself:
+test_hybrid_policy.py."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections import Counter
 
@@ -13,11 +16,11 @@ import pytest
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.contract import DraftContext
+from specforge_lite.contract import DraftContext, DraftProposal
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
 from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, NONE, HybridDrafter
 from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow, follow_tree
-from specforge_lite.decoding.tree import TreeShape
+from specforge_lite.decoding.tree import DraftTree, TreeShape
 from specforge_lite.decoding.verify import SamplingParams
 from tests.conftest import assert_same_law, tokens_2_3_law
 
@@ -79,7 +82,8 @@ def test_the_request_index_matches_the_longest_suffix_as_tokens_arrive():
     draft = index.draft(k=3, factor=1.0, min_prob=0.0)  # 5 6 -> 7 once, 9 once: the tie goes to the smaller id
     assert draft.match_len == 2 and draft.tokens == [7, 8] and draft.source == "request"
     index.extend([5, 6, 7, 8, 5, 6, 9, 5, 6, 9])  # an extension of the same context
-    assert index.draft(3, 1.0, 0.0).tokens == [5, 6, 7] or index.draft(3, 1.0, 0.0).match_len >= 2
+    draft = index.draft(k=3, factor=1.0, min_prob=0.0)  # 5 6 9 occurred once, then 5 6 9
+    assert (draft.match_len, draft.tokens, draft.score) == (3, [5, 6, 9], 3.0)
 
 
 def test_suffix_drafter_takes_the_better_scoring_source():
@@ -110,21 +114,70 @@ def _eagle3(tiny_target):
     return Eagle3DecodeDrafter(drafter, capacity=256)
 
 
+class _Fitted:
+    """A trained kind's decoder fitted to the target without training: its forward runs on every
+    call (its cache, catch-up and rollback are exercised), and its draft is replaced by as many
+    tokens of the target's own greedy answer (`answers` by prompt), every other draft's last token
+    wrong, so steps keep all or part of the drafter's draft."""
+
+    def __init__(self, decoder, answers: dict[tuple, list[int]], vocab: int):
+        self.decoder, self.answers, self.vocab, self.drafts = decoder, answers, vocab, 0
+
+    def __getattr__(self, name):
+        return getattr(self.decoder, name)
+
+    def _truth(self, ctx, n: int) -> list[int]:
+        done = len(ctx.token_ids) - ctx.num_prompt_tokens
+        truth = self.answers[tuple(ctx.token_ids[:ctx.num_prompt_tokens])][done:done + n]
+        if truth:
+            self.drafts += 1
+            if self.drafts % 2:
+                truth[-1] = (truth[-1] + 1) % self.vocab
+        return truth
+
+    def propose(self, ctx, k):
+        drafted = len(self.decoder.propose(ctx, k).tokens)
+        truth = self._truth(ctx, drafted)
+        return DraftProposal(truth, confidence=[0.95, 0.9, 0.2, 0.1][:len(truth)])  # `_hand_timed` cuts the third
+
+    def propose_tree(self, ctx, depth, branch, nodes):
+        tree = self.decoder.propose_tree(ctx, depth, branch, nodes)
+        truth = self._truth(ctx, max(tree.depths(), default=0))
+        fitted = DraftTree.chain(truth).merged(tree, nodes)  # the answer's path first, the drafter's nodes beside
+        scores = [d * math.log(0.9) if i < len(truth) else -3.0 for i, d in enumerate(fitted.depths())]
+        return DraftTree(fitted.tokens, fitted.parents, None, scores)
+
+
+def _fitted(model, decoder, prompts: list[list[int]], new_tokens: int) -> _Fitted:
+    return _Fitted(decoder, {tuple(p): generate_plain(model, p, new_tokens).tokens for p in prompts},
+                   model.config.vocab_size)
+
+
+def _hand_timed(hybrid: HybridDrafter) -> HybridDrafter:
+    """The hybrid's costs hand-set (a verify 10 ms plus 4 ms a token, a drafting call 1 ms), not
+    measured: its choices then follow what the sources keep, not this machine's load."""
+    observe_verify, observe_draft = hybrid.policy.observe_verify, hybrid.policy.observe_draft
+    hybrid.policy.observe_verify = lambda width, seconds: observe_verify(width, 0.010 + 0.004 * (width - 1))
+    hybrid.policy.observe_draft = lambda seconds, catch_up: observe_draft(0.001, catch_up)
+    return hybrid
+
+
 def test_suffix_and_hybrid_decode_greedily_as_plain_with_both_sources_accepted(tiny_target):
     model, _ = tiny_target
     corpus_answers = [generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 4, seed=1)]
     corpus = CorpusIndex(corpus_answers, max_depth=16)
-    hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.5)
+    prompts = _prompts(model.config.vocab_size, 4, seed=1)[:2] + _prompts(model.config.vocab_size, 3, seed=2)
+    hybrid = _hand_timed(HybridDrafter(_fitted(model, _eagle3(tiny_target), prompts, 24), SuffixDrafter(corpus)))
     accepted = Counter()
-    for ids in _prompts(model.config.vocab_size, 4, seed=1)[:2] + _prompts(model.config.vocab_size, 3, seed=2):
+    for ids in prompts:
         plain = generate_plain(model, ids, 24)
         suffix = generate_speculative(model, SuffixDrafter(corpus), ids, 24, 3)
         mixed = generate_speculative(model, hybrid, ids, 24, 3)
         assert suffix.tokens == plain.tokens and mixed.tokens == plain.tokens
         accepted["suffix"] += sum(suffix.accepted_lengths)
     assert accepted["suffix"] > 0
-    assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
     assert hybrid.sources[LOOKUP]["accepted"] > 0  # the corpus holds these answers: lookup is kept
+    assert hybrid.sources[DRAFTER]["accepted"] > 0  # and the fitted drafter's drafts
 
 
 def _hybrid_bases(tiny_target):
@@ -142,80 +195,58 @@ def _hybrid_bases(tiny_target):
 
 @pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "medusa", "distilled"])
 def test_every_hybrid_decodes_greedily_as_plain_with_both_sources_drafting(tiny_target, kind):
-    """`<drafter>_hybrid` of each trained kind: lookup and the drafter both draft, lookup's drafts
-    are kept, and greedy output equals plain decoding, cut drafts and skipped steps included."""
+    """`<drafter>_hybrid` of each trained kind (fitted): lookup's drafts and the drafter's are both
+    kept, and greedy output equals plain decoding, cut drafts and skipped steps included."""
     from specforge_lite.drafters.methods import hybrid_methods
 
     assert f"{kind}_hybrid" in hybrid_methods()
     model, _ = tiny_target
     corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 3, seed=1)],
                          max_depth=16)
-    hybrid = HybridDrafter(_hybrid_bases(tiny_target)[kind](), SuffixDrafter(corpus), prior=0.5)
-    for ids in _prompts(model.config.vocab_size, 3, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2):
+    prompts = _prompts(model.config.vocab_size, 3, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2)
+    hybrid = _hand_timed(HybridDrafter(_fitted(model, _hybrid_bases(tiny_target)[kind](), prompts, 24),
+                                       SuffixDrafter(corpus)))
+    for ids in prompts:
         assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
-    assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
-    assert hybrid.sources[LOOKUP]["accepted"] > 0
+    assert hybrid.sources[LOOKUP]["accepted"] > 0 and hybrid.sources[DRAFTER]["accepted"] > 0
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "medusa"])  # the kinds that draft trees
 def test_every_hybrid_tree_decodes_greedily_as_plain_with_both_sources_drafting(tiny_target, kind):
-    """`<drafter>_hybrid_tree`: lookup's chain, or the drafter's tree with lookup's chain beside it."""
+    """`<drafter>_hybrid_tree` (fitted): lookup's chain, or the drafter's tree with lookup's chain
+    beside it, each kept."""
     from specforge_lite.drafters.methods import tree_base, tree_methods
 
     assert tree_base(f"{kind}_hybrid_tree") == (f"{kind}_hybrid", False) and f"{kind}_hybrid_tree" in tree_methods()
     model, _ = tiny_target
     corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 3, seed=1)],
                          max_depth=16)
-    hybrid = HybridDrafter(_hybrid_bases(tiny_target)[kind](), SuffixDrafter(corpus), prior=0.5)
-    for ids in _prompts(model.config.vocab_size, 3, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2):
+    prompts = _prompts(model.config.vocab_size, 3, seed=1)[:2] + _prompts(model.config.vocab_size, 2, seed=2)
+    hybrid = _hand_timed(HybridDrafter(_fitted(model, _hybrid_bases(tiny_target)[kind](), prompts, 24),
+                                       SuffixDrafter(corpus)))
+    for ids in prompts:
         tree = generate_tree(model, hybrid, ids, 24, TreeShape(3, 2, 6))
         assert tree.tokens == generate_plain(model, ids, 24).tokens
-    assert hybrid.sources[LOOKUP]["steps"] > 0 and hybrid.sources[DRAFTER]["steps"] > 0
-    assert hybrid.sources[LOOKUP]["accepted"] > 0
+    assert hybrid.sources[LOOKUP]["accepted"] > 0 and hybrid.sources[DRAFTER]["accepted"] > 0
 
 
 def test_a_drafters_tree_is_pruned_to_the_nodes_that_pay():
     """Nodes best first by path probability, priced by hand-set verify times (a cliff at width 5)."""
-    import math
-
     from specforge_lite.decoding.drafters import NgramDrafter
     from specforge_lite.decoding.tree import DraftTree
 
     hybrid = HybridDrafter(NgramDrafter(), SuffixDrafter(None))
     tree = DraftTree([5, 6, 7, 8], [-1, 0, 1, -1], scores=[math.log(p) for p in (0.9, 0.81, 0.729, 0.05)])
     assert hybrid._pruned(tree) is tree  # no times yet
-    hybrid.verify = {1: [0.010, 1], 4: [0.010, 1], 5: [0.040, 1]}
+    hybrid.policy.verify = {1: [0.010, 1], 4: [0.010, 1], 5: [0.040, 1]}
     pruned = hybrid._pruned(tree)  # the 4th node adds too little to pay for the dearer width
     assert (pruned.tokens, pruned.parents, hybrid.sources[DRAFTER]["cut"]) == ([5, 6, 7], [-1, 0, 1], 1)
-    hybrid.verify[5] = [0.010, 1]
+    hybrid.policy.verify[5] = [0.010, 1]
     assert hybrid._pruned(tree).tokens == [5, 6, 7, 8]  # flat costs: every node pays
-
-
-def test_each_step_takes_the_choice_of_most_tokens_per_second():
-    from specforge_lite.decoding.drafters import NgramDrafter
-
-    hybrid = HybridDrafter(NgramDrafter(), SuffixDrafter(None), prior=1.0)
-    assert hybrid._choose(1.0, 3, 3) == LOOKUP and hybrid._choose(0.5, 3, 3) == DRAFTER
-    assert hybrid._choose(None, 0, 3) == DRAFTER
-    # hand-set timings (not measurements): verify 8 ms at width 1, 10 ms at 3, 12 ms at 4; drafting 4 ms
-    hybrid.verify = {1: [0.008, 1], 3: [0.010, 1], 4: [0.024, 2]}
-    hybrid.draft_s, hybrid.drafter_calls, hybrid.kept, hybrid.steps = 0.004, 1, 1, 2
-    # so the rates are drafter (1 + 0.5) / 16 ms, none 1 / 8 ms, a 2-token lookup (1 + score) / 10 ms
-    assert hybrid._choose(None, 0, 3) == NONE and hybrid._choose(0.2, 2, 3) == NONE
-    assert hybrid._choose(0.3, 2, 3) == LOOKUP
-    hybrid.kept = 4  # keeps 2 a step: 3 / 16 ms = 188
-    assert hybrid._choose(None, 0, 3) == DRAFTER and hybrid._choose(0.8, 2, 3) == DRAFTER
-    assert hybrid._choose(0.9, 2, 3) == LOOKUP
-    assert hybrid._choose(1.2, 3, 3) == DRAFTER and hybrid._choose(1.2, 2, 3) == LOOKUP  # width 4 costs more
-    # a width not timed is priced as the dearest timed width below it, else the cheapest timed
-    assert hybrid.verify_s(2) == 0.008 and hybrid.verify_s(9) == 0.012
-    hybrid.verify = {3: [0.010, 1]}
-    assert hybrid.verify_s(1) == 0.010 and hybrid._choose(None, 0, 3) == DRAFTER  # 3 kept tokens outweigh drafting
 
 
 def test_the_drafters_draft_is_cut_where_more_tokens_do_not_pay():
     """EAGLE-2's confidence priced by the measured verify time per width (hand-set here)."""
-    from specforge_lite.contract import DraftProposal
     from specforge_lite.decoding.hybrid import cut_length
 
     flat = lambda width: 0.010  # noqa: E731  widths all cost the same: every token pays
@@ -240,8 +271,9 @@ def test_the_drafters_draft_is_cut_where_more_tokens_do_not_pay():
     ctx = DraftContext(token_ids=[1, 2, 3], num_prompt_tokens=3)
     assert hybrid.propose(ctx, 3).tokens == [5, 6, 7]  # no times yet: nothing is cut
     hybrid.accept(0)
-    hybrid.verify, hybrid.draft_s, hybrid.drafter_calls = {3: [0.010, 1], 4: [0.040, 1]}, 0.0, 1
-    hybrid.kept, hybrid.steps, hybrid.ended = 6, 1, None  # the drafter pays; no verify timed by this test
+    policy = hybrid.policy  # the drafter pays at the width it verified (3): 10 ms against a plain step's 10 ms
+    policy.verify, policy.draft["clean"] = {3: [0.010, 1], 4: [0.040, 1]}, [0.0, 1]
+    policy.drafter_kept, policy.drafter_steps, policy.drafter_widths = 6.0, 1, Counter({3: 1})
     assert hybrid.propose(ctx, 3).tokens == [5, 6] and hybrid.sources[DRAFTER]["cut"] == 1
 
 
@@ -249,8 +281,9 @@ def test_steps_where_no_source_pays_draft_nothing_and_stay_lossless(tiny_target)
     model, _ = tiny_target
     corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 2, seed=1)])
     hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0)
-    hybrid.draft_s, hybrid.drafter_calls, hybrid.kept, hybrid.steps = 1.0, 1, 0, 1000  # a drafter that never pays
-    hybrid.verify[1] = [0.001, 1]
+    policy = hybrid.policy  # a drafter that never pays: 1 s a call, nothing kept in 1000 steps
+    policy.draft["clean"], policy.drafter_kept, policy.drafter_steps = [1.0, 1], 0.0, 1000
+    policy.verify[1] = [0.001, 1]
     for ids in _prompts(model.config.vocab_size, 2, seed=1) + _prompts(model.config.vocab_size, 2, seed=2):
         assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
     assert hybrid.sources[NONE]["steps"] > 0 and hybrid.sources[LOOKUP]["accepted"] > 0
@@ -264,7 +297,9 @@ def test_a_drafter_after_skipped_steps_holds_what_a_drafter_of_every_step_holds(
     ids = _prompts(model.config.vocab_size, 1, seed=3)[0]
     plain = generate_plain(model, ids, 30)
     corpus = CorpusIndex([plain.tokens[:12]], max_depth=16)  # lookup knows the answer's start only
-    hybrid, every = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0), _eagle3(tiny_target)
+    hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0, explore=0.0)
+    hybrid.policy.observe_verify = lambda width, seconds: None  # untimed: lookup where it drafts, else the drafter
+    every = _eagle3(tiny_target)
     seen = {"hybrid": [], "every": []}  # context lengths at each drafter step (anchors up to length - 2)
     for name, drafter in (("hybrid", hybrid.drafter), ("every", every)):
         propose = drafter.propose
@@ -295,7 +330,9 @@ def test_the_sampled_hybrid_keeps_the_target_law():
     from specforge_lite.decoding.drafters import DraftModelDrafter
 
     corpus = CorpusIndex([[1, 2, 3, 4, 5, 6]] * 4 + [[2, 3, 5, 5]], max_depth=8)
-    hybrid = HybridDrafter(DraftModelDrafter(draft), SuffixDrafter(corpus, factor=4.0), prior=0.0)
+    hybrid = HybridDrafter(DraftModelDrafter(draft), SuffixDrafter(corpus, factor=4.0), prior=0.0, explore=0.0)
+    observe_verify = hybrid.policy.observe_verify  # every width costs the same: lookup wherever it drafts
+    hybrid.policy.observe_verify = lambda width, seconds: observe_verify(width, 0.010)
     gen, n = torch.Generator().manual_seed(0), 4000
     counts = Counter(tuple(generate_speculative(target, hybrid, prompt, 3, 2, sampling, (), gen).tokens[1:])
                      for _ in range(n))

@@ -1,4 +1,4 @@
-"""The compiled tree-verify graph (`fast_engine.TreeVerify`) on the tiny random Llama: its
+"""The compiled tree-verify graph (`target_package.TreeVerify`) on the tiny random Llama: its
 logits equal the eager tree forward's and transformers' for a hand-built tree padded to the
 node budget, greedy tree decoding on it is plain decoding, and a path accepted deep in a
 non-first branch leaves the cache a chain forward of that path would have written. Both

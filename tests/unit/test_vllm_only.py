@@ -12,7 +12,7 @@ from specforge_lite.decoding.recommend import recommend
 from specforge_lite.drafters.methods import engine_needed, vllm_only_methods, vllm_override
 from specforge_lite.serving.engines import alone_markdown, alone_measured
 from specforge_lite.serving.vllm.report import Vllm
-from specforge_lite.stages.evaluate import build_report
+from specforge_lite.stages.evaluate_entries import build_report
 from specforge_lite.scale.sizing import check_stage
 from tests.conftest import compose, run_cli
 

@@ -205,8 +205,9 @@ class DFlashDecodeDrafter:
         tokens = torch.tensor([[ids[-1]] + [cfg.mask_token_id] * (rows - 1)], device=device)
         positions = torch.arange(pending, pending + rows, device=device)
         if self.graph is not None and k == self.compiled_k and 1 <= n <= k + 1:
-            # the graph was built for standalone inputs
-            return self.graph(aux.clone(memory_format=torch.contiguous_format), context_positions, tokens, positions)
+            # the graph was built for standalone inputs in the drafter's dtype (the target's may differ)
+            return self.graph(aux.to(d.fc.weight.dtype, copy=True, memory_format=torch.contiguous_format),
+                              context_positions, tokens, positions)
         return block(aux, context_positions, tokens, positions)
 
     def accept(self, num_accepted: int) -> None:

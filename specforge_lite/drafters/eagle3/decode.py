@@ -101,63 +101,73 @@ def _greedy_chain(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tens
     return torch.cat(tokens), torch.cat(confidence), torch.cat(hiddens, dim=1)
 
 
-def _dynamic_tree(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, depth: int, branch: int,
-                  nodes: int) -> DraftTree:
-    """EAGLE-2's dynamic tree from the newest anchor's output `hidden` [1, 1, H] at position
-    `anchor` [1]: the root's top-`branch` tokens are depth 1; at each further depth the
-    `branch` candidates of highest cumulative log-probability go through the layer as one
-    batch (each attending to the anchors, its ancestors and itself), and each gives its top
-    `branch` children. The `nodes` best candidates overall make the tree, in order of score
-    (a child never outscores its parent, so the order is topological).
-    Returns a deterministic `DraftTree` of target ids."""
+def _tree_candidates(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, depth: int,
+                     branch: int) -> tuple[torch.Tensor, ...]:
+    """EAGLE-2's dynamic tree from the newest anchor's output `hidden` [1, 1, H] at position `anchor`
+    [1], in tensor operations of fixed shapes only (one compiled graph drafts it, no Python between
+    depths): the root's top-`branch` tokens are depth 1; at each further depth the `branch`
+    candidates of highest cumulative log-probability go through the layer as one batch (each
+    attending to the anchors, its ancestors and itself), and each gives its top `branch` children.
+    Returns every candidate's (score [N], draft-vocab id [N], parent [N], -1 at depth 1) and the
+    candidates in order of score, ties by index [N] (a child never outscores its parent, so the order
+    is topological); N = b + (depth - 1) b^2 with b = min(branch, V_d)."""
     layer = d.layers[0]
     attn = layer.self_attn
-    vocab = d.draft_vocab
     logits, chained = d.readout(hidden)
-    top, index = torch.log_softmax(logits[0, -1].float(), dim=-1).topk(min(branch, logits.shape[-1]))
-    scores, tokens = top.tolist(), index.tolist()
-    parents, frontier = [-1] * len(tokens), list(range(len(tokens)))
-    inputs = chained.expand(1, len(frontier), -1)  # the hidden state each frontier node reads
-    anchors_visible = kv.slots <= anchor  # [capacity]
+    b = min(branch, logits.shape[-1])
+    scores, tokens = torch.log_softmax(logits[0, -1].float(), dim=-1).topk(b)
+    parents = torch.full((b,), -1, dtype=torch.long, device=hidden.device)
+    frontier = torch.arange(b, device=hidden.device)  # candidates expanded at this depth
+    parent_rows = None  # each frontier node's parent's row among the expanded nodes
+    inputs = chained.expand(1, b, -1)  # the hidden state each frontier node reads
+    anchors_visible = (kv.slots <= anchor)[None, :].expand(b, -1)  # [b, capacity]
     seen = torch.zeros(0, 0, dtype=torch.bool, device=hidden.device)  # expanded nodes: ancestor-or-self
-    row_of: dict[int, int] = {}  # candidate -> its row among the expanded nodes
+    own = torch.eye(b, dtype=torch.bool, device=hidden.device)
     keys, values = kv.k, kv.v
     for level in range(2, depth + 1):
-        f, m = len(frontier), seen.shape[0]
-        rows = seen.new_zeros(f, m + f)
-        for r, c in enumerate(frontier):
-            if parents[c] >= 0:
-                rows[r, :m] = seen[row_of[parents[c]]]
-            rows[r, m + r] = True
-            row_of[c] = m + r
-        seen = torch.cat([torch.nn.functional.pad(seen, (0, f)), rows])
-        ids = vocab[torch.tensor([tokens[c] for c in frontier], device=hidden.device)]
+        m = seen.shape[0]
+        ancestors = seen[parent_rows] if parent_rows is not None else seen.new_zeros(b, m)
+        rows = torch.cat([ancestors, own], dim=1)  # [b, m + b]
+        seen = torch.cat([torch.nn.functional.pad(seen, (0, b)), rows])
+        ids = d.draft_vocab.index_select(0, tokens.index_select(0, frontier))
         x, residual = layer.attention_input(d.embed_tokens(ids[None]), inputs)
-        q, k, v = attn.project_at(x, (anchor + level - 1).expand(f)[None])
+        q, k, v = attn.project_at(x, (anchor + level - 1).expand(b)[None])
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
-        visible = torch.cat([anchors_visible.expand(f, -1), rows], dim=1)
+        visible = torch.cat([anchors_visible, rows], dim=1)
         out = layer.finish(residual, attn.output(F.scaled_dot_product_attention(q, keys, values,
                                                                                 attn_mask=visible[None])))
-        logits, chained = d.readout(out)  # [1, f, V_d], [1, f, H]
-        top, index = torch.log_softmax(logits[0].float(), dim=-1).topk(min(branch, logits.shape[-1]))
-        total = torch.tensor([scores[c] for c in frontier], device=top.device)[:, None] + top  # [f, b]
-        first = len(tokens)
-        scores += total.flatten().tolist()
-        tokens += index.flatten().tolist()
-        parents += [c for c in frontier for _ in range(top.shape[1])]
-        best = total.flatten().topk(min(branch, total.numel())).indices
-        frontier = [first + i for i in best.tolist()]
-        inputs = chained[:, best // top.shape[1]]
-    order = sorted(range(len(tokens)), key=lambda c: (-scores[c], c))[:nodes]
+        logits, chained = d.readout(out)  # [1, b, V_d], [1, b, H]
+        top, index = torch.log_softmax(logits[0].float(), dim=-1).topk(b)
+        total = scores.index_select(0, frontier)[:, None] + top  # [b, b]
+        first = scores.shape[0]
+        scores = torch.cat([scores, total.flatten()])
+        tokens = torch.cat([tokens, index.flatten()])
+        parents = torch.cat([parents, frontier.repeat_interleave(b)])
+        best = total.flatten().topk(b).indices
+        frontier, parent_rows = first + best, m + best // b
+        inputs = chained[:, best // b]
+    order = torch.sort(scores, descending=True, stable=True).indices
+    return scores, tokens, parents, order
+
+
+def _tree_of(d: Eagle3Drafter, candidates: tuple[torch.Tensor, ...], nodes: int) -> DraftTree:
+    """The `nodes` best candidates of `_tree_candidates` as a deterministic `DraftTree` of target ids."""
+    scores, tokens, parents, order = (t.tolist() for t in candidates)
     tree, new = DraftTree(scores=[]), {-1: -1}
-    for c in order:
+    for c in order[:nodes]:
         if parents[c] in new:  # always, unless rounding let a child outscore its parent
             new[c] = len(tree.tokens)
             tree.tokens.append(tokens[c])
             tree.parents.append(new[parents[c]])
             tree.scores.append(scores[c])
-    tree.tokens = vocab[torch.tensor(tree.tokens, dtype=torch.long, device=vocab.device)].tolist()
+    tree.tokens = d.draft_vocab[torch.tensor(tree.tokens, dtype=torch.long, device=d.d2t.device)].tolist()
     return tree
+
+
+def _dynamic_tree(d: Eagle3Drafter, kv, hidden: torch.Tensor, anchor: torch.Tensor, depth: int, branch: int,
+                  nodes: int) -> DraftTree:
+    """EAGLE-2's dynamic tree (`_tree_candidates`), its `nodes` best candidates (`_tree_of`)."""
+    return _tree_of(d, _tree_candidates(d, kv, hidden, anchor, depth, branch), nodes)
 
 
 class _CacheModule(torch.nn.Module):
@@ -182,6 +192,17 @@ class _GreedyChain(_CacheModule):
 
     def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return _greedy_chain(self.drafter, self, hidden, anchor, self.num_drafts)
+
+
+class _GreedyTree(_CacheModule):
+    """`_tree_candidates` for a fixed depth and branch."""
+
+    def __init__(self, drafter: Eagle3Drafter, kv: StaticKV, depth: int, branch: int):
+        super().__init__(drafter, kv)
+        self.depth, self.branch = depth, branch
+
+    def forward(self, hidden: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _tree_candidates(self.drafter, self, hidden, anchor, self.depth, self.branch)
 
 
 class _AnchorRows(_CacheModule):
@@ -223,6 +244,7 @@ class Eagle3DecodeDrafter:
         self.compiled_k = None
         self._anchor_rows = _AnchorRows(drafter, self.kv)
         self._anchor_graph = None
+        self._tree_graph, self.compiled_tree = None, None  # EAGLE-2's tree for (depth, branch): `compile_tree`
         self.graph_source = None  # "compiled" or "loaded" by `compile`
         self.reset()
 
@@ -257,19 +279,36 @@ class Eagle3DecodeDrafter:
         self.graph_source = "loaded" if chain_how == anchors_how == "loaded" else "compiled"
         return chain_s + anchors_s
 
+    def compile_tree(self, depth: int, branch: int, cache_dir="default") -> float:
+        """Build (or load) the graph of EAGLE-2's tree of `depth` and `branch` (`_tree_candidates`)
+        on the current cache, after `compile`; returns the seconds it took."""
+        from specforge_lite.runtime.graph_cache import compile_kept
+
+        example = (self.drafter.fc.weight.new_zeros(1, 1, self.drafter.config.hidden_size),
+                   torch.tensor([0], device=self.kv.k.device))
+        self._tree_graph, seconds, _ = compile_kept("eagle3-tree", _GreedyTree(self.drafter, self.kv, depth, branch),
+                                                    [example], state=("k", "v"), cache_dir=cache_dir)
+        self.compiled_tree = (depth, branch)
+        return seconds
+
     def eager(self) -> None:
         """Drop the compiled graphs: draft with the eager module from here on (evaluate's fallback
         when the graphs accept nothing where the module does)."""
         self._chain_graph, self.compiled_k, self._anchor_graph, self.graph_source = None, None, None, None
+        self._tree_graph, self.compiled_tree = None, None
 
     @torch.inference_mode()
     def propose_tree(self, ctx, depth: int, branch: int, nodes: int) -> DraftTree:
-        """EAGLE-2's dynamic tree (`_dynamic_tree`), drafted eagerly; greedy and sampled
-        decoding verify the same deterministic tree (the target's rule takes q as point masses)."""
+        """EAGLE-2's dynamic tree (`_dynamic_tree`), by its compiled graph where `compile_tree` built
+        one for this depth and branch; greedy and sampled decoding verify the same deterministic tree
+        (the target's rule takes q as point masses)."""
         self._write_anchors(ctx, depth)
         if depth == 0 or self.last_hidden is None:
             return DraftTree()
         anchor = torch.tensor([len(ctx.token_ids) - 2], device=self.last_hidden.device)
+        if self.compiled_tree == (depth, branch) and self._anchor_graph is not None:  # the cache it was built on
+            hidden = self.last_hidden.clone(memory_format=torch.contiguous_format)  # built for standalone inputs
+            return _tree_of(self.drafter, self._tree_graph(hidden, anchor), nodes)
         return _dynamic_tree(self.drafter, self.kv, self.last_hidden, anchor, depth, branch, nodes)
 
     def _write_anchors(self, ctx, k: int) -> None:
@@ -284,6 +323,7 @@ class Eagle3DecodeDrafter:
             self.kv = self.kv.grown(2 * (len(ids) + k))
             self._anchor_rows = _AnchorRows(d, self.kv)
             self._chain_graph, self.compiled_k, self._anchor_graph = None, None, None
+            self._tree_graph, self.compiled_tree = None, None
         aux = torch.cat([ctx.hidden_states[i] for i in self.hidden_state_layers], dim=-1)  # [1, n, 3H]
         n = aux.shape[1]
         if n:
@@ -294,7 +334,8 @@ class Eagle3DecodeDrafter:
             rows = self._anchor_rows
             if self._anchor_graph is not None and n <= self.compiled_k + 1:
                 rows = self._anchor_graph
-                aux = aux.clone(memory_format=torch.contiguous_format)  # built for standalone inputs
+                # built for standalone inputs in the drafter's dtype (the target's may differ)
+                aux = aux.to(d.fc.weight.dtype, copy=True, memory_format=torch.contiguous_format)
             self.last_hidden = rows(aux, next_tokens, positions)
 
     @torch.inference_mode()

@@ -206,8 +206,9 @@ class PEagleDecodeDrafter:
         tokens = torch.tensor([ids[first + 1:] + [d.config.mask_token_id] * masks], device=device)
         positions = torch.arange(first, first + n + masks, device=device)
         if self.graph is not None and masks == self.compiled_k - 1 and n <= self.compiled_k + 1:
-            # the graphs were built for standalone inputs
-            return self.graph(aux.clone(memory_format=torch.contiguous_format), tokens, positions)
+            # the graphs were built for standalone inputs in the drafter's dtype (the target's may differ)
+            return self.graph(aux.to(d.fc.weight.dtype, copy=True, memory_format=torch.contiguous_format),
+                              tokens, positions)
         return self.rows(aux, tokens, positions)
 
     def accept(self, num_accepted: int) -> None:

@@ -1,0 +1,100 @@
+"""The evaluate report's body from our engine's answers: the methods table (`our_entries`: tau,
+speedup, intervals, identity, per-category figures, best k, trees, the hybrids' sources) and the
+report around it (`build_report`), whichever engine measured the methods."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specforge_lite.decoding import identity
+from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
+from specforge_lite.decoding.metrics import costs_as_decoding_paid, summarise
+from specforge_lite.decoding.stats import method_intervals, prompt_totals
+from specforge_lite.drafters.methods import PLAIN, own_k_methods, tree_base
+
+
+def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries: dict, conventions: dict,
+                 **fields) -> dict:
+    """The evaluate report, whichever engine measured its `methods` (`entries`, from the answer
+    `rows` the report keeps): ours beside the serving engines, or one engine alone; `fields`:
+    what that measurement adds (our forward costs and best k, or the engine's baseline)."""
+    ecfg = cfg.eval
+    categories = list(dict.fromkeys(p["category"] for p in prompts))
+    return {
+        "target": cfg.target.path, "dataset": ecfg.dataset, "settings": OmegaConf.to_container(ecfg, resolve=True),
+        "conventions": conventions, "num_prompts": len(prompts), "num_answers": sum(len(p["turns"]) for p in prompts),
+        "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
+        "methods": entries,
+        "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in entries}
+                             for cat in categories},
+        "best_k": None, "best_k_method": None,  # best k needs our engine's forward costs
+        **fields, "answers": rows,
+    }
+
+
+def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> tuple[dict, list[dict], dict]:
+    """Our engine's `methods` table from its answers, the answer rows and the report fields
+    our engine adds (its dtype and device, forward costs, best k)."""
+    ecfg = cfg.eval
+    greedy = ecfg.temperature == 0
+    by_method = defaultdict(list)
+    by_method_cat = defaultdict(lambda: defaultdict(list))
+    for a in answers:
+        by_method[a["method"]].append(a)
+        by_method_cat[a["method"]][a["prompt"]["category"]].append(a["gen"])
+    plain = summarise([a["gen"] for a in by_method[PLAIN]])
+    plain_gens = [a["gen"] for a in by_method[PLAIN]]  # mean answer, for best k's per-answer rates
+    answer_shape = (statistics.fmean(g.prefill_s for g in plain_gens),
+                    statistics.fmean(len(g.tokens) for g in plain_gens))
+    plain_cat = {c: summarise(g) for c, g in by_method_cat[PLAIN].items()}
+    hf_plain = summarise([a["gen"] for a in by_method["hf_generate"]]) if "hf_generate" in by_method else None
+    answer_rows = [{"prompt_id": a["prompt"]["id"], "category": a["prompt"]["category"], "turn": a["turn"] + 1,
+                    "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
+                    "num_tokens": len(a["gen"].tokens), "num_forwards": a["gen"].num_forwards,
+                    "total_s": a["gen"].total_s, "finish": a["gen"].finish, "tau": a["gen"].tau,
+                    "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s, "identical_to_plain": a["identical"]}
+                   for a in answers]
+    # intervals from the rows report.json keeps, so that they can be recomputed from the report alone
+    boot = ecfg.bootstrap
+    intervals = method_intervals(prompt_totals(answer_rows), PLAIN, boot.resamples, boot.seed, boot.level)
+
+    # best k prices a step at what decoding paid a forward in this run, not the isolated timing
+    paid, scale = costs_as_decoding_paid(costs, plain["target_forward_ms"])
+    entries = {}
+    for name in methods:
+        rows = by_method[name]
+        chain = name in drafters and not tree_base(name)
+        entry = summarise([a["gen"] for a in rows], drafted_k(ecfg, name, drafters[name]) if chain else 0)
+        if name in own_k_methods(ecfg):
+            entry["k"] = drafted_k(ecfg, name, drafters.get(name))
+        entry["speedup"] = entry["tokens_per_s"] / plain["tokens_per_s"]
+        entry["speedup_vs_hf_generate"] = entry["tokens_per_s"] / hf_plain["tokens_per_s"] if hf_plain else None
+        entry.update(intervals[name])  # tau_ci, speedup_ci, num_prompts
+        entry.update(identity.entry_fields(rows, greedy))  # identical_to_plain, identity (bf16 verdicts), lossless
+        entry["per_category"] = {}
+        for cat, gens in by_method_cat[name].items():
+            s = summarise(gens)
+            entry["per_category"][cat] = {"tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
+                                          "speedup": s["tokens_per_s"] / plain_cat[cat]["tokens_per_s"]}
+        if hasattr(drafters.get(name), "sources"):  # a hybrid: the steps each source drafted, the tokens kept
+            entry["sources"] = drafters[name].sources
+        if chain:
+            entry["best_k"] = best_k_for(entry, drafters[name], paid, answer_shape, plain)
+        elif tree_base(name):
+            entry["tree"] = tree_fields(ecfg.tree, *tree_base(name), [a["gen"] for a in rows], entry,
+                                         drafters.get(name) or drafters[tree_base(name)[0]], paid, answer_shape, plain)
+        entries[name] = entry
+
+    ours = [m for m in methods if m in drafters and not tree_base(m)]
+    best_method = ecfg.best_k_method or (ours[0] if ours else None)
+    best = entries[best_method]["best_k"]["best_k"] if best_method in ours else None
+    fields = {"dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
+              "torch_threads": torch.get_num_threads(),
+              "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},
+                                "decoding_scale": scale, "ms_as_decoding_paid": {t: 1e3 * s for t, s in paid.items()}},
+              "best_k": best, "best_k_method": best_method}
+    return entries, answer_rows, fields
