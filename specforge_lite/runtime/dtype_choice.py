@@ -70,7 +70,10 @@ def _timed_runner(model, widths: list[int], compiled: CompiledShape | None) -> t
         engine = FastEngine(model, compiled.capacity, compiled.hidden_layers, compiled.max_width, compiled=True)
         try:
             engine.compile()
-            return engine.runner(), f"compiled (capacity {engine.capacity}, widths 1..{compiled.max_width})"
+            # each width on the forward that serves it in the run: the graph, or the eager module where faster
+            eager = [w for w, forward in engine.route_widths(widths)["serves"].items() if forward == "eager"]
+            return engine.runner(), (f"compiled (capacity {engine.capacity}, widths 1..{compiled.max_width})"
+                                     + (f", eager at width {', '.join(map(str, eager))}" if eager else ""))
         except Exception as error:  # no C++ compiler, an inductor limitation: the eager forward decides
             log.warning("target.dtype=auto: compiling the target to time it failed (%s: %s); timing the eager "
                         "static forward", type(error).__name__, str(error).splitlines()[0][:200])
