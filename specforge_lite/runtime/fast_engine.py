@@ -91,7 +91,7 @@ class FastEngine:
         return "compiled" if width <= self.graph_widths and width not in self.eager_widths else "eager"
 
     @torch.inference_mode()
-    def route_widths(self, widths: Iterable[int], context_len: int = 64, rounds: int = 7) -> dict:
+    def route_widths(self, widths: Iterable[int], context_len: int = 64, rounds: int = 3) -> dict:
         """Time the compiled graph and the eager module at each of `widths` the graph covers, after a
         `context_len`-token context, in interleaved rounds (a drift of the machine moves both alike),
         and let the eager module serve the widths where it is faster by more than EAGER_MARGIN (a
