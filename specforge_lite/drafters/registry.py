@@ -36,8 +36,7 @@ NO_SGLANG_LAYOUT = {
 def engine_module(kind: str, folder, target):
     """Drafter `kind`'s module from the trained folder `folder`, in the dtype the target decodes in:
     a drafter saved as trained (float32) drafts from the target's hidden states at the target's
-    arithmetic (a bf16 target's features once ran through float32 graphs that read their bytes as
-    float32: docs/ENGINES.md "Compiled drafting")."""
+    arithmetic (docs/ENGINES.md, "Checks that keep a report honest")."""
     return DRAFTERS[kind].load(folder, target).to(target.dtype)
 
 
@@ -46,10 +45,10 @@ def engine_decoder(kind: str, folder, target):
     return DRAFTERS[kind].decoder(engine_module(kind, folder, target))
 
 
-def hidden_layers_of(kind: str, folder, target) -> tuple[int, ...]:
-    """The target hidden states drafter `kind` in `folder` reads while decoding (its engine drafter's
-    `hidden_state_layers`), before the run's dtype is chosen."""
-    return tuple(DRAFTERS[kind].decoder(DRAFTERS[kind].load(folder, target)).hidden_state_layers)
+def hidden_layers_of(kind: str, module) -> tuple[int, ...]:
+    """The target hidden states drafter `kind`'s `module` reads while decoding (its engine drafter's
+    `hidden_state_layers`), known before the run's dtype is chosen."""
+    return tuple(DRAFTERS[kind].decoder(module).hidden_state_layers)
 
 
 def sglang_refusal(name: str) -> str | None:

@@ -1,11 +1,12 @@
 """Whether the machine slowed down under a run: another process on the cores makes OpenMP threads
-wait on each other (a demo's training once went from about a second a step to over ten beside
-another job), and timings taken then are not figures. A run compares its own rate with its start.
+wait on each other (shared/REFERENCE.md section 10, "Contention"), and timings taken then are not
+figures. A run compares its own rate with its start.
 
 `DriftWatch` follows a stream (training's seconds per token, window by window); `drifted` judges a
 finished series (evaluate's plain one-token forward, prompt by prompt). Both compare the median of
 a recent window with the median of the first `start` samples, and speak once the ratio passes
-`factor`: twice the start is far beyond the noise of either series on a quiet machine.
+`factor`: the medians keep one slow sample from speaking, and the factor asks for a slowdown of the
+kind contention makes, not the spread of a quiet run.
 """
 
 from __future__ import annotations

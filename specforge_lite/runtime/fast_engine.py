@@ -26,6 +26,7 @@ import torch
 from specforge_lite.runtime import graph_cache
 from specforge_lite.runtime.compile import compile_frozen
 from specforge_lite.runtime.static_llama import WINDOW_STEP, StaticLlama
+from specforge_lite.runtime.width_timing import MIN_MARGIN, time_forwards
 from specforge_lite.runtime.target_package import (PACKAGE_WIDTHS, TreeVerify, _tree_example, packaged_forward,
                                                    packaged_tree_forward)
 
@@ -33,9 +34,9 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "compiled", "static", "hf")
 
-# the eager module serves a width only where it beats the graph by more than this share: within
-# it the two are the same to the timer's noise, and the graph is kept
-EAGER_MARGIN = 0.05
+# the eager module serves a width only where it beats the graph by more than this share: the
+# least lead that changes a default (`width_timing`)
+EAGER_MARGIN = MIN_MARGIN
 
 
 class FastEngine:
@@ -93,47 +94,24 @@ class FastEngine:
     @torch.inference_mode()
     def route_widths(self, widths: Iterable[int], context_len: int = 64, rounds: int = 3) -> dict:
         """Time the compiled graph and the eager module at each of `widths` the graph covers, after a
-        `context_len`-token context, in interleaved rounds (a drift of the machine moves both alike),
-        and let the eager module serve the widths where it is faster by more than EAGER_MARGIN (a
-        graph's kernel choice can make some widths dearer than the eager forward, which has no
-        such choice to make). Returns {"ms": {forward: {width: median ms}}, "serves": {width: forward}}
-        for the report; the cache holds nothing committed afterwards."""
-        import statistics
-        import time
-
+        `context_len`-token context, in interleaved rounds (`width_timing.time_forwards`), and let the
+        eager module serve the widths where it is faster by more than EAGER_MARGIN. Returns
+        {"ms": {forward: {width: median ms}}, "serves": {width: forward}} for the report; the cache
+        holds nothing committed afterwards."""
         widths = sorted({w for w in widths if 1 <= w <= self.graph_widths and context_len + w <= self.capacity})
         self.eager_widths = set()
         if not widths:
             return {"ms": {}, "serves": {}}
-        gen = torch.Generator().manual_seed(0)
-        vocab = self.model.config.vocab_size
-        context = torch.randint(0, vocab, (context_len,), generator=gen).tolist()
-        feeds = {w: torch.randint(0, vocab, (w,), generator=gen).tolist() for w in widths}
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        self.owner, self.length = None, 0
-        self.forward(context)
-        times: dict[str, dict[int, list[float]]] = {"compiled": {w: [] for w in widths},
-                                                    "eager": {w: [] for w in widths}}
-        for round_index in range(rounds + 1):  # round 0 is a warm-up
-            for w in widths:
-                for forward, eager in (("compiled", set()), ("eager", {w})) if round_index % 2 else \
-                        (("eager", {w}), ("compiled", set())):
-                    self.eager_widths = eager
-                    start = time.perf_counter()
-                    self.forward(feeds[w])
-                    sync()
-                    if round_index:
-                        times[forward][w].append(time.perf_counter() - start)
-                    self.length = context_len
+        context = torch.randint(0, self.model.config.vocab_size, (context_len,),
+                                generator=torch.Generator().manual_seed(0)).tolist()
+        runners = {"compiled": _Forced(self, set()), "eager": _Forced(self, set(widths))}
+        ms = time_forwards(runners, context, widths, rounds)["ms"]
         self.length = 0
-        ms = {name: {w: round(1e3 * statistics.median(t), 3) for w, t in by_width.items()}
-              for name, by_width in times.items()}
         self.eager_widths = {w for w in widths if ms["eager"][w] * (1 + EAGER_MARGIN) < ms["compiled"][w]}
-        serves = {w: self.serves(w) for w in widths}
         if self.eager_widths:
             log.info("the eager forward serves widths %s (faster there than the compiled graph)",
                      sorted(self.eager_widths))
-        return {"ms": ms, "serves": serves}
+        return {"ms": ms, "serves": {w: self.serves(w) for w in widths}}
 
     def compile(self) -> float:
         """Build (or load) the graphs of widths 1..max_width now; returns the seconds it took."""
@@ -253,6 +231,25 @@ def _chain_shaped(positions: torch.Tensor, rows: torch.Tensor, start: int) -> bo
     width = rows.shape[0]
     return (torch.equal(positions, torch.arange(start, start + width))
             and torch.equal(rows, torch.ones(width, width, dtype=torch.bool).tril()))
+
+
+class _Forced:
+    """A runner over the engine's shared cache whose every forward runs one way: the eager module at
+    `eager` widths, the graph (where it covers the width) at the others (`FastEngine.route_widths`)."""
+
+    def __init__(self, engine: FastEngine, eager: set[int]):
+        self.engine, self.eager = engine, eager
+        self._sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+
+    def reset(self) -> None:
+        self.engine.length = 0
+
+    def forward(self, token_ids: list[int], last_only: bool = False):
+        self.engine.eager_widths = self.eager
+        return self.engine.forward(token_ids)
+
+    def crop(self, keep: int) -> None:
+        self.engine.length = min(self.engine.length, keep)
 
 
 class FastRunner:

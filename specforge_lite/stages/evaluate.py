@@ -55,7 +55,7 @@ from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
 from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed,
                                            hybrid_of, labelled_drafters, run_order, tree_base)
-from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, engine_decoder, hidden_layers_of,
+from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, hidden_layers_of,
                                              say_what_the_trained_folder_decides)
 from specforge_lite.stages.evaluate_entries import build_report, our_entries
 from specforge_lite.targets.accounting import record_no_target
@@ -67,28 +67,28 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- decoders
 
-def trained_folders(cfg: DictConfig, methods: list[str]) -> dict[str, tuple[str, Path]]:
-    """name -> (drafter kind, folder) of each trained drafter the methods draft with: a registered
-    drafter's `trained_dir`, or a folder under the user's label (its kind detected)."""
-    labelled, folders = labelled_drafters(cfg.eval), {}
+def trained_drafters(cfg: DictConfig, methods: list[str], model) -> dict[str, tuple[str, torch.nn.Module]]:
+    """name -> (drafter kind, module loaded as saved) of each trained drafter the methods draft with:
+    a registered drafter's `trained_dir`, or a folder under the user's label (its kind detected)."""
+    labelled, found = labelled_drafters(cfg.eval), {}
     for name in chain_methods(methods):
         if name in DRAFTERS:
-            folders[name] = (name, trained_dir(cfg, name))
+            found[name] = (name, trained_dir(cfg, name))
         elif name in labelled and name not in BUILTIN:
             kind, layout = detect_drafter(labelled[name])
             log.info("%s: %s drafter in %s (%s layout)", name, kind, labelled[name], layout)
-            folders[name] = (kind, Path(labelled[name]))
-    return folders
+            found[name] = (kind, Path(labelled[name]))
+    return {name: (kind, DRAFTERS[kind].load(folder, model)) for name, (kind, folder) in found.items()}
 
 
 def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_ids: list[int],
-                   sampling: SamplingParams, capacity: int = 0, folders: dict | None = None
+                   sampling: SamplingParams, capacity: int = 0, trained: dict | None = None
                    ) -> tuple[dict, dict, TargetForward]:
     """name -> decode(prompt_ids, max_new_tokens, seed) -> Generation, our drafters, and the
     target forward they decode with (`eval.engine`; `capacity`: positions its cache holds;
-    `folders`: `trained_folders`, found here when not given)."""
+    `trained`: `trained_drafters`, loaded here when not given; each drafts in the target's dtype)."""
     ecfg = cfg.eval
-    folders = trained_folders(cfg, methods) if folders is None else folders
+    trained = trained_drafters(cfg, methods, model) if trained is None else trained
     device = model.device
     drafters, assistant = {}, None
 
@@ -109,13 +109,14 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
     for name in chain_methods(methods):  # every drafter first (a tree method's too): the engine serves their layers
         if name in (SUFFIX, ARCTIC_SUFFIX):
             drafters[name] = lookup(name)
-        elif name in BUILTIN or name in folders:
+        elif name in BUILTIN or name in trained:
             if name == "untrained_draft":  # the same LM as hf_assisted's assistant
                 drafter = DraftModelDrafter(shared_assistant())
             elif name in BUILTIN:
                 drafter = BUILTIN[name](cfg, model)
-            else:
-                drafter = engine_decoder(*folders[name], model)
+            else:  # in the dtype the target decodes in (docs/ENGINES.md, "Checks that keep a report honest")
+                kind, module = trained[name]
+                drafter = DRAFTERS[kind].decoder(module.to(model.dtype))
             drafters[name] = drafter
     layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
     trees = ecfg.get("tree") and any(tree_base(name) for name in methods)
@@ -245,11 +246,11 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     prompts, too_long = fitting_prompts(tokenizer, prompts, ecfg, model.config)
     capacity = cache_capacity(tokenizer, prompts, ecfg, model.config)
     # the dtypes timed on the package the run compiles: the hidden layers its drafters read included
-    folders = trained_folders(cfg, methods)
-    layers = sorted({layer for kind, folder in folders.values() for layer in hidden_layers_of(kind, folder, model)})
+    trained = trained_drafters(cfg, methods, model)
+    layers = sorted({layer for kind, module in trained.values() for layer in hidden_layers_of(kind, module)})
     model, dtype_choice = chosen_dtype(cfg.target, model, [1, widest + 1], ecfg.engine, capacity, widest_k(ecfg) + 1,
                                        layers)
-    decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity, folders)
+    decoders, drafters, target = build_decoders(cfg, methods, model, tokenizer, eos_ids, sampling, capacity, trained)
     out = stage_dir(cfg, "evaluate")  # once every input has loaded
     log.info("evaluating %s on %d prompts of %s (%s, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              k_text(ecfg), "greedy" if sampling.greedy else f"T={sampling.temperature}")

@@ -271,7 +271,7 @@ def test_the_drafters_draft_is_cut_where_more_tokens_do_not_pay():
     ctx = DraftContext(token_ids=[1, 2, 3], num_prompt_tokens=3)
     assert hybrid.propose(ctx, 3).tokens == [5, 6, 7]  # no times yet: nothing is cut
     hybrid.accept(0)
-    policy = hybrid.policy  # the drafter pays at the width it verified (3): 10 ms against a plain step's 10 ms
+    policy = hybrid.policy  # the drafter pays at the width it verified (3), priced as a plain step's
     policy.verify, policy.draft["clean"] = {3: [0.010, 1], 4: [0.040, 1]}, [0.0, 1]
     policy.drafter_kept, policy.drafter_steps, policy.drafter_widths = 6.0, 1, Counter({3: 1})
     assert hybrid.propose(ctx, 3).tokens == [5, 6] and hybrid.sources[DRAFTER]["cut"] == 1
