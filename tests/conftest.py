@@ -211,6 +211,23 @@ def forbid_recompiles():
 LONGEST_FIRST = ("integration/test_vllm.py", "integration/test_strategies.py")
 
 
+def pytest_generate_tests(metafunc):
+    """A test marked `fresh_cli` (exit codes, one-line errors: the door) runs twice, its commands
+    forked from the warm server (or in this process) and in a fresh `python -m specforge_lite`
+    (tests/forked_cli.py FRESH_ENV), so the suite checks what a user's own interpreter does."""
+    if metafunc.definition.get_closest_marker("fresh_cli"):
+        metafunc.fixturenames.append("interpreter")
+        metafunc.parametrize("interpreter", ["warm", "fresh"], indirect=True)
+
+
+@pytest.fixture
+def interpreter(request, monkeypatch):
+    """The interpreter a `fresh_cli` test's commands run in (see `pytest_generate_tests`)."""
+    if request.param == "fresh":
+        monkeypatch.setenv(forked_cli.FRESH_ENV, "1")
+    return request.param
+
+
 def pytest_collection_modifyitems(items):
     def rank(item):
         path = item.nodeid.split("::")[0]

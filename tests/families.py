@@ -49,6 +49,16 @@ FAMILIES: dict[str, tuple[str, dict]] = {
                                              intermediate_size=32, intermediate_size_mlp=176,
                                              interleave_moe_layer_step=1)),
 }
+# families every stage runs on but the untrained draft (the target's first layers cut out as a draft
+# model), whose cut transformers' config refuses: tested with the other methods
+SHARED_KV_FAMILIES: dict[str, tuple[str, dict]] = {
+    # KV sharing: the last two layers reuse the keys and values of earlier ones (their cache layers
+    # are transformers' DummyLayer, holding nothing), per-layer input embeddings, sliding and full layers
+    "gemma4_text": ("Gemma4TextConfig", dict(sliding_window=WINDOW, num_kv_shared_layers=2, global_head_dim=16,
+                                             layer_types=["sliding_attention", "sliding_attention",
+                                                          "full_attention"] * 2,
+                                             vocab_size_per_layer_input=320, hidden_size_per_layer_input=8)),
+}
 # families the door refuses for speculative decoding, each for the reason the test checks
 REFUSED_FAMILIES: dict[str, tuple[str, dict]] = {
     # gated-delta-net linear attention on three layers of four: a recurrent state, no rollback
@@ -56,6 +66,10 @@ REFUSED_FAMILIES: dict[str, tuple[str, dict]] = {
                                            shared_expert_intermediate_size=32, linear_num_value_heads=4,
                                            linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
                                            full_attention_interval=4)),
+    # Mamba-2 heads beside attention in every layer: transformers' hybrid cache layer, a DynamicLayer
+    # subclass that also keeps a recurrent state
+    "falcon_h1": ("FalconH1Config", dict(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+                                         mamba_d_state=16, mamba_chunk_size=16)),
 }
 
 
@@ -67,7 +81,7 @@ def build_family(name: str, out: Path) -> Path:
 
     from specforge_lite.targets.loading import byte_level_tokenizer
 
-    config_class, extra = {**FAMILIES, **REFUSED_FAMILIES}[name]
+    config_class, extra = {**FAMILIES, **SHARED_KV_FAMILIES, **REFUSED_FAMILIES}[name]
     config = getattr(transformers, config_class)(**{**SHAPE, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

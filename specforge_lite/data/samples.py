@@ -235,13 +235,13 @@ def answer_corpus(samples_dir: Path, target_path: str, max_tokens: int) -> list[
     up to `max_tokens` in all), the corpus suffix decoding drafts from beside each request; None
     where no samples were written. Samples drawn from other weights than `target_path`'s are
     refused: their continuations are another model's."""
-    from specforge_lite.targets.digest import recorded_files
+    from specforge_lite.targets.digest import recorded_files, same_weights
 
     meta_path = Path(samples_dir) / "meta.json"
     if not meta_path.exists():
         return None
     made_by = (read_json_object(meta_path).get("fingerprint_keys") or {}).get("target_files")
-    if made_by != recorded_files(target_path):
+    if not same_weights(made_by or {}, recorded_files(target_path)):  # by content, wherever the folder is
         raise SpecforgeError(f"eval.suffix.samples: the samples in {samples_dir} were drawn from other weights than "
                              f"{target_path}'s; sample this target again (python -m specforge_lite sample ...) or set "
                              "eval.suffix.samples=false")

@@ -28,13 +28,22 @@ MODULE = "arctic_inference.suffix_decoding"
 
 
 def missing_problem() -> str | None:
-    """Why `arctic_suffix` cannot run here (its module is not installed), or None."""
+    """Why `arctic_suffix` cannot run here (its module is not installed, or is installed and does
+    not import: a build against another Python or torch, a file missing), or None."""
     try:
         found = importlib.util.find_spec(MODULE) is not None
     except ImportError:
         found = False
-    return None if found else (f"eval.methods: {ARCTIC_SUFFIX} needs Arctic Inference's suffix decoding ({MODULE}), "
-                               "not installed here: build it with `make arctic`, or leave the method out")
+    if not found:
+        return (f"eval.methods: {ARCTIC_SUFFIX} needs Arctic Inference's suffix decoding ({MODULE}), "
+                "not installed here: build it with `make arctic`, or leave the method out")
+    try:  # found is not usable: import what the drafter uses, as it will
+        importlib.import_module(MODULE).SuffixDecodingCache
+    except Exception as err:  # a broken build raises anything: ImportError, OSError, AttributeError...
+        first = (str(err).strip().splitlines() or [""])[0]
+        return (f"eval.methods: {ARCTIC_SUFFIX}: Arctic Inference's {MODULE} is installed but does not import "
+                f"({type(err).__name__}: {first}); build it again with `make arctic`, or leave the method out")
+    return None
 
 
 class ArcticSuffixDrafter:

@@ -92,11 +92,27 @@ def measure_forward_costs(model, context_len: int, max_tokens: int, repeats: int
     width per round, 5 * `repeats` rounds after a warm-up round), so a drift of the machine's speed
     while measuring moves every width alike instead of whichever width was timed then (timing each
     width's repeats back to back once put the width-1 forward 27% above what plain decoding measured
-    in the same run, and with it every expected speedup)."""
+    in the same run, and with it every expected speedup). A target whose cache cannot be rolled
+    back is timed at t = 1 only (`cost_curve_note`)."""
     vocab = vocab_size or model.get_output_embeddings().weight.shape[0]
     context = torch.randint(0, vocab, (context_len,), generator=torch.Generator().manual_seed(seed)).tolist()
-    timing = time_forwards({"target": runner or TargetRunner(model)}, context, range(1, max_tokens + 1), 5 * repeats)
+    runner = runner or TargetRunner(model)
+    # each timed forward of such a cache pays an untimed prefill anew, and no method here verifies wider
+    top = max_tokens if getattr(runner, "rolls_back", True) else 1
+    timing = time_forwards({"target": runner}, context, range(1, top + 1), 5 * repeats)
     return {t: ms / 1e3 for t, ms in timing["ms"]["target"].items()}
+
+
+def cost_curve_note(config) -> str | None:
+    """What the report says where the cost curve stops at t = 1: the target's cache cannot be
+    rolled back (`hf_runner.rollback_problem`), so no method drafts on it and each timed forward
+    follows the context's prefill anew instead of a crop. None for every other target."""
+    from specforge_lite.runtime.hf_runner import rollback_problem
+
+    problem = rollback_problem(config)
+    if not problem:
+        return None
+    return f"timed at t=1 only: {problem}; each timed forward follows a prefill of the context anew"
 
 
 def costs_as_decoding_paid(forward_costs: dict[int, float], plain_forward_ms: float | None) -> tuple[dict, float]:

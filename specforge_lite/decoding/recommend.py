@@ -96,10 +96,12 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
                        and n not in ("untrained_draft", plain)), None)
         alternatives.append(notes[deploy] + (f"; the fastest method an engine serves is {served} "
                                              f"({lossless[served]['speedup']:.2f}x {plain})" if served else ""))
-    elif deploy in notes:
-        nxt = next((n for n in ranked if n not in notes), None)
-        note = notes[deploy]
-        alternatives.append(note + (f"; the next fastest is {nxt} ({lossless[nxt]['speedup']:.2f}x)" if nxt else ""))
+    elif deploy in notes:  # the runner-up, and the fastest method without a note of its own where that is another
+        plain_served = next((n for n in ranked if n not in notes), None)
+        tail = f"; the next fastest is {runner_up} ({lossless[runner_up]['speedup']:.2f}x)" if runner_up else ""
+        if plain_served and plain_served != runner_up:
+            tail += f", the fastest served as measured {plain_served} ({lossless[plain_served]['speedup']:.2f}x)"
+        alternatives.append(notes[deploy] + tail)
     return {"deploy": deploy, "baseline": plain, "reasons": reasons, "alternatives": alternatives,
             "runner_up": runner_up, "speed_ratio_ci": ratio_ci, "clear_winner": clear_winner}
 

@@ -253,6 +253,7 @@ def render_markdown(report: dict) -> str:
             f"Target forward over t new tokens at context {costs['context_len']}: "
             + ", ".join(f"t={t}: {ms:.1f} ms" for t, ms in costs["ms_by_num_tokens"].items()) + "."
             + flatness(costs["ms_by_num_tokens"]) + served_by(s.get("engine"))
+            + (f" The forward was {costs['note']}." if costs.get("note") else "")
             + (f" Best k prices them at what plain decoding paid a forward in this run ({costs['decoding_scale']:.2f}x "
                "the timing above)." if costs.get("decoding_scale", 1.0) != 1.0 else ""), ""]
     for name, m in report["methods"].items():

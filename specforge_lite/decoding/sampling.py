@@ -25,6 +25,21 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, torch.tensor([width - len(p) for p in prompts])
 
 
+def keep_batch_rows(cache, index: torch.Tensor) -> None:
+    """Keep only the batch rows `index` of a transformers cache, every layer's state included:
+    transformers' `batch_select_indices` has none for a linear-attention layer (Qwen3-Next's), and
+    on a hybrid one (linear attention beside attention) would leave its recurrent state whole."""
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin as linear
+    except ImportError:  # an older transformers: every cache layer selects its own rows
+        linear = ()
+    for layer in cache.layers:
+        if isinstance(layer, linear):  # beam search's reorder: its conv and recurrent states, and a hybrid's keys
+            layer.reorder_cache(index)
+        else:
+            layer.batch_select_indices(index)
+
+
 class HFBackend:
     """Batched generation on a transformers model: left-padded prefill, then one token
     per step with a KV cache; rows that reach EOS leave the batch (their cache rows
@@ -65,7 +80,7 @@ class HFBackend:
                 break
             if len(keep) < len(rows):
                 index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
+                keep_batch_rows(cache, index)
                 attention, next_position, tokens = attention[index], next_position[index], tokens[index]
                 rows = [rows[j] for j in keep]
             attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)

@@ -103,14 +103,19 @@ def chain_methods(methods) -> list[str]:
 def tree_problems(eval_cfg, target_config=None) -> list[str]:
     """`eval.tree` against the methods that use it (and, once known, the target's context)."""
     problems, tree = [], eval_cfg.get("tree")
-    chains = [PLAIN, *ENGINE_DRAFTERS, SUFFIX, ARCTIC_SUFFIX, *DRAFTERS, *HF_METHODS]
     trees = [m for m in eval_cfg.methods if tree_base(m)]
     for method in trees:
-        base = tree_base(method)[0]
-        if method not in tree_methods() and base in chains:
-            why = "n-gram lookup's trees are ngram_tree" if base in branching() else \
-                f"{base} drafts chains only (cannot branch)"
-            problems.append(f"eval.methods: {method}: {why}; the tree methods are {', '.join(tree_methods())}")
+        base, mixed = tree_base(method)
+        if method in tree_methods() or base not in known():  # an unknown base: method_problems names it
+            continue
+        if base.startswith(("vllm_", "llamacpp_")):
+            why = (f"{base} runs in another engine, which eval.tree does not shape (vLLM's tree is the export's "
+                   "speculative_token_tree, docs/ENGINES.md)")
+        elif base in branching() or base in hybrid_methods():  # ngram_mixed_tree, suffix_mixed_tree: a mixed tree needs a trained drafter
+            why = f"{base}'s trees are {base}{TREE} (a mixed tree joins n-gram's match to a trained drafter's tree)"
+        else:
+            why = f"{base} drafts chains only (cannot branch)"
+        problems.append(f"eval.methods: {method}: {why}; the tree methods are {', '.join(tree_methods())}")
     if trees and tree is None:
         problems.append(f"eval.methods={list(eval_cfg.methods)} has tree methods but eval.tree is null: "
                         "set eval.tree.depth, eval.tree.branch and eval.tree.nodes")

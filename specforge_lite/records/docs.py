@@ -27,7 +27,7 @@ from specforge_lite import SpecforgeError
 from specforge_lite.decoding.report import k_text
 from specforge_lite.records import families, gpu_section, results, topics
 from specforge_lite.records.gpu_section import identity_words
-from specforge_lite.records.results import ROOT, machine_name, num, read_results, with_ci
+from specforge_lite.records.results import ROOT, machine_name, num, read_results, shaped, with_ci
 from specforge_lite.records.topics import order_benchmarks, slug
 
 README = ROOT / "README.md"
@@ -180,20 +180,24 @@ def glance_row(recipe: str, engine: str, name: str, method: str, section: str) -
 def gpu_rows(methods=("eagle3", "ngram")) -> list[str]:
     """README rows of each `make gpu-check` results file (benchmarks/results/gpu_check_<gpu>.json): its
     bf16 evaluation's speculative methods, with the identity verdicts; none where no such file exists."""
+    return [row for path in sorted(results.RESULTS.glob("gpu_check_*.json"))
+            for row in shaped(path.stem, gpu_file_rows, path, read_results(path), methods)]
+
+
+def gpu_file_rows(path, d: dict, methods) -> list[str]:
+    """The rows of one gpu-check results file (`gpu_rows`)."""
     rows = []
-    for path in sorted(results.RESULTS.glob("gpu_check_*.json")):
-        d = read_results(path)
-        step = d.get("steps", {}).get("eval_bfloat16", {})
-        engine = (step.get("engine") or {}).get("used", "?")
-        for method in methods:
-            m = step.get("methods", {}).get(method)
-            if step.get("status") != "ok" or not m:
-                continue
-            verdicts = identity_words(m.get("identity") or {})
-            rows.append(f"| eagle_smollm2 (`make gpu-check`, bf16; {verdicts}) | ours, {engine} | "
-                        f"{method} | 3 | {with_ci(m.get('tau'), m.get('tau_ci'))} | "
-                        f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {num(m.get('tokens_per_s'), 1)} | "
-                        f"{d.get('gpu', '?')} | {d.get('date', '?')[:10]} | `{path.stem}` (results file) |")
+    step = d.get("steps", {}).get("eval_bfloat16", {})
+    engine = (step.get("engine") or {}).get("used", "?")
+    for method in methods:
+        m = step.get("methods", {}).get(method)
+        if step.get("status") != "ok" or not m:
+            continue
+        verdicts = identity_words(m.get("identity") or {})
+        rows.append(f"| eagle_smollm2 (`make gpu-check`, bf16; {verdicts}) | ours, {engine} | "
+                    f"{method} | 3 | {with_ci(m.get('tau'), m.get('tau_ci'))} | "
+                    f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} | {num(m.get('tokens_per_s'), 1)} | "
+                    f"{d.get('gpu', '?')} | {d.get('date', '?')[:10]} | `{path.stem}` (results file) |")
     return rows
 
 
@@ -205,7 +209,7 @@ def glance_block() -> list[str]:
              "command.", "",
              "| recipe | engine | method | k | tau | speedup vs plain | tokens/s | machine | date | section |",
              "|---|---|---|---:|---:|---:|---:|---|---|---|"]
-    return lines + [glance_row(*row) for row in GLANCE] + gpu_rows()
+    return lines + [shaped(row[2], glance_row, *row) for row in GLANCE] + gpu_rows()
 
 
 def render_block(name: str) -> str:
@@ -213,15 +217,16 @@ def render_block(name: str) -> str:
     if name == "glance":
         lines = glance_block()
     elif name == "families":
-        lines = families.table(load(name))
+        lines = shaped(name, families.table, load(name))
     else:
         d = load(name)
         if report_of(d) is not None:
-            lines = eval_block(name, d)
+            lines = shaped(name, eval_block, name, d)
         elif "xllamacpp" in d:
-            lines = llamacpp_block(name, d)
+            lines = shaped(name, llamacpp_block, name, d)
         else:
-            raise ValueError(f"no card block for results file {name}.json")
+            raise SpecforgeError(f"results file benchmarks/results/{name}.json: no card block renders it (neither an "
+                                 "evaluate report nor a llama.cpp run); name another results file in the block")
     return "\n".join(lines) + "\n"
 
 
@@ -293,7 +298,7 @@ def problems() -> list[str]:
         found.append("docs/BENCHMARKS.md is not in topic order (make docs)")
     text = doc.read_text() if doc.exists() else ""
     for path in sorted(results.RESULTS.glob("gpu_check_*.json")):  # written here from the file the GPU machine hands back
-        block = f"<!-- {path.stem} -->\n{gpu_section.section(path.stem, read_results(path))}\n"
+        block = f"<!-- {path.stem} -->\n{shaped(path.stem, gpu_section.section, path.stem, read_results(path))}\n"
         if block not in text:
             found.append(f"docs/BENCHMARKS.md: section {path.stem} does not match benchmarks/results/{path.name} "
                          "(make docs)")

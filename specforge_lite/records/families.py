@@ -63,12 +63,17 @@ def outcomes(junit: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv:
-        raise SpecforgeError(f"families takes no options, got {' '.join(argv)}")
+    """Run the family tests (every stage and forward on each family's tiny random target) and record
+    the family x stage x engine table in benchmarks/results/families.json."""
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m specforge_lite families", description=main.__doc__).parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="families_") as work:
         junit = Path(work) / "junit.xml"
+        # the tests' folders under `work` too: removed with it, not left in the system's temp folder
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS,
-                               f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT,
+                               f"--basetemp={Path(work) / 'tests'}", f"--junitxml={junit}", "-o",
+                               "junit_family=xunit1"], cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         if not junit.exists():
             raise SpecforgeError(f"the family tests wrote no results (pytest exit status {proc.returncode})")
@@ -90,7 +95,7 @@ def table(d: dict) -> list[str]:
             if "failed" in seen else "skipped"
 
     lines = [f"From the family tests' own run (`{COMMAND}`, `make families`), {d.get('date', '?')[:10]} on "
-             f"{d.get('machine', '?')}, commit {(d.get('commit') or '?')[:10]}: each cell is a test's outcome on "
+             f"{d.get('machine', '?')}, commit {d['commit'][:10]}: each cell is a test's outcome on "
              "that family's tiny random target (tests/families.py); `-`: the test does not run on that family "
              "(the reason is in the last column).", "",
              "| family | sample, train, evaluate, export: EAGLE-3 / DFlash | evaluate's forward | static vs "

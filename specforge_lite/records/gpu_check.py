@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     gpu = torch.cuda.get_device_name()
     path = Path(args.out) if args.out else results.RESULTS / f"gpu_check_{gpu_slug(gpu)}.json"
-    header = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "gpu": gpu,
+    header = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), **source_state(), "gpu": gpu,
               "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1),
               "torch": torch.__version__, "cuda": torch.version.cuda, "command": "make gpu-check",
               "limits_s": STEP_LIMITS_S, "train_steps": TRAIN_STEPS, "float32_prompts": int(FLOAT32_PROMPTS)}

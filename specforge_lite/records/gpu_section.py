@@ -10,7 +10,7 @@ import re
 
 from specforge_lite.decoding.identity import verdict_text
 from specforge_lite.records import results
-from specforge_lite.records.results import read_results, with_ci
+from specforge_lite.records.results import read_results, shaped, with_ci
 from specforge_lite.records.topics import update_doc_section
 
 COMMAND = "python -m specforge_lite docs"
@@ -130,5 +130,5 @@ def section(slug: str, d: dict) -> str:
 def write_sections() -> None:
     """The section of every gpu_check_*.json results file, written into docs/BENCHMARKS.md."""
     for path in sorted(results.RESULTS.glob("gpu_check_*.json")):
-        update_doc_section(path.stem, section(path.stem, read_results(path)))
+        update_doc_section(path.stem, shaped(path.stem, section, path.stem, read_results(path)))
         print(f"docs/BENCHMARKS.md: section {path.stem}")

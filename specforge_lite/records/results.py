@@ -16,19 +16,24 @@ from specforge_lite.runtime.machine import cpu_model, machine, source_state
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout this package runs from
 RESULTS = ROOT / "benchmarks" / "results"
+REQUIRED = ("commit",)  # what every record carries (write_results adds it; read_results refuses one without)
 
 
 def read_results(path: Path) -> dict:
     """A results file's object; a damaged one (a bad merge, a truncated write) is one line naming
     it, so `make docs` does not stop on a decoder's traceback that names no file."""
     path = Path(path)
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     try:
-        return read_json_object(path)
+        record = read_json_object(path)
     except ArtifactError as err:
-        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         problem = str(err).removeprefix(f"{err.path}: ")
         raise SpecforgeError(f"results file {shown}: {problem}: restore it (git checkout -- {shown}) "
                              "or run again the benchmark that writes it") from None
+    if missing := [key for key in REQUIRED if not record.get(key)]:
+        raise SpecforgeError(f"results file {shown} carries no {', '.join(missing)}: a figure is published with the "
+                             "commit and machine that measured it; run again the benchmark that writes it")
+    return record
 
 
 def load_results(name: str, command: str) -> dict:
@@ -44,12 +49,27 @@ def load_results(name: str, command: str) -> dict:
 def write_results(name: str, payload: dict) -> Path:
     """benchmarks/results/NAME.json: the payload under the date, machine (and its CPU), the commit
     and whether the tree was clean, and the package versions."""
+    state = source_state()
+    if not state.get("commit"):  # a copy without its git folder: the caller names the commit
+        raise SpecforgeError(f"results {name}: no commit to record (not a git checkout); set SPECFORGE_LITE_COMMIT "
+                             "to the commit of the measured tree")
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "cpu": cpu_model(),
-               **source_state(), "versions": package_versions(), **payload}
+               **state, "versions": package_versions(), **payload}
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def shaped(name: str, render, *args):
+    """`render(*args)` of results file `name`, or one line naming the file when its content is not
+    the shape the renderer reads (a key missing, a list where a table goes: an edit, another
+    benchmark's file), instead of the renderer's traceback."""
+    try:
+        return render(*args)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
+        raise SpecforgeError(f"results file benchmarks/results/{name}.json is not the shape its block reads "
+                             f"({type(err).__name__}: {err}); run again the benchmark that writes it") from None
 
 
 # --- formatting ---------------------------------------------------------------------------

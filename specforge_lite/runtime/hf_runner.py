@@ -6,10 +6,14 @@ chunked attention get a cache whose every layer keeps all past positions (`rollb
 layers drop what falls out of the window, and a rejected draft then cannot be rolled back.
 The window itself is kept by the attention masks: the model builds them on a chain forward,
 and `window_masks` does on a tree forward. A cache with recurrent layers cannot be rolled back at
-all (`rollback_problem`): the door refuses speculative methods on such a target."""
+all (`rollback_problem`): the door refuses speculative methods on such a target. Each layer is
+asked what it is (`layer_role`) before any is replaced: transformers 5.x's linear-attention layers
+beside full or sliding attention are subclasses of its attention layers, and its `DummyLayer`s
+(KV-sharing consumers, attention-free layers) hold nothing to crop."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Iterable
 
@@ -28,12 +32,33 @@ def rollback_cache(config):
     sliding-window layers are full ones (the model's masks still apply each window), the
     others (full attention, and whatever else the family has) are transformers' own."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache(config=config)
-    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
-                    for layer in cache.layers]
+    cache.layers = [DynamicLayer() if layer_role(layer) == "window" else layer for layer in cache.layers]
     return cache
+
+
+def layer_role(layer) -> str:
+    """What rolling back makes of one cache layer: "recurrent" (a linear-attention, convolution or
+    SSM state, nothing per position to crop), "empty" (a `DummyLayer`: holds nothing), "window"
+    (transformers' own sliding-window layer, which `rollback_cache` replaces by a full one),
+    "windowed" (another layer that drops positions past a window), "full" (a `DynamicLayer`,
+    cropped as it is) or "unknown"."""
+    from transformers import cache_utils
+
+    # older transformers lack these classes: their recurrent layers are "unknown", refused all the same
+    linear = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    dummy = getattr(cache_utils, "DummyLayer", None)
+    if linear is not None and isinstance(layer, linear):  # checked first: hybrids subclass the attention layers
+        return "recurrent"
+    if dummy is not None and isinstance(layer, dummy):
+        return "empty"
+    if type(layer) is cache_utils.DynamicSlidingWindowLayer:
+        return "window"
+    if isinstance(layer, cache_utils.DynamicSlidingWindowLayer):
+        return "windowed"
+    return "full" if isinstance(layer, cache_utils.DynamicLayer) else "unknown"
 
 
 def sliding_windows(config) -> dict[str, int]:
@@ -58,20 +83,63 @@ def attention_chunks(config) -> int | None:
     return int(chunk) if chunk and "chunked_attention" in (getattr(config, "layer_types", None) or ()) else None
 
 
-def rollback_problem(config) -> str | None:
-    """Why a rejected draft cannot be taken back out of this target's cache, or None: a layer
-    keeping a recurrent state (Qwen3-Next's linear attention, Mamba) holds no per-position
-    entries to crop."""
-    from transformers.cache_utils import DynamicLayer
+def cache_problem(config) -> str | None:
+    """Why transformers cannot build this target's dynamic cache at all, or None: a layer type
+    (config.json `layer_types`) its cache has no layer class for."""
+    from transformers import DynamicCache, __version__
+
+    _import_model_code(config)
+    try:
+        DynamicCache(config=config)
+    except KeyError as err:  # the layer type the cache's mapping lacks
+        return (f"its layer type {err.args[0]!r} (config.json layer_types) is not one transformers {__version__}'s "
+                "cache knows, so no KV cache can be built for it")
+    except (TypeError, ValueError, AttributeError):  # a config transformers' cache cannot read
+        pass
+    return None
+
+
+def _import_model_code(config) -> None:
+    """Import the model's own module: a family can register its cache layer types there."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
-        kinds = {type(layer).__name__ for layer in rollback_cache(config).layers if not isinstance(layer, DynamicLayer)}
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except Exception:  # no causal-LM class for it, or its module does not import: the cache says what it knows
+        pass
+
+
+def role_problem(role: str, classes: list[str]) -> str | None:
+    """Why cache layers of a `layer_role` (their class names: `classes`) cannot be rolled back, or None."""
+    if role == "recurrent":
+        return (f"its cache layers {classes} keep a recurrent state, which cannot be rolled back to drop a rejected "
+                "draft")
+    if role == "windowed":
+        return (f"its cache layers {classes} drop the positions past their window, which a rolled-back draft "
+                "needs again")
+    if role == "unknown":
+        return (f"its cache layers {classes} are neither transformers' DynamicLayer nor its DummyLayer, so our "
+                "decoder does not know how to roll them back")
+    return None
+
+
+def rollback_problem(config) -> str | None:
+    """Why a rejected draft cannot be taken back out of this target's cache, or None: a layer
+    keeping a recurrent state (Qwen3-Next's linear attention, Falcon-H1's Mamba beside its
+    attention), one whose window drops positions, a layer class we do not know, or a cache
+    transformers cannot build (`cache_problem`)."""
+    problem = cache_problem(config)
+    if problem:
+        return problem
+    try:
+        layers = rollback_cache(config).layers
     except (TypeError, ValueError, AttributeError):  # a config transformers' cache cannot read
         return None
-    if not kinds:
-        return None
-    return (f"its cache layers {sorted(kinds)} keep a recurrent state, which cannot be rolled back to drop "
-            "a rejected draft")
+    kinds: dict[str, set] = {}
+    for layer in layers:
+        kinds.setdefault(layer_role(layer), set()).add(type(layer).__name__)
+    problems = [role_problem(role, sorted(classes)) for role, classes in sorted(kinds.items())]
+    return "; ".join(p for p in problems if p) or None
 
 
 def window_masks(config, mask: torch.Tensor, positions: torch.Tensor):
@@ -120,6 +188,12 @@ class TargetRunner:
 
     def reset(self) -> None:
         self.cache = rollback_cache(self.model.config)
+
+    @functools.cached_property
+    def rolls_back(self) -> bool:
+        """Whether `crop` can take this target's cache back (`rollback_problem`); where it cannot,
+        timing builds the context's cache anew after each timed forward (`width_timing.back_to_context`)."""
+        return rollback_problem(self.model.config) is None
 
     @property
     def length(self) -> int:
@@ -174,6 +248,8 @@ def keep_tree_rows(cache, base: int, rows: list[int]) -> None:
     source = [base + r for r in rows]
     if source != list(range(base, base + len(rows))):
         for layer in cache.layers:
+            if layer.keys is None:  # a DummyLayer (a KV-sharing consumer) holds no rows
+                continue
             index = torch.tensor(source, device=layer.keys.device)
             layer.keys[..., base:base + len(rows), :] = layer.keys.index_select(-2, index)
             layer.values[..., base:base + len(rows), :] = layer.values.index_select(-2, index)

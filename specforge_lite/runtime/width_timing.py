@@ -31,11 +31,12 @@ def time_forwards(runners: dict, context: list[int], widths: Iterable[int], roun
                   clock: Callable[[], float] = time.perf_counter) -> dict:
     """Median ms of one forward of each width after `context`, per runner, timed in interleaved rounds.
 
-    runners: name -> a runner (`reset()`, `forward(ids, last_only=...)`, `crop(n)`, `_sync()`),
-    each with a cache of its own (interleaving must not hand one cache between runners). One
-    warm-up round, then `rounds` timed ones; round r starts r places further along the list of
-    (runner, width) pairs. Returns {"ms": {name: {width: median ms}}, "noise": {name: the
-    interquartile range of its per-round totals over their median}, "rounds": rounds}."""
+    runners: name -> a runner (`reset()`, `forward(ids, last_only=...)`, `crop(n)`, `_sync()`, and
+    optionally `rolls_back`: `back_to_context`), each with a cache of its own (interleaving must
+    not hand one cache between runners). One warm-up round, then `rounds` timed ones; round r
+    starts r places further along the list of (runner, width) pairs. Returns {"ms": {name: {width:
+    median ms}}, "noise": {name: the interquartile range of its per-round totals over their
+    median}, "rounds": rounds}."""
     widths = sorted({int(w) for w in widths})
     for runner in runners.values():
         runner.reset()
@@ -51,13 +52,23 @@ def time_forwards(runners: dict, context: list[int], widths: Iterable[int], roun
             runner.forward(ids[w])
             runner._sync()
             elapsed = clock() - start
-            runner.crop(len(context))
+            back_to_context(runner, context)
             if round_index:
                 times[name][w].append(1e3 * elapsed)
     ms = {name: {w: statistics.median(t) for w, t in by_width.items()} for name, by_width in times.items()}
     noise = {name: relative_spread([sum(by_width[w][r] for w in widths) for r in range(rounds)])
              for name, by_width in times.items()}
     return {"ms": ms, "noise": noise, "rounds": rounds}
+
+
+def back_to_context(runner, context: list[int]) -> None:
+    """Take a runner's cache back to `context` after a timed forward, untimed: cropped, or where the
+    cache cannot be rolled back (a recurrent state: `TargetRunner.rolls_back`) built anew from it."""
+    if getattr(runner, "rolls_back", True):
+        runner.crop(len(context))
+    else:
+        runner.reset()
+        runner.forward(context, last_only=True)
 
 
 def relative_spread(values: list[float]) -> float:

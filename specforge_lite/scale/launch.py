@@ -30,9 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import random
 import signal
-import socket
 import sys
 import threading
 import time
@@ -42,6 +40,7 @@ from pathlib import Path
 from specforge_lite import SpecforgeError
 from specforge_lite.run_folders import STAGE_DIRS, folder_locks, samples_dir
 from specforge_lite.stage_table import COMMANDS, SAMPLE, chained
+from specforge_lite.scale.rendezvous import free_port
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ LAUNCHER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"
 RANK_LOGS = "SPECFORGE_LITE_RANK_LOGS"
 WATCH_INTERVAL_S = 0.5  # how often a rank looks for its launcher
-FIRST_PORT = 10000  # `free_port` draws from here up to the ephemeral range (lower ones are more often services')
 
 
 def launched_by() -> str | None:
@@ -123,39 +121,6 @@ def launch_plan(cfg, stage: str) -> dict | None:
     return {"nproc_per_node": nproc, "nnodes": nnodes, "node_rank": int(cfg.trainer.node_rank),
             "master_addr": cfg.trainer.master_addr, "master_port": int(port),
             "auto_port": cfg.trainer.master_port is None and nnodes == 1}
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now, for a one-node rendezvous. It is drawn below the kernel's
-    range of ephemeral ports where that range is known: a port from `bind(0)` comes from that range,
-    so any process's next outgoing connection may take it before the launcher listens on it."""
-    low = _ephemeral_low()
-    if low is not None and low - FIRST_PORT >= 1024:
-        draw = random.SystemRandom()  # the OS's randomness: processes forked alike draw apart
-        for _ in range(64):
-            port = draw.randrange(FIRST_PORT, low)
-            if port_free(port):
-                return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_free(port: int) -> bool:
-    """Whether `port` can be bound on all addresses, as the rendezvous store listens."""
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int | None:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = None) -> int:

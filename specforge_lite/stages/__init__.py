@@ -19,7 +19,8 @@ from specforge_lite.scale.launch import launch, launch_plan, run_folder_locks, s
 from specforge_lite.scale.sizing import check_stage
 from specforge_lite.scale.sizing import report as size_every_stage
 from specforge_lite.stage_table import EVALUATE, EXPORT, RUN, SAMPLE, TRAIN, Stage, chained
-from specforge_lite.stages.door import check_at_the_door
+from specforge_lite.scale.rendezvous import rendezvous_problems
+from specforge_lite.stages.door import check_at_the_door, refuse
 from specforge_lite.targets.accounting import begin_stage
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ def run_stage(cfg: DictConfig) -> None:
        config and this machine's folders and packages;
     2. `dry_run=true`: every stage sized from the target's config alone, and nothing else;
     3. the locks of the run folders this command writes (`launch.run_folder_locks`);
-    4. each stage's launch plan (its own ranks, or this process: `launch.launch_plan`);
+    4. each stage's launch plan (its own ranks, or this process: `launch.launch_plan`), and where
+       launched ranks meet (`rendezvous.rendezvous_problems`);
     5. the sizing check of every stage that runs in this process, all before the first starts
        (a launched stage's ranks check their own devices when they get here);
     6. stage by stage: its ranks launched, or what it holds recorded (`accounting.begin_stage`)
@@ -49,6 +51,8 @@ def run_stage(cfg: DictConfig) -> None:
             # train's ranks cannot sample on their own: the sample stage runs first, as it would run alone
             log.info("no complete samples in %s: running the sample stage first", samples_dir(cfg))
             stages, plans = (SAMPLE, *stages), {SAMPLE.name: launch_plan(cfg, SAMPLE.name), **plans}
+        # where the ranks meet, before the first stage runs (a busy port, a name that does not resolve)
+        refuse(rendezvous_problems(cfg.trainer, any(plans.values())))
         for stage in stages:
             if plans[stage.name] is None:
                 check_stage(cfg, stage.name)

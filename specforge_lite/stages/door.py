@@ -30,6 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.run_folders import STAGE_DIRS, folder_problem, samples_dir
 from specforge_lite.stage_table import COMMANDS, SAMPLE, runs
+from specforge_lite.data.eval_prompts import dataset_problem
 from specforge_lite.drafters.methods import length_problems, method_problems, tree_problems
 from specforge_lite.serving.engines import ENGINES
 from specforge_lite.drafters.registry import DRAFTERS, sglang_refusal
@@ -56,10 +57,10 @@ def check_at_the_door(cfg: DictConfig) -> Any:
 
 def validate_config(cfg: DictConfig, target_config: Any = None) -> None:
     """Raise one `SpecforgeError` listing every problem of `cfg` (see the module docstring)."""
-    _refuse(config_problems(cfg, target_config))
+    refuse(config_problems(cfg, target_config))
 
 
-def _refuse(problems: list[str]) -> None:
+def refuse(problems: list[str]) -> None:
     if problems:
         head = "invalid setting" if len(problems) == 1 else f"{len(problems)} invalid settings"
         raise SpecforgeError((f"{head}: " + problems[0]) if len(problems) == 1
@@ -87,13 +88,15 @@ def validate_for_target(cfg: DictConfig) -> None:
     config.json and weight files, by name) and its config read; the stages that build a
     drafter then check the fields bounded by it (such as aux layer ids against its depth), and
     the stages that evaluate what its family can run (`engine_problem`)."""
-    _refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
+    refuse(environment_problems(cfg))  # this machine's folders and packages, as the config needs them
+    if runs(cfg.stage, "evaluate"):  # the prompt set, before `run` samples and trains
+        refuse([p for p in (dataset_problem(cfg),) if p])
     if cfg.stage == "train" and cfg.train.dry_run:  # reads only the config it sizes, never weights
         from specforge_lite.targets.loading import sizing_config
 
         validate_config(cfg, sizing_config(cfg.target.path))  # the fields bounded by it (aux layer ids)
         return
-    _refuse(training_problems(cfg))  # before the target's config is read (a hub id a sharded target cannot take)
+    refuse(training_problems(cfg))  # before the target's config is read (a hub id a sharded target cannot take)
     from specforge_lite.targets.loading import load_target_config, resolve_target_path
 
     # export reads only the embeddings, final norm and lm_head (target_head.py checks their files)
@@ -102,7 +105,7 @@ def validate_for_target(cfg: DictConfig) -> None:
         validate_config(cfg, target_config)
     if runs(cfg.stage, "evaluate"):  # what the target's family runs, a tree's budget and the answers' length
         family = [engine_problem(cfg.eval, target_config)]
-        _refuse([p for p in family if p] + tree_problems(cfg.eval, target_config)
+        refuse([p for p in family if p] + tree_problems(cfg.eval, target_config)
                 + length_problems(cfg.eval, target_config))
     # the other models a stage will load: paths resolved now (a missing one fails at once)
     if COMMANDS[cfg.stage].builds_drafter and cfg.drafter.get("student"):
@@ -116,21 +119,25 @@ def engine_problem(eval_cfg: DictConfig, target_config: Any) -> str | None:
     """`eval.engine` against the target's family: static and compiled are our own forward,
     which covers only some families (`static_llama.unsupported_reason`); refused here, before
     sample and train, rather than when evaluate builds the forward after them."""
-    from specforge_lite.runtime.hf_runner import rollback_problem
+    from specforge_lite.runtime.hf_runner import cache_problem, rollback_problem
     from specforge_lite.runtime.static_llama import unsupported_reason
 
+    kind = getattr(target_config, "model_type", None)
+    # every method of ours and of transformers' generate builds transformers' cache for the target
+    ours = [m for m in eval_cfg.methods if not m.startswith(("vllm", "llamacpp"))]
+    broken = cache_problem(target_config) if ours else None
+    if broken:
+        return (f"eval.methods={ours}: model_type {kind!r} cannot run them on transformers' forward: {broken}; "
+                "evaluate it with vLLM's methods (vllm_*), or with a transformers that knows the layer type")
     # our decoder and transformers' assisted generation crop the target's cache after a rejection
-    drafting = [m for m in eval_cfg.methods
-                if m not in ("plain", "hf_generate") and not m.startswith(("vllm", "llamacpp"))]
+    drafting = [m for m in ours if m not in ("plain", "hf_generate")]
     stuck = rollback_problem(target_config) if drafting else None
     if stuck:
-        kind = getattr(target_config, "model_type", None)
         return (f"eval.methods={drafting}: model_type {kind!r} cannot run them on our decoder: {stuck}; evaluate "
                 "it with eval.methods=[plain,hf_generate] or with vLLM's methods (vllm_*)")
     reason = unsupported_reason(target_config)
     if eval_cfg.engine not in ("static", "compiled") or not reason:
         return None
-    kind = getattr(target_config, "model_type", None)
     what = reason if reason.startswith("model_type") else f"model_type {kind!r} with {reason}"
     return (f"eval.engine={eval_cfg.engine}: the static forward does not support {what}; "
             "eval.engine=hf runs this target on transformers' forward (auto chooses it)")

@@ -46,7 +46,7 @@ from specforge_lite.runtime.compiled_run import prepare_compiled
 from specforge_lite.runtime.drift import drifted
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
 from specforge_lite.decoding.choices import drafted_k
-from specforge_lite.decoding.metrics import (measure_forward_costs,
+from specforge_lite.decoding.metrics import (cost_curve_note, measure_forward_costs,
                                              our_conventions)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
 from specforge_lite.decoding.report import k_text, render_markdown, write_plots
@@ -303,6 +303,8 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     report["settings"]["engine"] = {**target.info, "dtype": dtype_choice}
     report["rounding_baseline"] = baseline
     report["skipped"] = {"prompt_too_long": len(too_long), "ids": too_long} if too_long else {}
+    if note := cost_curve_note(model.config):  # a cache that cannot be rolled back: its curve stops at t=1
+        report["forward_costs"]["note"] = note
     served = ServedTarget(path, model.config, str(model.dtype).removeprefix("torch."), eos_ids, model, tokenizer)
     return out, report, served, requests, plain_tokens
 

@@ -28,12 +28,32 @@ def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries
         "target": cfg.target.path, "dataset": ecfg.dataset, "settings": OmegaConf.to_container(ecfg, resolve=True),
         "conventions": conventions, "num_prompts": len(prompts), "num_answers": sum(len(p["turns"]) for p in prompts),
         "prompts": [{"id": p["id"], "category": p["category"], "turns": len(p["turns"])} for p in prompts],
-        "methods": entries,
+        "methods": entries, "drafters": measured_drafters(cfg, list(entries)),
         "per_category_tau": {cat: {m: entries[m]["per_category"].get(cat, {}).get("tau") for m in entries}
                              for cat in categories},
         "best_k": None, "best_k_method": None,  # best k needs our engine's forward costs
         **fields, "answers": rows,
     }
+
+
+def measured_drafters(cfg: DictConfig, methods: list[str]) -> dict:
+    """{drafter kind: {"path", "weights"}} of the trained drafters the methods measured (chains,
+    trees, hybrids and their vLLM twins), by the content digests of their weight files: what
+    export checks before it takes this report's k, tree and recommendation for a drafter."""
+    from pathlib import Path
+
+    from specforge_lite.drafters.methods import VLLM_OF, chain_methods
+    from specforge_lite.drafters.registry import DRAFTERS
+    from specforge_lite.targets.digest import folder_digests
+
+    kinds = {VLLM_OF.get(m, m) for m in chain_methods(methods)} & set(DRAFTERS)
+    found = {}
+    for kind in sorted(kinds):
+        chosen = cfg.eval.drafter_dirs.get(kind)
+        folder = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
+        if folder.is_dir():
+            found[kind] = {"path": str(folder), "weights": folder_digests(folder)}
+    return found
 
 
 def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> tuple[dict, list[dict], dict]:

@@ -38,15 +38,46 @@ from specforge_lite.targets.loading import HUB_IDS, resolve_target_path
 log = logging.getLogger(__name__)
 
 
-def chosen_k(cfg: DictConfig) -> tuple[int, str]:
+def evaluated(cfg: DictConfig, trained: Path | None = None, kind: str | None = None) -> Path | None:
+    """run_dir/eval/report.json where it measured the drafter exported now, else None. With the
+    drafter's folder given, a report that recorded other weights of this drafter kind (a retrain
+    whose evaluate failed or never ran), or that was written before these weights without
+    recording any, is said in one line and not used: its k, tree and recommendation are another
+    drafter's."""
+    report = Path(cfg.run_dir) / "eval" / "report.json"
+    if not report.exists():
+        return None
+    if trained is not None and (why := stale_report(report, Path(trained), kind)):
+        log.warning("%s %s: the export does not use its k, tree or recommendation (evaluate this drafter again)",
+                    report, why)
+        return None
+    return report
+
+
+def stale_report(report: Path, trained: Path, kind: str | None) -> str | None:
+    from specforge_lite.targets.digest import folder_digests, weight_files
+
+    recorded = (read_json_object(report).get("drafters") or {}).get(kind)
+    if recorded is not None:
+        return None if recorded.get("weights") == folder_digests(trained) else \
+            f"measured other weights of the {kind} drafter than those in {trained} (trained again since?)"
+    newest = max((p.stat().st_mtime for p in weight_files(trained)), default=None)
+    if newest is not None and report.stat().st_mtime < newest:
+        return f"was written before the {kind} drafter in {trained} was trained"
+    return None
+
+
+def chosen_k(cfg: DictConfig, report: Path | None | bool = True) -> tuple[int, str]:
+    """The k the export serves: export.speculative_tokens, else the report's best k (`report`:
+    True reads run_dir's, None means no report of this drafter), else export.fallback_tokens."""
     if cfg.export.speculative_tokens is not None:
         return int(cfg.export.speculative_tokens), "export.speculative_tokens"
-    report = Path(cfg.run_dir) / "eval" / "report.json"
-    if report.exists():
+    report = evaluated(cfg) if report is True else report
+    if report is not None:
         best = read_json_object(report).get("best_k")
         if isinstance(best, int) and best > 0:
             return best, f"best_k measured by evaluate ({report})"
-    return int(cfg.export.fallback_tokens), "export.fallback_tokens (no evaluation report found)"
+    return int(cfg.export.fallback_tokens), "export.fallback_tokens (no evaluation report of this drafter found)"
 
 
 def run(cfg: DictConfig) -> None:
@@ -65,7 +96,8 @@ def run(cfg: DictConfig) -> None:
         raise SpecforgeError(f"{final} is a file, not an export folder; move or delete it (or set another run_dir)")
     # the checks use the target's embeddings, final norm and lm_head: only those are read
     target, tokenizer = load_target_head(cfg.target)
-    k, k_source = chosen_k(cfg)
+    report = evaluated(cfg, trained, kind)
+    k, k_source = chosen_k(cfg, report)
     verifier = cfg.export.verifier_name_or_path or HUB_IDS.get(cfg.target.path) or resolve_target_path(cfg.target.path)
     # written whole into a temporary folder, checked strictly there, then moved into place:
     # a failure leaves the previous export (and its export.json) as it was
@@ -88,12 +120,12 @@ def run(cfg: DictConfig) -> None:
             if write_failure(err):  # a full disk
                 raise SpecforgeError(f"cannot write the export ({err}); nothing replaced") from err
             raise
-        if tree := chosen_tree(cfg, kind):  # the evaluated tree as vLLM's static tree, beside the chain
+        if tree := chosen_tree(cfg, kind, report):  # the evaluated tree as vLLM's static tree, beside the chain
             tree["command"] = tree_command(verifier, DRAFTERS[kind].VLLM_SERVING, tree["node_paths"])
             readme = tmp / info["path"] / "README.md"
             readme.write_text(readme.read_text() + tree_readme(tree))
             info["speculative_token_tree"] = tree
-        if advice := recommendation_readme(cfg):  # what this run's evaluate recommends, and who serves it
+        if advice := recommendation_readme(cfg, report):  # what this run's evaluate recommends, and who serves it
             readme = tmp / info["path"] / "README.md"
             readme.write_text(readme.read_text() + advice)
         info.update({key: str(final / info[key]) for key in ("path", "sglang") if info.get(key)})  # final places
@@ -112,7 +144,7 @@ def run(cfg: DictConfig) -> None:
                     "\"checked\": false", info["gguf"]["load_check"]["why"])
 
 
-def chosen_tree(cfg: DictConfig, kind: str) -> dict | None:
+def chosen_tree(cfg: DictConfig, kind: str, report: Path | None | bool = True) -> dict | None:
     """The draft tree the export of a `kind` drafter carries, or None: only for a drafter that
     drafts trees (its module's DRAFTS_TREES) and that vLLM serves on its EAGLE proposer without
     extra keys (vLLM serves P-EAGLE's parallel drafting, Medusa and DFlash as chains). Its shape is the best tree
@@ -127,8 +159,8 @@ def chosen_tree(cfg: DictConfig, kind: str) -> dict | None:
             or serving[2:]:
         return None
     shape, source = None, None
-    report = Path(cfg.run_dir) / "eval" / "report.json"
-    methods = read_json_object(report).get("methods") or {} if report.exists() else {}
+    report = evaluated(cfg) if report is True else report
+    methods = read_json_object(report).get("methods") or {} if report is not None else {}
     measured = {name: m for name, m in methods.items() if (m.get("tree") or {}).get("chain") == kind}
     if measured:
         name = max(measured, key=lambda n: measured[n].get("tokens_per_s") or 0.0)
@@ -162,12 +194,12 @@ def static_tree(depth: int, branch: int, nodes: int) -> list[tuple[int, ...]]:
     return DraftTree([0] * len(parents), parents).node_paths()
 
 
-def recommendation_readme(cfg: DictConfig) -> str:
+def recommendation_readme(cfg: DictConfig, report: Path | None | bool = True) -> str:
     """The README section on the method run_dir/eval/report.json recommends, with the report's
     reasons and alternatives (which say where a method is ours only and what an engine serves
-    instead), or "" without a report or a recommendation."""
-    report = Path(cfg.run_dir) / "eval" / "report.json"
-    rec = (read_json_object(report).get("recommendation") or {}) if report.exists() else {}
+    instead), or "" without a report (of this drafter) or a recommendation."""
+    report = evaluated(cfg) if report is True else report
+    rec = (read_json_object(report).get("recommendation") or {}) if report is not None else {}
     if not rec.get("deploy"):
         return ""
     lines = ["", "## What evaluate recommends", "",

@@ -42,7 +42,7 @@ from specforge_lite.training.features import (FeatureCache, cache_key, collate, 
                                               target_hidden)
 from specforge_lite.targets.digest import recorded_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
-from specforge_lite.training.checkpoints import check_written_by, latest_checkpoint, resume
+from specforge_lite.training.checkpoints import check_written_by, latest_checkpoint, resume, set_aside
 # fingerprint: read from here by the tests and older callers
 from specforge_lite.stages.train_keys import already_trained, fingerprint, fingerprint_and_parts  # noqa: F401
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
@@ -170,6 +170,8 @@ def run(cfg: DictConfig) -> None:
     counts = count_tokens(((r["input_ids"], r["loss_mask"]) for r in samples), target.config.vocab_size)
     drafter = module.build(cfg, target, counts)  # a bad drafter.init_from / student is named first
     ckpt_dir = out / "checkpoints"
+    if not tcfg.resume and accelerator.is_main_process and (aside := set_aside(ckpt_dir)) is not None:
+        log.warning("train.resume=false: the earlier run's checkpoints moved to %s; this run starts at step 0", aside)
     if tcfg.resume and (newest := latest_checkpoint(ckpt_dir)) is not None:  # before features are built
         try:
             check_written_by(newest, strategy.name, stamp, parts)

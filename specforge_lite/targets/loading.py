@@ -25,12 +25,18 @@ from pathlib import Path
 import torch
 
 from specforge_lite import SpecforgeError
-from specforge_lite.checked_io import ArtifactError
+from specforge_lite.checked_io import ArtifactError, read_json_object
 from specforge_lite.targets.accounting import record_target
 from specforge_lite.targets.folder import check_target_dir
 from specforge_lite.targets.model_types import check_model_type, config_from_dict
 
 log = logging.getLogger(__name__)
+
+try:  # what huggingface_hub's strict validators raise for a config.json they refuse (older ones: none)
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+    CONFIG_REFUSALS: tuple = (StrictDataclassClassValidationError,)
+except ImportError:
+    CONFIG_REFUSALS = ()
 
 ASSET_CONFIGS = Path(__file__).resolve().parents[1] / "assets" / "configs"
 KNOWN_CONFIGS = {
@@ -265,10 +271,27 @@ def load_target_config(target_cfg, weights: bool = True, path: str | None = None
     if Path(path).is_dir():
         check_target_dir(Path(path), weights)
         check_model_type(Path(path), target_cfg)
+        check_layer_count(Path(path) / "config.json", f"target.path={target_cfg.path!r}")
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=target_cfg.trust_remote_code)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise SpecforgeError(f"target.path={target_cfg.path!r}: cannot read its config ({_first_line(err)})") from None
+    except (OSError, ValueError, KeyError, TypeError, *CONFIG_REFUSALS) as err:
+        # a strict validator's error names the validator on its first line, its cause what is wrong
+        cause = err.__cause__ if isinstance(err.__cause__, ValueError) else err
+        raise SpecforgeError(f"target.path={target_cfg.path!r}: cannot read its config ({_first_line(cause)})") \
+            from None
+
+
+def check_layer_count(file: Path, what: str) -> None:
+    """A config.json (or its `text_config`) whose `layer_types` lists another number of layers than
+    its `num_hidden_layers`: refused in one line naming the file and both lengths."""
+    config = read_json_object(file)
+    for where, values in (("", config), ("text_config.", config.get("text_config"))):
+        types, layers = (values.get("layer_types"), values.get("num_hidden_layers")) if isinstance(values, dict) \
+            else (None, None)
+        if isinstance(types, list) and isinstance(layers, int) and len(types) != layers:
+            raise SpecforgeError(f"{what}: {file} lists {len(types)} {where}layer_types for "
+                                 f"num_hidden_layers={layers}; give one layer type per layer (or drop layer_types "
+                                 "for the family's default)")
 
 
 def _first_line(err: Exception) -> str:
@@ -366,6 +389,8 @@ def sizing_config(path: str):
         return config_from_dict(json.loads((ASSET_CONFIGS / KNOWN_CONFIGS[path]).read_text()))
     if path.startswith("builtin:"):
         path = resolve_target_path(path)
+    if (Path(path).expanduser() / "config.json").is_file():
+        check_layer_count(Path(path).expanduser() / "config.json", f"target {path!r}")
     try:
         return AutoConfig.from_pretrained(path)
     except Exception as err:  # no hub here: say what works

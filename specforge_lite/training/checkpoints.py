@@ -98,6 +98,19 @@ def prune(ckpt_dir: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def set_aside(ckpt_dir: Path) -> Path | None:
+    """A run that starts over (`train.resume=false`): the checkpoints an earlier run left in
+    `ckpt_dir` move to `<ckpt_dir>.previous` (replacing an older set), so that this run's steps
+    are written, and a later resume finds only them; returns where they went, or None."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
+        return None
+    aside = ckpt_dir.with_name(ckpt_dir.name + ".previous")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(ckpt_dir, aside)
+    return aside
+
+
 def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
     """Complete checkpoint folders (those with `state.json`), oldest first."""
     return sorted(p for p in Path(ckpt_dir).glob("step-*") if (p / STATE).exists())

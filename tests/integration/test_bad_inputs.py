@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -20,12 +21,17 @@ import pytest
 
 from specforge_lite.__main__ import main
 from tests.conftest import REPO, compose, run_cli
+from tests.forked_cli import FRESH_ENV
 
 SMOKE_DATA = REPO / "specforge_lite" / "assets" / "smoke_conversations.jsonl"
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
-    """Run `python -m specforge_lite ARGS` in this process; returns (exit status, stderr)."""
+    """Run `python -m specforge_lite ARGS` in this process (in a fresh interpreter where
+    tests/forked_cli.py FRESH_ENV says so: a `fresh_cli` test's second run); returns (exit status, stderr)."""
+    if os.environ.get(FRESH_ENV) == "1":
+        proc = run_cli(*args)
+        return proc.returncode, proc.stderr
     code = in_process(*args)
     return code, capsys.readouterr().err
 
@@ -127,6 +133,7 @@ def test_out_of_range_settings_are_refused_before_anything_runs(capsys, tmp_path
     assert written(tmp_path) == set()
 
 
+@pytest.mark.fresh_cli
 @pytest.mark.parametrize("override,message", [
     ("run_dir={tmp}/${{nope}}", "run_dir='{tmp}/${{nope}}': cannot resolve its value (Interpolation key 'nope' not "
                                 "found); write the path out"),
@@ -144,6 +151,7 @@ def test_an_interpolation_that_does_not_resolve_is_one_line(capsys, tmp_path, ov
     assert not any(tmp_path.iterdir()) if run_dir == [] else written(tmp_path) == set()
 
 
+@pytest.mark.fresh_cli
 def test_a_bad_gemm_rows_environment_setting_is_refused_at_the_door(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECFORGE_LITE_GEMM_ROWS", "eight")
     code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}")

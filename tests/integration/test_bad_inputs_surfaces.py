@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -44,7 +46,8 @@ def exported(tmp_path_factory) -> Path:
     try:
         run_ok("sample", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED)
         run_ok("train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, "train.max_steps=2", "train.checkpoint_every=1")
-        for stage, extra in (("train", ("train.resume=false",)), ("evaluate", QUICK_EVAL), ("export", ())):
+        restart = ("train.resume=false", "train.checkpoint_every=1", "train.max_steps=3")  # other settings, same steps
+        for stage, extra in (("train", restart), ("evaluate", QUICK_EVAL), ("export", ())):
             run_ok(stage, "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, "train.max_steps=1",
                    "train.checkpoint_every=0", *extra)
         assert list((run_dir / "train" / "checkpoints").iterdir())  # one kept: its modes are checked too
@@ -67,6 +70,26 @@ def test_a_refused_train_leaves_the_earlier_drafter_and_its_record_as_they_were(
     assert code == 2 and "Traceback" not in err, err
     assert str(not_a_drafter) in err, err
     assert digest(exported / "train") == before  # config.yaml, versions.json and the drafter, byte for byte
+
+
+def test_a_train_that_starts_over_sets_the_old_checkpoints_aside_and_resumes_its_own(capsys, exported, tmp_path):
+    """`train.resume=false` (max_steps=3) after a run of other settings that checkpointed step 1: the
+    old checkpoint is moved aside and the new run's steps 1 and 2 are its own (it used to keep the
+    old step 1, and a resume from it then blamed settings)."""
+    checkpoints, aside = exported / "train" / "checkpoints", exported / "train" / "checkpoints.previous"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-0000001", "step-0000002"]
+    assert sorted(p.name for p in aside.iterdir()) == ["step-0000001"]
+    stamp = {p.name: json.loads((p / "state.json").read_text())["fingerprint"] for p in checkpoints.iterdir()}
+    assert stamp["step-0000001"] == stamp["step-0000002"]  # both of this run
+    assert json.loads((aside / "step-0000001" / "state.json").read_text())["fingerprint"] != stamp["step-0000001"]
+    run_dir = tmp_path / "run"
+    shutil.copytree(exported, run_dir)
+    shutil.rmtree(run_dir / "train" / "drafter")  # so that the same settings train (resume) again
+    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={run_dir}", *SAMPLED, "train.max_steps=3",
+                    "train.checkpoint_every=1")
+    assert code in (0, None), err
+    assert re.search(r"train:\s+67%\|[^|]*\| 2/3 ", err), err  # its bar starts at step 2 of 3: resumed, not refused
+    assert (run_dir / "train" / "drafter").is_dir()
 
 
 def test_the_drafter_folder_carries_its_own_provenance(exported):
@@ -307,3 +330,31 @@ def test_build_folders_of_a_process_that_is_gone_are_removed_on_the_next_run(tmp
     graph_cache.remove_leftovers(cache)
     assert sorted(p.name for p in scratch.iterdir()) == sorted(p.name for p in kept)
     assert sorted(p.name for p in cache.iterdir()) == sorted([f".partial-{alive}-toy-abc.pt2", "toy-abc.pt2"])
+
+
+def test_export_does_not_take_k_from_a_report_of_other_weights(capsys, exported, tmp_path):
+    """A retrain whose evaluate failed left the old report: export used its best k and
+    recommendation silently (issue 65). The report records the weights it measured; export says
+    in one line that it measured others and takes none of it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(exported, run_dir)
+    report_path = run_dir / "eval" / "report.json"
+    report = json.loads(report_path.read_text())
+    assert report["drafters"] == {}  # this evaluate measured plain only
+    kind = json.loads((run_dir / "export" / "export.json").read_text())["drafter"]
+    report.update(best_k=5, drafters={kind: {"path": "elsewhere", "weights": {"model.safetensors": "an-older-one"}}})
+    report_path.write_text(json.dumps(report))
+    code, err = cli(capsys, "export", "+recipe=smoke", f"run_dir={run_dir}")
+    assert code in (0, None), err
+    log = sorted(run_dir.glob("logs/*-export/__main__.log"))[-1].read_text()  # Hydra's log of this export
+    lines = [line for line in log.splitlines() if "measured other weights" in line]
+    assert len(lines) == 1 and str(report_path) in lines[0] and "WARNING" in lines[0], log
+    info = json.loads((run_dir / "export" / "export.json").read_text())
+    assert info["speculative_tokens_source"].startswith("export.fallback_tokens") and info["speculative_tokens"] != 5
+    report["drafters"] = {}  # the same report of this drafter's run (written after it): its k is taken
+    report_path.write_text(json.dumps(report))
+    shutil.rmtree(run_dir / "logs")  # Hydra's log folder of an export in the same second is the one above
+    code, err = cli(capsys, "export", "+recipe=smoke", f"run_dir={run_dir}")
+    assert code in (0, None), err
+    assert "measured other" not in sorted(run_dir.glob("logs/*-export/__main__.log"))[-1].read_text()
+    assert json.loads((run_dir / "export" / "export.json").read_text())["speculative_tokens"] == 5

@@ -12,7 +12,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from specforge_lite.scale.launch import free_port
+from specforge_lite.scale.rendezvous import free_port
 from tests.conftest import REPO, run_cli
 
 ARGS = ["+recipe=smoke", "train.checkpoint_every=0", "train.max_steps=10", "train.log_every=2"]

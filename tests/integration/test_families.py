@@ -1,6 +1,6 @@
 """Targets of other families (tests/families.py: Qwen3, Qwen3-MoE, gpt-oss, Mistral with its
-window, Gemma 3, DeepSeek-V3, Llama 4) through the stages, and what the door refuses for them
-(Qwen3-Next's recurrent layers; issue 53).
+window, Gemma 3, DeepSeek-V3, Llama 4, Gemma 4's KV sharing) through the stages, and what the door
+refuses for them (Qwen3-Next's and Falcon-H1's recurrent layers; issues 53 and 65).
 
 A family is one entry of `FAMILIES`; each test here is parametrised over them (EAGLE-3 through
 every stage, DFlash through every stage, the cache rolled back). Evaluate runs the families of
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
-from tests.families import FAMILIES, REFUSED_FAMILIES, STATIC_FAMILIES, WINDOW, family_target  # noqa: F401  (a fixture)
+from tests.families import FAMILIES, REFUSED_FAMILIES, SHARED_KV_FAMILIES, STATIC_FAMILIES, WINDOW
+from tests.families import family_target  # noqa: F401  (a fixture)
 from tests.integration.test_bad_inputs import assert_user_error, cli, written
 
 # every stage at its smallest: a few conversations, a few steps, one held-out prompt timed once
@@ -74,7 +75,21 @@ def test_dflash_runs_every_stage_on_each_family(family, family_target, tmp_path)
     assert export["drafter"] == "dflash" and export["strict_reload"] == "passed", export
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHARED_KV_FAMILIES)
+def test_a_kv_sharing_family_drafts_as_plain_decodes(family, family_target, tmp_path):
+    """Layers that reuse earlier layers' keys and values hold no cache of their own (transformers'
+    DummyLayer): the door lets drafting through, and every rejected draft is cropped losslessly."""
+    run_dir = tmp_path / "run"
+    methods = "eval.methods=[plain,eagle3,eagle3_tree,ngram,hf_generate,hf_prompt_lookup]"
+    run_cli("run", "+recipe=smoke", f"target.path={family_target(family)}", f"run_dir={run_dir}",
+            "eval.engine=auto", methods, "eval.max_prompts=2", *SMALL, check=True)
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert {m: e["identical_to_plain"] for m, e in report["methods"].items()} == \
+        {m: True for m in methods.split("[")[1].rstrip("]").split(",")}, report["methods"]
+    assert report["methods"]["ngram"]["acceptance_rate"] < 1, "no draft was rejected, so none was cropped"
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, *SHARED_KV_FAMILIES])
 def test_the_runner_rolls_back_chains_and_trees_past_the_window(family, family_target):
     """Drafts rejected after the context outgrew the sliding window, a tree verify and the path
     it keeps: every logit as the whole sequence's forward gives it (the cache and the tree's
@@ -140,6 +155,10 @@ DOOR_CASES = [
     ("qwen3_next", ["run", "eval.engine=hf", "eval.methods=[plain,hf_generate,eagle3,ngram]"],
      "eval.methods=['eagle3', 'ngram']: model_type 'qwen3_next' cannot run them on our decoder: its cache layers "
      "['LinearAttentionLayer'] keep a recurrent state"),
+    # its hybrid layers are attention layers to transformers' cache, which also keep a Mamba state
+    ("falcon_h1", ["run", "eval.engine=hf", "eval.methods=[plain,eagle3,ngram]"],
+     "eval.methods=['eagle3', 'ngram']: model_type 'falcon_h1' cannot run them on our decoder: its cache layers "
+     "['LinearAttentionAndFullAttentionLayer'] keep a recurrent state"),
 ]
 
 
@@ -205,3 +224,61 @@ def test_a_model_type_that_needs_remote_code_is_refused_unless_allowed(capsys, f
     known = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**known, "model_type": "qwen3"}))
     check_model_type(folder, target_cfg(str(folder)))
+
+
+# --------------------------------------------------------------------------- what a target the door refuses runs
+
+def test_a_target_that_cannot_roll_back_evaluates_what_it_can(family_target, tmp_path):
+    """The door's own advice for Qwen3-Next (eval.methods=[plain,hf_generate]; issue 65): evaluate
+    measures both, and the forward's cost curve, timed by cropping the cache back after each
+    forward, is timed at t=1 only, each forward after a prefill anew, and the report says why."""
+    run_dir = tmp_path / "run"
+    run_cli("evaluate", "+recipe=smoke", f"target.path={family_target('qwen3_next')}", f"run_dir={run_dir}",
+            "eval.engine=hf", "target.dtype=auto", "eval.methods=[plain,hf_generate]", "eval.best_k_method=null",
+            "eval.max_prompts=1", "eval.max_new_tokens=4", "eval.warmup=0", "eval.plots=false", "eval.cost_repeats=1",
+            check=True)
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert {m: e["identical_to_plain"] for m, e in report["methods"].items()} == {"plain": True, "hf_generate": True}
+    costs = report["forward_costs"]
+    assert list(costs["ms_by_num_tokens"]) == ["1"], costs
+    assert costs["note"].startswith("timed at t=1 only: its cache layers ['LinearAttentionLayer'] keep a recurrent "
+                                    "state"), costs
+    assert costs["note"] in (run_dir / "eval" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("family", REFUSED_FAMILIES)
+def test_a_recurrent_target_samples_in_batches_as_it_does_alone(family, family_target, tmp_path):
+    """Qwen3-Next and Falcon-H1 sampled two at a time (issue 65): a row that finishes leaves the
+    batch with its recurrent state (transformers' own row selection has none for Qwen3-Next's layer,
+    and keeps every row of a hybrid layer's), and the left padding leaves every answer as the
+    target gives it alone."""
+    import pyarrow.parquet as pq
+
+    rows = {}
+    for batch in (1, 2):
+        run_dir = tmp_path / f"batch{batch}"
+        run_cli("sample", "+recipe=smoke", f"target.path={family_target(family)}", f"run_dir={run_dir}",
+                f"sample.batch_size={batch}", check=True)
+        rows[batch] = [row for shard in sorted((run_dir / "samples" / "data").glob("*.parquet"))
+                       for row in pq.read_table(shard).to_pylist()]
+    # some rows ended early while the other row of their batch decoded on
+    assert {reason for row in rows[2] for reason in row["finish_reasons"]} == {"stop", "length"}
+    assert rows[2] == rows[1]
+
+
+def test_layer_types_that_disagree_with_the_depth_are_one_line(capsys, family_target, tmp_path):
+    """A config.json whose layer_types lists another number of layers than num_hidden_layers (issue
+    65): refused at the door of every stage, the file and both lengths named, nothing written."""
+    import shutil
+
+    target = shutil.copytree(family_target("gemma3_text"), tmp_path / "target")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "layer_types": config["layer_types"][:4]}))
+    capsys.readouterr()  # building the folder (when this test is the first to ask) prints its progress
+    run_dir = tmp_path / "run"
+    for stage, *overrides in (("sample",), ("evaluate", "eval.engine=hf"), ("train", "train.dry_run=true")):
+        code, err = cli(capsys, stage, "+recipe=smoke", f"target.path={target}", f"run_dir={run_dir}", *overrides)
+        assert_user_error(code, err, f"{target / 'config.json'} lists 4 layer_types for num_hidden_layers="
+                                     f"{config['num_hidden_layers']}; give one layer type per layer")
+        assert len(err.strip().splitlines()) == 1, err
+    assert written(run_dir) == set()

@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 from specforge_lite.data.samples import completed_shards, load_samples, shard_path
-from specforge_lite.scale.launch import free_port
+from specforge_lite.scale.rendezvous import free_port
 from tests.conftest import REPO, run_cli
 from tests.unit.test_content_keys import WEIGHT, middle_of, rewrite_byte
 

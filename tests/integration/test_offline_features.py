@@ -17,7 +17,7 @@ from specforge_lite.training.features import collate, target_hidden
 from specforge_lite.stages.train import training_rows
 from specforge_lite.training.strategies.base import target_compute
 from specforge_lite.targets.loading import load_target
-from specforge_lite.scale.launch import free_port
+from specforge_lite.scale.rendezvous import free_port
 from tests.conftest import REPO, compose, run_cli
 from tests.families import family_target  # noqa: F401  (a fixture)
 

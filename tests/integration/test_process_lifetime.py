@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.scale.launch import free_port
+from specforge_lite.scale.rendezvous import free_port
 from tests.conftest import REPO, run_cli, terminal_signals
 
 # long enough to be training still when it is killed

@@ -21,7 +21,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from specforge_lite.scale.launch import free_port
+from specforge_lite.scale.rendezvous import free_port
 from tests.conftest import REPO, run_cli
 
 # fp32 (not `auto`, which is bf16 on CPUs with native bf16): these runs check that a strategy's

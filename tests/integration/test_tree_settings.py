@@ -22,7 +22,15 @@ CASES = [
     (["eval.methods=[plain,distilled,distilled_tree]", "eval.best_k_method=distilled"],
      "eval.methods: distilled_tree: distilled drafts chains only (cannot branch); the tree methods are ngram_tree"),
     (["eval.tree=null"], "has tree methods but eval.tree is null"),
-    (["eval.methods=[plain,ngram_mixed_tree]", "eval.best_k_method=null"], "eval.methods: ngram_mixed_tree: n-gram lookup's trees are ngram_tree"),
+    (["eval.methods=[plain,ngram_mixed_tree]", "eval.best_k_method=null"],
+     "eval.methods: ngram_mixed_tree: ngram's trees are ngram_tree (a mixed tree joins"),
+    (["eval.methods=[plain,suffix,suffix_mixed_tree]", "eval.best_k_method=null"],
+     "eval.methods: suffix_mixed_tree: suffix's trees are suffix_tree"),
+    # a serving engine's method is not shaped by eval.tree (it passed the door and failed later: issue 65)
+    (["eval.methods=[plain,vllm_eagle3_tree]", "eval.best_k_method=null"],
+     "eval.methods: vllm_eagle3_tree: vllm_eagle3 runs in another engine, which eval.tree does not shape"),
+    (["eval.methods=[plain,llamacpp_ngram_tree]", "eval.best_k_method=null"],
+     "eval.methods: llamacpp_ngram_tree: llamacpp_ngram runs in another engine"),
     # work bounded at the door (issue 52: a tree of 1000 / 1000 / 1000 passed and made no progress,
     # timing a target forward at every width up to 1001)
     (["eval.tree.depth=1000", "eval.tree.branch=1000", "eval.tree.nodes=1000"],

@@ -65,3 +65,30 @@ def test_the_door_names_the_build_when_it_is_missing(monkeypatch):
 
     problems = method_problems(compose(["eval.methods=[plain,arctic_suffix]"]).eval)
     assert any("arctic_suffix needs Arctic Inference's suffix decoding" in p for p in problems)
+
+
+def test_a_broken_build_is_named_at_the_door_through_the_cli(capsys, tmp_path, monkeypatch):
+    """Installed but not importable (a build against another torch, a file missing): it passed
+    the door and raised in evaluate (issue 65); now one line at the door names the build."""
+    import sys
+
+    from tests.integration.test_bad_inputs import assert_user_error, cli, written
+
+    package = tmp_path / "site" / "arctic_inference"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "suffix_decoding.py").write_text("raise ImportError('undefined symbol: _ZN5torch3jit')\n")
+    for name in [m for m in sys.modules if m == "arctic_inference" or m.startswith("arctic_inference.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    run_dir = tmp_path / "run"
+    try:
+        code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={run_dir}",
+                        "eval.methods=[plain,arctic_suffix]", "eval.best_k_method=null")
+    finally:  # the fake package leaves this process with the test (monkeypatch restores the real one)
+        for name in [m for m in sys.modules if m.split(".")[0] == "arctic_inference"
+                     and str(tmp_path) in str(getattr(sys.modules[m], "__file__", ""))]:
+            del sys.modules[name]
+    assert_user_error(code, err, "arctic_suffix: Arctic Inference's arctic_inference.suffix_decoding is installed but "
+                                 "does not import (ImportError: undefined symbol")
+    assert len(err.strip().splitlines()) == 1 and written(run_dir) == set()

@@ -45,6 +45,16 @@ def test_help_lists_stages(cli):
     assert "smoke" in proc.stdout and "eagle_smollm2" in proc.stdout
 
 
+@pytest.mark.parametrize("command", ["docs", "gpu-check", "families"])
+def test_every_command_takes_help(cli, command):
+    """The usage says `COMMAND --help` lists a command's options: it does for each one, and runs
+    nothing (families refused it: issue 65)."""
+    proc = cli(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m specforge_lite {command}"), proc.stdout
+    assert "error" not in proc.stderr
+
+
 def test_unknown_stage_fails(cli):
     proc = cli("fly")
     assert proc.returncode == 2

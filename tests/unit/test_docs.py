@@ -203,16 +203,25 @@ ENTRIES = {
     "specforge_lite/drafters/methods.py": ["branch_problem", "length_problem", "no_methods", "best_k_problem"],
     "specforge_lite/__main__.py": ["unresolved"],
     "specforge_lite/stages/door.py": ["engine_problem"],
-    "specforge_lite/runtime/hf_runner.py": ["rollback_problem"],
+    "specforge_lite/runtime/hf_runner.py": ["rollback_problem", "cache_problem", "role_problem"],
     "specforge_lite/training/checkpoints.py": ["check_written_by"],
     "specforge_lite/targets/model_types.py": ["check_model_type"],
-    "specforge_lite/records/results.py": ["read_results"],
+    "specforge_lite/targets/loading.py": ["check_layer_count"],
+    "specforge_lite/decoding/metrics.py": ["cost_curve_note"],
+    "specforge_lite/records/results.py": ["read_results", "write_results", "shaped"],
+    "specforge_lite/records/docs.py": ["render_block"],
+    "specforge_lite/data/eval_prompts.py": ["dataset_problem", "tasks_overlap"],
+    "specforge_lite/stages/export.py": ["evaluated"],
+    "specforge_lite/decoding/arctic.py": ["missing_problem"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)
 PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
            ("specforge_lite/scale/launch.py", "128 + signal.SIGHUP"),
            ("specforge_lite/drafters/methods.py", "the most drafts one step verifies"),
-           ("specforge_lite/config/schema.py", "the drafts one step verifies; evaluate times a target forward")]
+           ("specforge_lite/config/schema.py", "the drafts one step verifies; evaluate times a target forward"),
+           ("specforge_lite/stages/train.py", "the earlier run's checkpoints moved to"),
+           ("specforge_lite/scale/rendezvous.py", "another process listens on it on this machine"),
+           ("specforge_lite/scale/rendezvous.py", "the name does not resolve to an address")]
 
 
 def words(text: str) -> str:
@@ -269,7 +278,11 @@ def test_every_new_error_has_a_troubleshooting_entry():
 
 @pytest.mark.parametrize("name,damage", [("eval_eagle_smollm2", b'{"date": "2026-11-2'),
                                          ("gpu_check_nvidia_h200", b"\xff\xfe not text"),
-                                         ("eval_eagle_smollm2", "no tau")])
+                                         ("eval_eagle_smollm2", "no tau"),
+                                         # whole JSON of the wrong shape, or a record without its commit (issue 65)
+                                         ("eval_eagle_smollm2", "methods a list"),
+                                         ("gpu_check_nvidia_h200", "steps a list"),
+                                         ("eval_eagle_smollm2", "no commit")])
 def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, monkeypatch, capsys, name, damage):
     """make docs (and --check) on a results file that is not JSON: one `error:` line naming the file,
     exit 2, nothing written (it used to be a JSONDecodeError naming no file)."""
@@ -279,9 +292,16 @@ def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, 
 
     copy = tmp_path / "benchmarks" / "results"
     shutil.copytree(results.RESULTS, copy)
-    if damage == "no tau":  # whole JSON, one figure missing: it was published as '-' with exit 0
+    if isinstance(damage, str):  # whole JSON: one figure missing was published as '-' with exit 0
         d = json.loads((copy / f"{name}.json").read_text())
-        del docs.report_of(d)["methods"]["eagle3"]["tau"]
+        if damage == "no tau":
+            del docs.report_of(d)["methods"]["eagle3"]["tau"]
+        elif damage == "methods a list":
+            docs.report_of(d)["methods"] = list(docs.report_of(d)["methods"])
+        elif damage == "steps a list":
+            d["steps"] = list(d["steps"])
+        else:  # published as `commit ?`
+            del d["commit"]
         (copy / f"{name}.json").write_text(json.dumps(d))
     else:
         (copy / f"{name}.json").write_bytes(damage)
@@ -298,7 +318,7 @@ def test_a_damaged_results_file_stops_make_docs_in_one_line_naming_it(tmp_path, 
     for argv in (["--check"], []):
         assert run_tool("docs", argv) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith(f"error: results file benchmarks/results/{name}.json: "), err
+        assert err.count("\n") == 1 and err.startswith(f"error: results file benchmarks/results/{name}.json"), err
         assert "run again the benchmark that writes it" in err and "Traceback" not in err, err
         assert damage != "no tau" or "method eagle3 has no tau" in err, err
     assert readme.read_text() == original

@@ -221,6 +221,12 @@ def test_recommendation_when_medusa_or_nothing_wins(tmp_path):
     assert any("0.33 removed it" in a and "next fastest is eagle3 (1.20x)" in a for a in rec["alternatives"])
     rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3": _entry(1.2, 7.0, 10.0)}})
     assert rec["deploy"] == "plain" and "no drafter beats plain" in rec["reasons"][1]
+    # suffix wins with a hybrid next: the sentence names the runner-up, not plain as "the next fastest" (issue 65)
+    rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "suffix": _entry(1.5, 14.0, 10.0),
+                                 "eagle3_hybrid": _entry(1.6, 13.0, 10.0)}})
+    assert rec["deploy"] == "suffix" and rec["runner_up"] == "eagle3_hybrid"
+    said = next(a for a in rec["alternatives"] if a.startswith("vLLM serves suffix decoding"))
+    assert "the next fastest is eagle3_hybrid (1.30x), the fastest served as measured plain (1.00x)" in said, said
     # a hybrid is ours only: the report names the fastest method a serving engine runs (no tree, no hybrid)
     rec = recommend({"methods": {"plain": _entry(1.0, 10.0, 10.0), "eagle3_hybrid": _entry(2.0, 16.0, 10.0),
                                  "eagle3_tree": {**_entry(2.2, 15.0, 10.0), "tree": {"chain": "eagle3"}},

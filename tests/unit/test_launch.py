@@ -8,8 +8,8 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.targets.accounting import is_layer_weight, share_bytes, stage_summary, target_weights
-from specforge_lite.scale.launch import (FIRST_PORT, LAUNCHER_VARIABLES, _ephemeral_low, free_port, launch_plan,
-                                         launched_by, port_free)
+from specforge_lite.scale.launch import LAUNCHER_VARIABLES, launch_plan, launched_by
+from specforge_lite.scale.rendezvous import FIRST_PORT, ephemeral_low, free_port, port_free
 from specforge_lite.scale.rehearse import RECIPES, card_section, load_spec, rehearsed_argv
 from tests.conftest import compose
 
@@ -60,7 +60,7 @@ def test_a_free_port_is_outside_the_ephemeral_range_and_not_held():
     on it (CI failed once so: EADDRINUSE); ours are drawn below that range, and never a held one."""
     import socket
 
-    low = _ephemeral_low()
+    low = ephemeral_low()
     if low is None or low - FIRST_PORT < 1024:
         pytest.skip("this kernel gives no ephemeral range with room below it")
     held = []
@@ -81,7 +81,7 @@ def test_a_held_port_is_drawn_again(monkeypatch):
     import random
     import socket
 
-    if (_ephemeral_low() or 0) - FIRST_PORT < 1024:
+    if (ephemeral_low() or 0) - FIRST_PORT < 1024:
         pytest.skip("this kernel gives no ephemeral range with room below it")
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -342,7 +342,7 @@ def test_the_sampled_hybrid_keeps_the_target_law():
 
 def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
     """The sample stage's answers become the corpus; the same samples read for a target whose
-    weights differ are refused with one line."""
+    weights differ are refused with one line, and the same weights copied to another folder are not."""
     from safetensors.torch import load_file, save_file
 
     from specforge_lite.data.samples import answer_corpus
@@ -356,6 +356,7 @@ def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
     assert sum(map(len, answer_corpus(samples, "builtin:tiny-llama", 5))) < sum(map(len, answers))
     other = tmp_path / "other"
     shutil.copytree(resolve_target_path("builtin:tiny-llama"), other)
+    assert answer_corpus(samples, str(other), 10**6) == answers  # the same bytes in another folder: the same target
     weights = next(other.glob("*.safetensors"))
     tensors = load_file(weights)
     name = next(iter(tensors))

@@ -1,0 +1,75 @@
+"""Inputs that used to pass the door and fail after work, or never end (issue 65), each tried
+through the real CLI on the smoke recipe: refused with one line and exit status 2 before any
+stage writes anything (Hydra's own logs aside)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from specforge_lite.data.eval_prompts import SHAREGPT_TASKS
+from tests.conftest import run_cli
+from tests.forked_cli import FRESH_ENV
+from tests.integration.test_bad_inputs import assert_user_error, cli, written
+
+TWO_RANKS = ("trainer.num_processes=2",)
+
+
+@pytest.mark.fresh_cli  # each also in a fresh interpreter (tests/conftest.py)
+@pytest.mark.parametrize("overrides,message", [
+    (["eval.dataset=/no/such/prompts.jsonl"], "eval.dataset='/no/such/prompts.jsonl': no such file"),
+    (["eval.dataset=builtin:mtbench"], "eval.dataset='builtin:mtbench': no such built-in prompt set; known: heldout, "
+                                       "builtin:mt_bench, builtin:sharegpt_tasks"),
+    # the ShareGPT task prompts were picked from the default split's held-out side: another seed trains on some
+    ([f"eval.dataset={SHAREGPT_TASKS}", "data.source=builtin:sharegpt", "data.split_seed=7"],
+     f"eval.dataset={SHAREGPT_TASKS}: "),
+])
+def test_runs_prompt_set_is_refused_before_sample_and_train(capsys, tmp_path, overrides, message):
+    """`run` used to sample and train, then find the prompt set missing or overlapping the training split."""
+    code, err = cli(capsys, "run", "+recipe=smoke", f"run_dir={tmp_path}", *overrides)
+    assert_user_error(code, err, message)
+    assert len(err.strip().splitlines()) == 1, err
+    assert written(tmp_path) == set()
+
+
+def test_an_unknown_builtin_prompt_set_lists_the_known_ones_in_evaluate_too(capsys, tmp_path):
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}", "eval.dataset=builtin:nope")
+    assert_user_error(code, err, "known: heldout, builtin:mt_bench, builtin:sharegpt_tasks")
+
+
+@pytest.mark.fresh_cli
+def test_a_busy_master_port_is_refused_before_any_rank_starts(capsys, tmp_path):
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, err = cli(capsys, "run", "+recipe=smoke", f"run_dir={tmp_path}", *TWO_RANKS,
+                        f"trainer.master_port={port}")
+    assert_user_error(code, err, f"trainer.master_port={port}: another process listens on it")
+    assert written(tmp_path) <= {".locks"} and not (tmp_path / "samples").exists()
+
+
+@pytest.mark.fresh_cli
+def test_an_unresolvable_master_addr_is_refused_not_waited_on(capsys, tmp_path):
+    """It waited forever in the rendezvous (issue 65); `.invalid` never resolves (RFC 6761)."""
+    start = time.monotonic()
+    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={tmp_path}", *TWO_RANKS,
+                    "trainer.master_addr=node0.invalid")
+    assert_user_error(code, err, "trainer.master_addr='node0.invalid': the name does not resolve")
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "samples").exists() and not (tmp_path / "train").exists()
+
+
+def test_a_forked_and_a_fresh_run_refuse_alike(tmp_path):
+    """The suite forks its commands from a warm server; a user starts a fresh interpreter. The same
+    refusal from both: the same status and the same stderr, line for line."""
+    args = ("run", "+recipe=smoke", f"run_dir={tmp_path}", "eval.dataset=builtin:mtbench", "train.batch_size=-1")
+    forked = run_cli(*args, env={**os.environ, FRESH_ENV: "0"})
+    fresh = run_cli(*args, env={**os.environ, FRESH_ENV: "1"})
+    assert forked.returncode == fresh.returncode == 2
+    assert forked.stderr.splitlines() == fresh.stderr.splitlines() and forked.stderr.startswith("error: "), \
+        (forked.stderr, fresh.stderr)
+    assert written(tmp_path) == set()
