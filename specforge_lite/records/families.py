@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SpecforgeError("the family tests ran no family test: nothing to record")
     path = write_results("families", {"command": COMMAND, "tests": TESTS, "families": families,
                                       "all_passed": proc.returncode == 0})
-    print(f"families: {len(families)} families recorded in {path.relative_to(ROOT)}"
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    print(f"families: {len(families)} families recorded in {shown}"
           + ("" if proc.returncode == 0 else f"; some tests failed (pytest exit status {proc.returncode})"))
     return 0 if proc.returncode == 0 else 1
 

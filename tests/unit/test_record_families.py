@@ -3,8 +3,10 @@ read from a JUnit file of the family tests as pytest writes it, rendered cell by
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from specforge_lite.records import families
 
@@ -47,3 +49,27 @@ def test_greedy_speculative_decoding_is_plain_decoding(family_model, compiled):
     assert "| `gpt_oss` | yes / - | hf | - | - | - / - | - | model_type 'gpt_oss' |" in rows
     assert "| `qwen3_next` | refused at the door (yes) | - | - | - | - / - | - | model_type 'qwen3_next' cannot " \
            "run them |" in rows
+
+
+def test_families_leaves_no_test_folders_behind(tmp_path, monkeypatch):
+    """`make families` ran pytest with its default base folder, and each run left its tests' temp
+    folders (tens of MB) in the system's temp folder (issue 65): now they live and die with the run's own."""
+    from specforge_lite.records import results
+
+    seen = tmp_path / "seen.txt"
+    tests = tmp_path / "test_stand_in.py"
+    tests.write_text(f'''
+import pytest
+
+@pytest.mark.parametrize("family", ["qwen3"])
+def test_every_stage_runs_each_family_on_its_forward(family, tmp_path, record_property):
+    (tmp_path / "weights.bin").write_bytes(b"0" * 1024)
+    open({str(seen)!r}, "w").write(str(tmp_path))
+    record_property("engine", "static")
+''')
+    monkeypatch.setattr(families, "TESTS", [str(tests)])
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
+    assert families.main([]) == 0
+    assert json.loads((tmp_path / "results" / "families.json").read_text())["families"]["qwen3"]["stages"] == "passed"
+    folder = Path(seen.read_text())
+    assert folder.name.startswith("test_every_stage") and not folder.exists(), folder

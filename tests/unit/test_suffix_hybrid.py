@@ -357,6 +357,10 @@ def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(resolve_target_path("builtin:tiny-llama"), other)
     assert answer_corpus(samples, str(other), 10**6) == answers  # the same bytes in another folder: the same target
+    proc = run_cli("evaluate", "+recipe=smoke", f"run_dir={tmp_path / 'run'}", f"target.path={other}",
+                   "eval.methods=[plain,suffix]", "eval.best_k_method=null", "eval.max_prompts=1",
+                   "eval.max_new_tokens=4", "eval.warmup=0", "eval.plots=false")
+    assert proc.returncode == 0, proc.stderr[-2000:]  # it was refused as "drawn from other weights" (issue 65)
     weights = next(other.glob("*.safetensors"))
     tensors = load_file(weights)
     name = next(iter(tensors))
