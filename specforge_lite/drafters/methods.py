@@ -13,7 +13,7 @@ real vLLM (`VLLM_METHODS`, `vllm_<ours>`); llama.cpp itself on the target's GGUF
 from __future__ import annotations
 
 from specforge_lite import SpecforgeError
-from specforge_lite.drafters.registry import DRAFTERS, RENAMED
+from specforge_lite.drafters.registry import DRAFTERS, RENAMED, given_on_command_line
 from specforge_lite.config.draft_tokens import method_k, widest_k
 from specforge_lite.config.schema import MAX_DRAFTS
 from specforge_lite.decoding.arctic import ARCTIC_SUFFIX, missing_problem  # Arctic Inference's suffix decoding
@@ -208,8 +208,12 @@ def method_problems(eval_cfg) -> list[str]:
             problems.append(f"eval.extra_drafters: label {label!r} is a method name; pick another label")
         labels.append(label)
     problems += draft_tokens_problems(eval_cfg, [*methods, *labels])
-    # best k needs our engine's forward costs: an evaluate of vllm_* methods only ignores it
+    # best k needs our engine's forward costs: an evaluate of vllm_* methods only ignores it; a
+    # recipe's best_k_method that the command line's eval.methods leaves out yields to the first chain
     if eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in [*methods, *labels] \
+            and given_on_command_line("eval.best_k_method") is False:
+        pass
+    elif eval_cfg.best_k_method is not None and eval_cfg.best_k_method not in [*methods, *labels] \
             and engine_needed(eval_cfg):
         problems.append(f"eval.best_k_method={eval_cfg.best_k_method!r} is not one of eval.methods {methods}"
                         + (f" or eval.extra_drafters labels {labels}" if labels else ""))

@@ -141,6 +141,18 @@ def say_what_the_trained_folder_decides(folder, layout: str, cfg) -> None:
                         "used", key, json.dumps(value), folder, key, json.dumps(info[key]))
 
 
+def given_on_command_line(key: str) -> bool | None:
+    """Whether `key` was set on this Hydra run's command line (False: its value is the recipe's or
+    the default); None outside a Hydra run (a config composed in code), where nothing is known."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = HydraConfig.get().overrides.task
+    except (ImportError, ValueError):
+        return None
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
+
+
 def command_line_settings(prefix: str) -> list[tuple[str, object]]:
     """`(key, value)` of the command line's `prefix*` overrides (values as YAML reads them);
     none outside a Hydra run (a test composing its config)."""

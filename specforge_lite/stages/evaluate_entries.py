@@ -4,6 +4,7 @@ report around it (`build_report`), whichever engine measured the methods."""
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import defaultdict
 
@@ -15,6 +16,8 @@ from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
 from specforge_lite.decoding.metrics import costs_as_decoding_paid, summarise
 from specforge_lite.decoding.stats import method_intervals, prompt_totals
 from specforge_lite.drafters.methods import PLAIN, own_k_methods, tree_base
+
+log = logging.getLogger(__name__)
 
 
 def build_report(cfg: DictConfig, prompts: list[dict], rows: list[dict], entries: dict, conventions: dict,
@@ -110,7 +113,10 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
         entries[name] = entry
 
     ours = [m for m in methods if m in drafters and not tree_base(m)]
-    best_method = ecfg.best_k_method or (ours[0] if ours else None)
+    best_method = ecfg.best_k_method if ecfg.best_k_method in ours else (ours[0] if ours else None)
+    if ecfg.best_k_method and best_method != ecfg.best_k_method:  # the recipe's, left out by eval.methods
+        log.info("eval.best_k_method=%s is not among this evaluate's chain methods: best k from %s",
+                 ecfg.best_k_method, best_method)
     best = entries[best_method]["best_k"]["best_k"] if best_method in ours else None
     fields = {"dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
               "torch_threads": torch.get_num_threads(),

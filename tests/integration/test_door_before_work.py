@@ -73,3 +73,19 @@ def test_a_forked_and_a_fresh_run_refuse_alike(tmp_path):
     assert forked.stderr.splitlines() == fresh.stderr.splitlines() and forked.stderr.startswith("error: "), \
         (forked.stderr, fresh.stderr)
     assert written(tmp_path) == set()
+
+
+def test_the_recipes_best_k_method_yields_to_the_command_lines_methods(capsys, tmp_path):
+    """The smoke recipe names eagle3 for best k: `eval.methods=[plain,ngram]` on the command line was
+    refused until eval.best_k_method=null was added too (a trip in one probe in four: issue 65).
+    The recipe's choice now yields to the first chain method; one given on the command line is
+    still held to the methods."""
+    import json
+
+    quick = ("eval.max_prompts=1", "eval.max_new_tokens=4", "eval.warmup=0", "eval.plots=false")
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}", "eval.methods=[plain,ngram]", *quick)
+    assert code in (0, None), err
+    assert json.loads((tmp_path / "eval" / "report.json").read_text())["best_k_method"] == "ngram"
+    code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path / 'other'}", "eval.methods=[plain,ngram]",
+                    "eval.best_k_method=eagle3", *quick)
+    assert_user_error(code, err, "eval.best_k_method='eagle3' is not one of eval.methods ['plain', 'ngram']")
