@@ -61,7 +61,9 @@ def dataset_problem(cfg: DictConfig) -> str | None:
     set, a prompts file that is missing or of another kind, or ShareGPT task prompts that this
     run's split would train on (decided by their ids alone, as `heldout_split` does)."""
     dataset = str(cfg.eval.dataset)
-    if dataset == "heldout" or dataset == "builtin:mt_bench":
+    if dataset == "heldout":
+        return heldout_problem(cfg)
+    if dataset == "builtin:mt_bench":
         return None
     if dataset == SHAREGPT_TASKS:
         return tasks_overlap(cfg)
@@ -76,6 +78,20 @@ def dataset_problem(cfg: DictConfig) -> str | None:
     if path.suffix not in PROMPT_SUFFIXES:
         return f"eval.dataset={dataset!r}: expected a .jsonl (or .json) file of prompts"
     return None
+
+
+def heldout_problem(cfg: DictConfig) -> str | None:
+    """`eval.dataset=heldout` with `data.heldout_fraction=0` holds nothing out: refused where this
+    command samples (its split.json will be empty) or no earlier sample stage wrote a split."""
+    from specforge_lite.stage_table import runs
+
+    if cfg.data.heldout_fraction > 0:
+        return None
+    split = samples_dir(cfg) / "split.json"
+    if not runs(cfg.stage, "sample") and split.exists():
+        return None  # the held-out ids the sample stage recorded (load_prompts reads them)
+    return ("eval.dataset=heldout with data.heldout_fraction=0 holds no conversation out of training: give "
+            "data.heldout_fraction > 0 (such as 0.02) or another eval.dataset (builtin:mt_bench)")
 
 
 def tasks_overlap(cfg: DictConfig) -> str | None:

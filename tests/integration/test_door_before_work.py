@@ -23,6 +23,8 @@ TWO_RANKS = ("trainer.num_processes=2",)
     (["eval.dataset=/no/such/prompts.jsonl"], "eval.dataset='/no/such/prompts.jsonl': no such file"),
     (["eval.dataset=builtin:mtbench"], "eval.dataset='builtin:mtbench': no such built-in prompt set; known: heldout, "
                                        "builtin:mt_bench, builtin:sharegpt_tasks"),
+    (["eval.dataset=heldout", "data.heldout_fraction=0"], "eval.dataset=heldout with data.heldout_fraction=0 holds no "
+                                                          "conversation out of training"),
     # the ShareGPT task prompts were picked from the default split's held-out side: another seed trains on some
     ([f"eval.dataset={SHAREGPT_TASKS}", "data.source=builtin:sharegpt", "data.split_seed=7"],
      f"eval.dataset={SHAREGPT_TASKS}: "),

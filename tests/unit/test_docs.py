@@ -210,7 +210,7 @@ ENTRIES = {
     "specforge_lite/decoding/metrics.py": ["cost_curve_note"],
     "specforge_lite/records/results.py": ["read_results", "write_results", "shaped"],
     "specforge_lite/records/docs.py": ["render_block"],
-    "specforge_lite/data/eval_prompts.py": ["dataset_problem", "tasks_overlap"],
+    "specforge_lite/data/eval_prompts.py": ["dataset_problem", "tasks_overlap", "heldout_problem"],
     "specforge_lite/stages/export.py": ["evaluated"],
     "specforge_lite/decoding/arctic.py": ["missing_problem"],
 }
