@@ -64,9 +64,49 @@ def _stop(signum, frame) -> None:
     raise Stopped(signum)
 
 
+class HeldStream:
+    """stderr while Hydra composes the config: what Hydra writes is held until the command starts
+    (then written out, and everything after passes straight through) or, where Hydra refused an
+    override, said in one `error:` line (`one_line`). A logging handler bound to it keeps working."""
+
+    def __init__(self, real):
+        self.real, self.held, self.passing = real, [], False
+
+    def write(self, text: str) -> int:
+        if self.passing:
+            return self.real.write(text)
+        self.held.append(text)
+        return len(text)
+
+    def release(self) -> None:
+        self.passing = True
+        self.real.write("".join(self.held))
+        self.held = []
+
+    def one_line(self) -> str | None:
+        """Hydra's refusal of an override (several lines: the override, the reason, full_key, types
+        and its HYDRA_FULL_ERROR hint) as one line: the override and the reason."""
+        lines = [line.strip() for line in "".join(self.held).splitlines() if line.strip()]
+        said = [line for line in lines if not line.startswith(("full_key:", "reference_type", "object_type",
+                                                                "Set the environment variable HYDRA_FULL_ERROR"))]
+        if not said:
+            return None
+        head = said[0].replace("Error merging override ", "").rstrip(".")
+        return "; ".join([head + (f": {said[1]}" if len(said) > 1 else ""), *said[2:]])
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+_held: HeldStream | None = None
+
+
 def _dispatch(cfg) -> None:
     global _dispatched
     _dispatched = True
+    if _held is not None and sys.stderr is _held:  # Hydra composed the config: its output and ours flow again
+        sys.stderr = _held.real
+        _held.release()
     from specforge_lite.run_folders import folder_error
     from specforge_lite.scale.launch import LAUNCHER_PID, stopped_line
     from specforge_lite.stages import run_stage
@@ -79,7 +119,7 @@ def _dispatch(cfg) -> None:
     except (KeyboardInterrupt, Stopped) as stop:  # the shell's status for the signal, no traceback
         signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
         if not rank:
-            print(f"\n{stopped_line(cfg.stage, signum)}", file=sys.stderr)
+            print(f"\n{stopped_line(cfg.stage, signum, cfg=cfg)}", file=sys.stderr)
         sys.exit(128 + signum)
     except (SpecforgeError, OSError) as err:
         # an OSError counts as the user's only under a folder they named (run_dir, the caches)
@@ -216,19 +256,39 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"specforge_lite {stage}", f"stage={stage}", *rest]
     from omegaconf.errors import InterpolationResolutionError
 
+    global _held
+    _held = None if os.environ.get(DEBUG_ENV) else HeldStream(sys.stderr)
+    if _held is not None:
+        sys.stderr = _held
     try:
         task()
     except InterpolationResolutionError as err:  # Hydra's own keys (its log folder), resolved before our door
         if _dispatched or os.environ.get(DEBUG_ENV):
             raise
+        _restore_stderr(said=True)
         print(f"error: {unresolved(err, rest)}", file=sys.stderr)
         sys.exit(USER_ERROR)
     except SystemExit as done:
         # Hydra reports a config it cannot compose (unknown key, wrong type, bad override)
-        # in its own words and exits with 1; that is the user's input too
+        # in its own words and exits with 1; that is the user's input too: said in one line
         if done.code == 1 and not _dispatched:
+            line = _held.one_line() if _held is not None else None
+            _restore_stderr(said=line is not None)
+            if line:
+                print(f"error: {line}", file=sys.stderr)
             sys.exit(USER_ERROR)
         raise
+    finally:
+        _restore_stderr(said=False)
+
+
+def _restore_stderr(said: bool) -> None:
+    """stderr back from Hydra's hold: what it held is written unless `said` replaced it."""
+    if _held is not None and sys.stderr is _held:
+        sys.stderr = _held.real
+        if said:
+            _held.held = []
+        _held.release()
 
 
 if __name__ == "__main__":

@@ -77,6 +77,13 @@ def dataset_problem(cfg: DictConfig) -> str | None:
         return f"eval.dataset={dataset!r} is not a file"
     if path.suffix not in PROMPT_SUFFIXES:
         return f"eval.dataset={dataset!r}: expected a .jsonl (or .json) file of prompts"
+    try:  # a prompts file is small: read now, so that `run` does not sample and train first
+        usable = read_eval_prompts(dataset, cfg.data.strict)
+    except SpecforgeError as err:
+        return str(err)
+    if not usable:
+        return (f"eval.dataset={dataset!r} holds no usable prompt (each record needs `turns`, a list of non-empty "
+                "strings, or `prompt`, a string; the warning above counts what was skipped)")
     return None
 
 

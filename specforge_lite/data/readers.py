@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specforge_lite import SpecforgeError
+from specforge_lite.data.formats import FORMATS, RECORDS, SMOKE_FILE, format_problem
 
 log = logging.getLogger(__name__)
 
@@ -233,14 +234,16 @@ def iter_jsonl(path: Path, stats: ReadStats, strict: bool) -> Iterator[tuple[int
 
 # --------------------------------------------------------------------------- normalising
 
-def normalise(raw: Any, fallback_id: str) -> dict[str, Any]:
-    """One raw record (ShareGPT `conversations` or OpenAI `messages`) to our record form."""
+def normalise(raw: Any, fallback_id: str, fmt: str = "auto") -> dict[str, Any]:
+    """One raw record (ShareGPT `conversations` or OpenAI `messages`, or only `fmt`'s) to our record form."""
     if not isinstance(raw, dict):
         raise BadRecord("not_an_object", "record is not a JSON object")
-    if "conversations" in raw:
+    if fmt != "messages" and "conversations" in raw:
         turns, role_key, text_key = raw["conversations"], "from", "value"
-    elif "messages" in raw:
+    elif fmt != "sharegpt" and "messages" in raw:
         turns, role_key, text_key = raw["messages"], "role", "content"
+    elif fmt in RECORDS:
+        raise BadRecord("missing_key", f"record has no {RECORDS[fmt][0]!r} (data.format={fmt})")
     else:
         raise BadRecord("missing_key", "record has neither 'conversations' nor 'messages'")
     if not isinstance(turns, list) or not turns:
@@ -291,20 +294,25 @@ def check_roles(messages: list[dict[str, str]]) -> None:
 # --------------------------------------------------------------------------- public API
 
 def read_conversations(source: str, fmt: str = "auto", strict: bool = False) -> tuple[list[dict], ReadStats]:
-    """Read and validate a conversation source; returns records and counts."""
+    """Read and validate a conversation source as data.format `fmt` (data/formats.py); returns
+    records and counts."""
+    if fmt not in FORMATS:
+        raise SpecforgeError(f"data.format={fmt!r}; choose auto, sharegpt, messages or hf_disk")
     if source == "builtin:sharegpt":
-        path, fmt = package_file(SHAREGPT_MEMBER), "sharegpt"
+        path, fmt = package_file(SHAREGPT_MEMBER), "sharegpt" if fmt == "auto" else fmt
     elif source == "builtin:smoke":  # a dozen short conversations shipped inside the package
-        path = Path(__file__).resolve().parent.parent / "assets" / "smoke_conversations.jsonl"
+        path = SMOKE_FILE
     elif source.startswith("builtin:"):
         raise SpecforgeError(f"unknown built-in data source {source!r}; known: builtin:sharegpt, builtin:smoke")
     else:
         path = Path(source).expanduser()
         if not path.exists():
             raise SpecforgeError(f"data.source {source!r} does not exist")
+    if problem := format_problem(source, fmt):
+        raise SpecforgeError(problem)
     stats = ReadStats(source=str(path) if not source.startswith("builtin:") else source)
 
-    if path.is_dir():
+    if path.is_dir():  # hf_disk, or auto on a folder: format_problem refused the other formats
         raw_iter = _iter_hf_disk(path)
     elif path.suffix == ".jsonl":
         raw_iter = iter_jsonl(path, stats, strict)
@@ -312,13 +320,11 @@ def read_conversations(source: str, fmt: str = "auto", strict: bool = False) -> 
         raw_iter = iter_json_array(path, stats, strict)
     else:
         raise SpecforgeError(f"{path}: unknown data format (expected .json, .jsonl or a datasets directory)")
-    if fmt not in ("auto", "sharegpt", "messages", "hf_disk"):
-        raise SpecforgeError(f"data.format={fmt!r}; choose auto, sharegpt, messages or hf_disk")
 
     records, seen_ids = [], Counter()
     for index, raw in raw_iter:
         try:
-            record = normalise(raw, fallback_id=f"{path.stem}-{index}")
+            record = normalise(raw, fallback_id=f"{path.stem}-{index}", fmt=fmt)
         except BadRecord as bad:
             if strict:
                 raise SpecforgeError(f"{path}: record {index}"

@@ -234,6 +234,13 @@ def render_markdown(report: dict) -> str:
     if trees := trees_table(report):
         out += ["Tree methods (`eval.tree`) beside the chains they grow from; nodes verified / step is the verify "
                 "width less the pending token, path / step the drafts accepted.", "", trees, ""]
+    corpus = report.get("suffix_corpus")
+    if corpus and corpus["samples_asked"] and not corpus["tokens"]:
+        out += ["**No samples of this target**: eval.suffix.samples=true, but no samples of this target were found, "
+                "so suffix lookup drafted from each request alone.", ""]
+    elif corpus and corpus["tokens"]:
+        out += [f"Suffix lookup's corpus: {corpus['tokens']} tokens of the target's sampled answers beside each "
+                "request.", ""]
     if sources := sources_table(report):
         out += ["Hybrid methods (`<drafter>_hybrid`): the steps each source drafted (or none, a plain step) and the "
                 "tokens the target kept per step of each.", "", sources, ""]

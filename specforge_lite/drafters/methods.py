@@ -256,9 +256,13 @@ def draft_tokens_problems(eval_cfg, methods: list[str]) -> list[str]:
         elif k > MAX_DRAFTS:
             problems.append(f"{where}: k={k} is above {MAX_DRAFTS}, the most drafts one step verifies (evaluate "
                             "times a target forward at every width up to it)")
+        elif tree_base(method):
+            problems.append(f"{where}: {method!r} is a tree method: eval.tree (depth, branch, nodes) shapes what it "
+                            "drafts, not a k")
         elif method not in own_k_methods(eval_cfg):
             problems.append(f"{where}: {method!r} drafts eval.num_draft_tokens (a k of its own is for our engine's "
-                            "drafters, ngram, untrained_draft, hf_prompt_lookup and hf_assisted)")
+                            "chain methods: the trained drafters, their <drafter>_hybrid, ngram, suffix, arctic_suffix, "
+                            "untrained_draft, hf_prompt_lookup and hf_assisted)")
         seen.append(method)
     return problems
 

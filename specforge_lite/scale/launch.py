@@ -39,7 +39,7 @@ from pathlib import Path
 
 from specforge_lite import SpecforgeError
 from specforge_lite.run_folders import STAGE_DIRS, folder_locks, samples_dir
-from specforge_lite.stage_table import COMMANDS, SAMPLE, chained
+from specforge_lite.stage_table import COMMANDS, RUN, SAMPLE, TRAIN, chained
 from specforge_lite.scale.rendezvous import free_port
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def launch_plan(cfg, stage: str) -> dict | None:
     # earlier stage ran may find its port taken since)
     return {"nproc_per_node": nproc, "nnodes": nnodes, "node_rank": int(cfg.trainer.node_rank),
             "master_addr": cfg.trainer.master_addr, "master_port": int(port),
-            "auto_port": cfg.trainer.master_port is None and nnodes == 1}
+            "auto_port": cfg.trainer.master_port is None and nnodes == 1, "cfg": cfg}  # cfg: for `stopped_line`
 
 
 def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = None) -> int:
@@ -156,12 +156,12 @@ def launch(plan: dict, stage: str, overrides: list[str], log_dir: Path | None = 
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as stop:  # Ctrl-C or SIGTERM reached this process: torch stopped the ranks
-        print(f"\n{stopped_line(stage, int(stop.sigval), world)}", file=sys.stderr)
+        print(f"\n{stopped_line(stage, int(stop.sigval), world, plan.get('cfg'))}", file=sys.stderr)
         return 128 + int(stop.sigval)
     except ChildFailedError as failed:
         rank, failure = first_failure(failed.failures)
         if failure.exitcode in (128 + signal.SIGINT, -signal.SIGINT):  # Ctrl-C reached the ranks first
-            print(f"\n{stopped_line(stage, signal.SIGINT, world)}", file=sys.stderr)
+            print(f"\n{stopped_line(stage, signal.SIGINT, world, plan.get('cfg'))}", file=sys.stderr)
             return 128 + signal.SIGINT
         # on a line of its own: a rank's progress bar (shared stderr) may have stopped mid-line
         print(f"\nerror: {failure_line(stage, rank, failure.pid, failure.exitcode, log_dir)}", file=sys.stderr)
@@ -202,13 +202,49 @@ def failure_line(stage: str, rank: int, pid: int, exitcode: int, log_dir: Path) 
             f"{log_file}; run the same command again to resume {resume}".rstrip())
 
 
-def stopped_line(stage: str, signum: int, ranks: int = 0) -> str:
+def stopped_line(stage: str, signum: int, ranks: int = 0, cfg=None) -> str:
     """The one line for a command stopped by a signal: Ctrl-C (SIGINT) or another (SIGTERM from a
-    scheduler), its ranks stopped with it, and how to resume."""
+    scheduler), its ranks stopped with it, and what the same command does next, as `cfg`'s folders
+    say now (`next_step`)."""
     by = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    resume = COMMANDS[stage].resumes if stage in COMMANDS else ""
+    try:
+        then = next_step(stage, cfg)
+    except OSError:  # a folder it cannot read: the line still comes, and promises nothing
+        then = next_step(stage)
     return (f"stopped: {stage} stopped by {by}" + (f", and its {ranks} ranks with it" if ranks else "")
-            + f"; the same command resumes {resume or 'the work that is not done yet'}")
+            + f"; the same command {then}")
+
+
+def next_step(stage: str, cfg=None) -> str:
+    """What the same command does after `stage` was stopped, from what is on disk: sample resumes
+    from the shards written, train from its newest complete checkpoint or else starts over, evaluate
+    and export run again (they write only when done). Without `cfg`, nothing more precise."""
+    if cfg is None:  # no folders to look at: where it resumes is not known
+        return "picks up the work that is not done yet"
+    if stage == RUN.name:  # the stage `run` was in (each records itself as it begins); the earlier ones are kept
+        from specforge_lite.targets import accounting
+
+        stage = accounting.current_stage() or SAMPLE.name
+    if stage == SAMPLE.name or (stage == TRAIN.name and samples_missing(cfg)):
+        from specforge_lite.data.samples import completed_shards
+
+        written = len(completed_shards(samples_dir(cfg) / "data"))
+        then = ", then trains" if stage == TRAIN.name else ""
+        return (f"resumes sampling from the {written} shard(s) already written{then}" if written
+                else f"starts sampling over: no shard was complete yet{then}")
+    if stage != TRAIN.name:
+        return f"runs {stage} again from the start (it writes its output only when done)"
+    from specforge_lite.training.checkpoints import latest_checkpoint
+
+    if not cfg.train.resume:
+        return "starts training over (train.resume=false sets the checkpoints aside)"
+    newest = latest_checkpoint(Path(cfg.run_dir) / TRAIN.folder / "checkpoints")
+    if newest is not None:  # complete (it has its state.json): the resume loads it, or an older one if damaged
+        return f"resumes from its newest checkpoint (step {int(newest.name.split('-')[-1])})"
+    if not cfg.train.checkpoint_every:
+        return ("starts training over: checkpoints are off (train.checkpoint_every=0); give "
+                "train.checkpoint_every=N to keep progress")
+    return f"starts training over: no checkpoint was written yet (one every {cfg.train.checkpoint_every} steps)"
 
 
 def hydra_output_dir() -> Path | None:

@@ -21,7 +21,8 @@ from specforge_lite.scale.sizing import report as size_every_stage
 from specforge_lite.stage_table import EVALUATE, EXPORT, RUN, SAMPLE, TRAIN, Stage, chained
 from specforge_lite.scale.rendezvous import rendezvous_problems
 from specforge_lite.stages.door import check_at_the_door, refuse
-from specforge_lite.targets.accounting import begin_stage
+from specforge_lite import SpecforgeError
+from specforge_lite.targets.accounting import begin_stage, undo_stage
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,11 @@ def run_one(cfg: DictConfig, stage: Stage, plan: dict | None) -> None:
             raise SystemExit(code)
         return
     begin_stage(cfg.run_dir, stage.name)
-    importlib.import_module(stage.module).run(cfg)
+    try:
+        importlib.import_module(stage.module).run(cfg)
+    except SpecforgeError:
+        undo_stage()  # refused: the records of what it loaded go too
+        raise
 
 
 def print_summary(cfg: DictConfig) -> None:

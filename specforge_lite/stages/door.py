@@ -246,9 +246,29 @@ def environment_problems(cfg: DictConfig) -> list[str]:
         problems.append(folder_problem(folder, "samples_dir" if own else "run_dir"))
     for engine in ENGINES:  # what each serving engine needs installed (vLLM's interpreter)
         problems += engine.environment_problems(cfg)
-    if cfg.stage == "run" and cfg.export.sglang and (problem := sglang_refusal(cfg.drafter.name)):
+    if cfg.stage == "run" and cfg.export.sglang and (problem := sglang_refusal(cfg.drafter.name)
+                                                     or sglang_options_problem(cfg.drafter)):
         problems.append(f"export.sglang=true with drafter={cfg.drafter.name}: {problem}")
+    if runs(cfg.stage, "train") and runs(cfg.stage, "evaluate"):  # `run`: the drafters its methods read
+        problems += untrained_kinds(cfg)
     return [p for p in problems if p]
+
+
+def sglang_options_problem(drafter_cfg: DictConfig) -> str | None:
+    """What the drafter's options ask that SGLang's layout cannot hold (EAGLE-3's switches); None where
+    `drafter.init_from` decides the architecture (known once it is read) or the kind has no such rule."""
+    rule = getattr(DRAFTERS.get(str(drafter_cfg.name)), "sglang_problem", None)
+    return None if rule is None or drafter_cfg.get("init_from") else rule(drafter_cfg)
+
+
+def untrained_kinds(cfg: DictConfig) -> list[str]:
+    """`run` trains `drafter`: a method of another trained drafter kind needs its folder named."""
+    from specforge_lite.drafters.methods import VLLM_OF, chain_methods
+
+    needed = {VLLM_OF.get(m, m) for m in chain_methods(cfg.eval.methods)}  # trees and hybrids: their drafter
+    return [f"eval.methods needs a trained {kind} drafter, and this run trains drafter={cfg.drafter.name}: set "
+            f"eval.drafter_dirs.{kind} to a {kind} drafter's folder, or leave its methods out"
+            for kind in sorted(needed & set(DRAFTERS)) if kind != cfg.drafter.name and not cfg.eval.drafter_dirs.get(kind)]
 
 
 # --------------------------------------------------------------------------- the training's layout
@@ -319,6 +339,8 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
 
         if not Path(cfg.trainer.deepspeed_config).is_file():
             problems.append(f"trainer.deepspeed_config={cfg.trainer.deepspeed_config!r}: no such file")
+    from specforge_lite.data.formats import format_problem  # a source not of data.format: before `run` samples
+    problems += [p for p in (format_problem(str(cfg.data.source), str(cfg.data.format)),) if p]
     for key in ("target.path", "data.source", "eval.dataset", "run_dir"):
         if not str(OmegaConf.select(cfg, key)).strip():
             problems.append(f"{key} is empty")

@@ -122,5 +122,17 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
               "torch_threads": torch.get_num_threads(),
               "forward_costs": {"context_len": context_len, "ms_by_num_tokens": {t: 1e3 * s for t, s in costs.items()},
                                 "decoding_scale": scale, "ms_as_decoding_paid": {t: 1e3 * s for t, s in paid.items()}},
-              "best_k": best, "best_k_method": best_method}
+              "best_k": best, "best_k_method": best_method, **lookup_corpus(ecfg, drafters)}
     return entries, answer_rows, fields
+
+
+def lookup_corpus(ecfg, drafters: dict) -> dict:
+    """`suffix_corpus` where a method drafted by suffix lookup (suffix, its trees, the hybrids): whether
+    the samples were asked for and how many tokens of them lookup read (0: none were found, and
+    lookup drafted from each request alone)."""
+    for drafter in drafters.values():
+        lookup = getattr(drafter, "lookup", drafter)
+        if hasattr(lookup, "corpus"):
+            tokens = lookup.corpus.num_tokens if lookup.corpus is not None else 0
+            return {"suffix_corpus": {"samples_asked": bool(ecfg.suffix.samples), "tokens": tokens}}
+    return {}

@@ -82,6 +82,10 @@ def chosen_k(cfg: DictConfig, report: Path | None | bool = True) -> tuple[int, s
 
 def run(cfg: DictConfig) -> None:
     trained = Path(cfg.export.drafter_dir or Path(cfg.run_dir) / "train" / "drafter")
+    if cfg.export.drafter_dir and not trained.is_dir():
+        raise SpecforgeError(f"export.drafter_dir={str(cfg.export.drafter_dir)!r}: no such folder; name a trained "
+                             "drafter's folder (our train/drafter, a speculators or SGLang export), or leave it "
+                             "null for run_dir/train/drafter")
     if not trained.exists():
         raise SpecforgeError(f"no trained drafter in {trained}; run the train stage first (or set export.drafter_dir)")
     kind, found = detect_drafter(trained)

@@ -235,8 +235,10 @@ def run(cfg: DictConfig) -> None:
     train, heldout = heldout_split(records, cfg.data.heldout_fraction, cfg.data.split_seed)
     if cfg.data.max_samples is not None:
         train = train[: cfg.data.max_samples]
-    if not train:
-        raise SpecforgeError(f"no training conversations left from {cfg.data.source}")
+    if not train:  # the split took every record, or no record was readable (read_stats says why)
+        split = (f": data.heldout_fraction={cfg.data.heldout_fraction} held out {len(heldout)} of the "
+                 f"{len(records)} read; give a smaller fraction") if heldout else ""
+        raise SpecforgeError(f"no training conversations left from {cfg.data.source}{split}")
     out = samples_dir(cfg)  # created once the source has been read and the target loaded
     data_dir = out / "data"
 

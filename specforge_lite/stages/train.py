@@ -44,7 +44,8 @@ from specforge_lite.targets.digest import recorded_files
 from specforge_lite.training.batching import padding_share, plan, plan_batches  # noqa: F401 (plan_batches: its old home)
 from specforge_lite.training.checkpoints import check_written_by, latest_checkpoint, resume, set_aside
 # fingerprint: read from here by the tests and older callers
-from specforge_lite.stages.train_keys import already_trained, fingerprint, fingerprint_and_parts  # noqa: F401
+from specforge_lite.stages.train_keys import (already_trained, fingerprint, fingerprint_and_parts,  # noqa: F401
+                                               fingerprint_parts_settings)
 from specforge_lite.training.health import (RankCounts, diverged_message, no_loss_position, nonfinite_flags,
                                             require_finite_drafter, require_loss_positions)
 from specforge_lite.training.optim import build_optimizer
@@ -153,7 +154,7 @@ def run(cfg: DictConfig) -> None:
     if cfg.target.device != "cpu" and (setting := settle_allocator()):
         log.info("CUDA allocator: %s (PYTORCH_CUDA_ALLOC_CONF sets another)", setting)
     ensure_samples(cfg)
-    stamp, parts = fingerprint_and_parts(cfg)  # after sampling: it covers the samples' own fingerprint
+    stamp, parts, settings = fingerprint_parts_settings(cfg)  # after sampling: it covers the samples' own fingerprint
     if already_trained(cfg, stamp):
         return
     tcfg = cfg.train
@@ -174,7 +175,7 @@ def run(cfg: DictConfig) -> None:
         log.warning("train.resume=false: the earlier run's checkpoints moved to %s; this run starts at step 0", aside)
     if tcfg.resume and (newest := latest_checkpoint(ckpt_dir)) is not None:  # before features are built
         try:
-            check_written_by(newest, strategy.name, stamp, parts)
+            check_written_by(newest, strategy.name, stamp, parts, settings)
         except ArtifactError:  # damaged: `resume` reports it and takes the one before
             pass
     aux_ids = module.target_layers(drafter)
@@ -212,7 +213,8 @@ def run(cfg: DictConfig) -> None:
 
     optimizer = build_optimizer(tcfg.optimizer, drafter, params, tcfg.lr, tcfg.weight_decay,
                                 low_precision=strategy.mixed == "bf16")
-    strategy.module, strategy.stamp, strategy.stamp_parts = module, stamp, parts  # what checkpoints save and check
+    # what checkpoints save and check
+    strategy.module, strategy.stamp, strategy.stamp_parts, strategy.stamp_settings = module, stamp, parts, settings
     drafter, optimizer = strategy.prepare(drafter, optimizer)
 
     start = 0

@@ -30,8 +30,19 @@ def fingerprint(cfg: DictConfig) -> str:
 def fingerprint_and_parts(cfg: DictConfig) -> tuple[str, dict[str, str]]:
     """`fingerprint` and the hash of each of its parts (checkpoints record them to name what
     changed), from one reading of the settings and the target's files."""
+    return fingerprint_parts_settings(cfg)[:2]
+
+
+# the parts whose plain settings a checkpoint records beside their hashes, to name the keys that changed
+# (the target's file digests and the samples' fingerprint stay hashes: they name no key)
+RECORDED_PARTS = ("target", "data", "drafter", "train")
+
+
+def fingerprint_parts_settings(cfg: DictConfig) -> tuple[str, dict[str, str], dict[str, dict]]:
+    """`fingerprint_and_parts` and the plain settings of the `RECORDED_PARTS`, as `state.json` holds them."""
     keys = fingerprint_keys(cfg)
-    return _digest(keys), {name: _digest(value) for name, value in keys.items()}
+    settings = json.loads(json.dumps({name: keys[name] for name in RECORDED_PARTS}, default=str))
+    return _digest(keys), {name: _digest(value) for name, value in keys.items()}, settings
 
 
 def _digest(value) -> str:

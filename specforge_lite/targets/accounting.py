@@ -26,9 +26,32 @@ _stage: dict = {}  # {"run_dir": Path, "stage": str} while a stage runs
 
 
 def begin_stage(run_dir, stage: str) -> None:
-    """From here on `record_target` writes under `run_dir/accounting` for `stage`."""
+    """From here on `record_target` writes under `run_dir/accounting` for `stage` (what its records
+    held before is kept, for `undo_stage`)."""
     _stage.clear()
-    _stage.update(run_dir=Path(run_dir), stage=stage)
+    folder = Path(run_dir) / ACCOUNTING_DIR
+    before = {p: p.read_bytes() for p in folder.glob(f"{stage}.*.json")} if folder.is_dir() else {}
+    _stage.update(run_dir=Path(run_dir), stage=stage, before=before, folder_existed=folder.is_dir())
+
+
+def current_stage() -> str | None:
+    """The stage this process runs now (`begin_stage`), or None before the first."""
+    return _stage.get("stage")
+
+
+def undo_stage() -> None:
+    """A stage refused its input after recording what it loaded: its records go back to what they
+    were when it began (a refused command leaves the run folder as it found it)."""
+    if not _stage:
+        return
+    folder = _stage["run_dir"] / ACCOUNTING_DIR
+    for path in folder.glob(f"{_stage['stage']}.*.json") if folder.is_dir() else ():
+        if path in _stage["before"]:
+            path.write_bytes(_stage["before"][path])
+        else:
+            path.unlink()
+    if not _stage["folder_existed"] and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _rank_world() -> tuple[int, int]:

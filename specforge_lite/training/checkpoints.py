@@ -173,23 +173,72 @@ FINGERPRINT_PARTS = {"target": "the target settings (target.*)",
                      "drafter": "the drafter options (drafter.*)", "train": "the training settings (train.*)"}
 
 
-def check_written_by(path: Path, strategy: str, stamp: str | None = None, parts: dict | None = None) -> dict:
+def check_written_by(path: Path, strategy: str, stamp: str | None = None, parts: dict | None = None,
+                     settings: dict | None = None) -> dict:
     """`state.json` of checkpoint `path`, after checking it was written by `strategy` with the
     same training fingerprint `stamp` (a checkpoint of other settings is not resumed); `parts`,
-    the fingerprint's parts, name what changed where the checkpoint recorded its own."""
+    the fingerprint's parts, name what changed where the checkpoint recorded its own, and
+    `settings`, the plain settings of some parts, the keys that changed with both values."""
     state = read_state(path)
     written_by = state.get("strategy", "ddp")  # checkpoints from before strategies are DDP's
     if written_by != strategy:
         raise SpecforgeError(f"checkpoint {path} was written with trainer={written_by}; resume it with that trainer "
                              f"(now trainer={strategy}) or set train.resume=false to start over")
     if stamp is not None and state.get("fingerprint") not in (None, stamp):
-        before = state.get("fingerprint_parts") or {}
-        changed = [FINGERPRINT_PARTS.get(k, k) for k in (parts or {}) if k in before and before[k] != parts[k]]
-        what = (f"for other inputs: {', '.join(changed)} changed since" if changed
-                else "with other training settings")
-        raise SpecforgeError(f"checkpoint {path} was written {what}; resuming it would mix two runs. Use another "
-                             f"run_dir, delete {Path(path).parent}, or set train.resume=false to start over")
+        raise SpecforgeError(other_inputs(path, state, parts or {}, settings or {}))
     return state
+
+
+SHOWN_KEYS = 4  # changed keys a refusal lists before "and N more"
+
+
+def other_inputs(path: Path, state: dict, parts: dict, settings: dict) -> str:
+    """The refusal of checkpoint `path` (its `state`) written with other inputs than `parts` and
+    `settings`: the keys that changed with their old and new values where it recorded its settings,
+    else the parts that changed, else (a checkpoint that recorded neither) "other training settings"."""
+    before, recorded = state.get("fingerprint_parts") or {}, state.get("fingerprint_settings") or {}
+    keys, others = [], []
+    for part in (k for k in parts if k in before and before[k] != parts[k]):
+        differ = changed_keys(part, recorded[part], settings[part]) if part in recorded and part in settings else []
+        if differ:
+            keys += differ
+        else:  # a part recorded as a hash only (the target's files, the samples)
+            others.append(FINGERPRINT_PARTS.get(part, part))
+    listed = ", ".join(keys[:SHOWN_KEYS]) + (f" and {len(keys) - SHOWN_KEYS} more" if len(keys) > SHOWN_KEYS else "")
+    if keys:
+        what = f"with {listed}" + (f", and {', '.join(others)} changed since" if others else "")
+    else:
+        what = f"for other inputs: {', '.join(others)} changed since" if others else "with other training settings"
+    why = "resuming it would mix two runs"
+    if len(keys) == 1 and not others and keys[0].startswith("train.max_steps="):  # the usual surprise
+        why += ("; train.max_steps shapes the learning-rate schedule, so a run of more (or fewer) steps is a new "
+                "run, not a longer one")
+    return (f"checkpoint {path} was written {what}; {why}. Use another run_dir, delete {Path(path).parent}, "
+            "or set train.resume=false to start over")
+
+
+def changed_keys(part: str, then: dict, now: dict) -> list[str]:
+    """`part.key=old (now new)` for each key (nested ones dotted) whose value differs, by name."""
+    then, now = _flatten(then, f"{part}."), _flatten(now, f"{part}.")
+    return [f"{key}={_shown(then.get(key, UNSET))} (now {_shown(now.get(key, UNSET))})"
+            for key in sorted(set(then) | set(now)) if then.get(key, UNSET) != now.get(key, UNSET)]
+
+
+UNSET = "<unset>"  # a key one side does not have (a setting added or dropped by an upgrade)
+
+
+def _flatten(tree, prefix: str) -> dict:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+def _shown(value) -> str:
+    """A value as it is typed on the command line (true, null, [1, 2]), strings bare."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 # --------------------------------------------------------------------------- plain (full) files

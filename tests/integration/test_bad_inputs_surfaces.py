@@ -358,3 +358,19 @@ def test_export_does_not_take_k_from_a_report_of_other_weights(capsys, exported,
     assert code in (0, None), err
     assert "measured other" not in sorted(run_dir.glob("logs/*-export/__main__.log"))[-1].read_text()
     assert json.loads((run_dir / "export" / "export.json").read_text())["speculative_tokens"] == 5
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["export.drafter_dir=/no/such/drafter"], "export.drafter_dir='/no/such/drafter': no such folder"),
+    (["export.sglang=true"], "the SGLang layout has no norm_before_residual"),  # known only once the drafter is read
+])
+def test_a_refused_export_leaves_the_run_folder_as_it_was(capsys, exported, tmp_path, overrides, message):
+    """It named no key for a missing drafter folder, and wrote its accounting record although it
+    refused (issue 65): a refused stage's records go back to what they were."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(exported, run_dir)
+    (run_dir / "accounting" / "export.rank0.json").unlink(missing_ok=True)  # so that a record written is new
+    before = digest(run_dir)
+    code, err = cli(capsys, "export", "+recipe=smoke", f"run_dir={run_dir}", *overrides)
+    assert_user_error(code, err, message)
+    assert digest(run_dir) == before

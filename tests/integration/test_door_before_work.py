@@ -37,6 +37,29 @@ def test_runs_prompt_set_is_refused_before_sample_and_train(capsys, tmp_path, ov
     assert written(tmp_path) == set()
 
 
+def test_a_prompts_file_without_a_usable_prompt_is_refused_before_sample_and_train(capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "no turns here"}\n{"turns": []}\n')
+    run_dir = tmp_path / "run"
+    code, err = cli(capsys, "run", "+recipe=smoke", f"run_dir={run_dir}", f"eval.dataset={prompts}")
+    assert_user_error(code, err, f"eval.dataset='{prompts}' holds no usable prompt")
+    assert written(run_dir) == set()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    # run trains eagle3: a method of another trained kind has no drafter to read after training
+    (["eval.methods=[plain,medusa_hybrid]", "eval.best_k_method=null"],
+     "eval.methods needs a trained medusa drafter, and this run trains drafter=eagle3: set eval.drafter_dirs.medusa"),
+    (["eval.methods=[plain,vllm_dflash]", "eval.best_k_method=null"], "eval.methods needs a trained dflash drafter"),
+    # EAGLE-3's default norm_before_residual has no place in SGLang's layout: known before training
+    (["export.sglang=true"], "export.sglang=true with drafter=eagle3: the SGLang layout has no norm_before_residual"),
+])
+def test_what_run_would_refuse_after_training_is_refused_first(capsys, tmp_path, overrides, message):
+    code, err = cli(capsys, "run", "+recipe=smoke", f"run_dir={tmp_path}", *overrides)
+    assert_user_error(code, err, message)
+    assert written(tmp_path) == set()
+
+
 def test_an_unknown_builtin_prompt_set_lists_the_known_ones_in_evaluate_too(capsys, tmp_path):
     code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path}", "eval.dataset=builtin:nope")
     assert_user_error(code, err, "known: heldout, builtin:mt_bench, builtin:sharegpt_tasks")
@@ -91,3 +114,17 @@ def test_the_recipes_best_k_method_yields_to_the_command_lines_methods(capsys, t
     code, err = cli(capsys, "evaluate", "+recipe=smoke", f"run_dir={tmp_path / 'other'}", "eval.methods=[plain,ngram]",
                     "eval.best_k_method=eagle3", *quick)
     assert_user_error(code, err, "eval.best_k_method='eagle3' is not one of eval.methods ['plain', 'ngram']")
+
+
+@pytest.mark.fresh_cli
+@pytest.mark.parametrize("override,message", [
+    ("trainer.master_port=abc", "error: trainer.master_port=abc: Value 'abc' of type 'str' could not be converted to "
+                                "Integer"),
+    ("sample.bogus=3", "error: Could not override 'sample.bogus': To append to your config use +sample.bogus=3; "
+                       "Key 'bogus' not in 'SampleConfig'"),
+])
+def test_hydras_refusal_of_an_override_is_one_line(capsys, tmp_path, override, message):
+    """Hydra said it in six lines with no `error:` (its full_key, types and HYDRA_FULL_ERROR hint)."""
+    code, err = cli(capsys, "train", "+recipe=smoke", f"run_dir={tmp_path}", override)
+    assert code == 2 and err.strip().splitlines() == [message], err
+    assert not tmp_path.exists() or written(tmp_path) == set()

@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 
 from specforge_lite.scale.rendezvous import free_port
+from specforge_lite.training.checkpoints import latest_checkpoint
 from tests.conftest import REPO, run_cli, terminal_signals
 
 # long enough to be training still when it is killed
 TRAIN = ["+recipe=smoke", "trainer.num_processes=2", "train.max_steps=100000", "train.checkpoint_every=0",
          "train.log_every=100000", "train.tracker=none"]
 STEP = re.compile(r"train:.*\|\s*([1-9]\d*)/100000")  # the rank's progress bar, a step done
+# what the stopped line says of a run with train.checkpoint_every=0: nothing to resume
+NO_CHECKPOINT = ("the same command starts training over: checkpoints are off (train.checkpoint_every=0); "
+                 "give train.checkpoint_every=N to keep progress")
 
 
 @pytest.fixture(scope="module")
@@ -176,26 +180,32 @@ def test_ctrl_c_and_sigterm_end_a_two_rank_run_with_one_line_and_the_shell_statu
     assert "Traceback" not in text, text[-3000:]
     ours = [line for line in text.splitlines() if line.startswith("stopped:")]
     assert len(ours) == 1, text[-3000:]
-    assert ("Ctrl-C" if how == "ctrl_c" else "SIGTERM") in ours[0] and "the same command resumes" in ours[0], ours
+    assert ("Ctrl-C" if how == "ctrl_c" else "SIGTERM") in ours[0] and "and its 2 ranks with it" in ours[0], ours
+    assert NO_CHECKPOINT in ours[0] and "resumes" not in ours[0], ours  # train.checkpoint_every=0: none to resume
     deadline = time.monotonic() + 30
     while any(running(pid) for pid in ranks.values()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not [pid for pid in ranks.values() if running(pid)], "a rank outlived the command"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
-def test_a_one_process_stage_stopped_by_a_signal_says_one_line(tmp_path, samples, signum):
-    """The same on one process: exit 128 + N, no traceback, one line of ours."""
+@pytest.mark.parametrize("signum,every", [(signal.SIGINT, 0), (signal.SIGTERM, 0), (signal.SIGTERM, 2)],
+                         ids=["ctrl_c", "sigterm", "sigterm_checkpointed"])
+def test_a_one_process_stage_stopped_by_a_signal_says_one_line(tmp_path, samples, signum, every):
+    """The same on one process: exit 128 + N, no traceback, one line of ours, which promises a
+    resume only where a checkpoint was written (and says which step)."""
     run, output = tmp_path / "run", tmp_path / "train.out"
     shutil.copytree(samples, run / "samples")
-    one = [a.replace("trainer.num_processes=2", "trainer.num_processes=1") for a in TRAIN]
+    one = [a.replace("trainer.num_processes=2", "trainer.num_processes=1")
+           .replace("train.checkpoint_every=0", f"train.checkpoint_every={every}") for a in TRAIN]
+    checkpoints = run / "train" / "checkpoints"
     with open(output, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "specforge_lite", "train", *one, f"run_dir={run}"], cwd=REPO,
                                 stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
                                 start_new_session=True, preexec_fn=terminal_signals)
     try:
         deadline = time.monotonic() + 600
-        while not STEP.search(output.read_text(errors="replace")) and time.monotonic() < deadline:
+        while not (STEP.search(output.read_text(errors="replace"))
+                   and (not every or latest_checkpoint(checkpoints) is not None)) and time.monotonic() < deadline:
             assert proc.poll() is None, output.read_text()[-3000:]
             time.sleep(0.5)
         os.killpg(proc.pid, signum)
@@ -205,4 +215,9 @@ def test_a_one_process_stage_stopped_by_a_signal_says_one_line(tmp_path, samples
     text = output.read_text(errors="replace")
     assert proc.returncode == 128 + signum and "Traceback" not in text, text[-3000:]
     ours = [line for line in text.splitlines() if line.startswith("stopped:")]
-    assert len(ours) == 1 and "ranks" not in ours[0] and "the same command resumes" in ours[0], text[-3000:]
+    assert len(ours) == 1 and "ranks" not in ours[0], text[-3000:]
+    if every:  # the step it names is the newest complete checkpoint the stop left
+        step = int(latest_checkpoint(checkpoints).name.split("-")[-1])
+        assert f"the same command resumes from its newest checkpoint (step {step})" in ours[0], ours
+    else:
+        assert NO_CHECKPOINT in ours[0] and "resumes" not in ours[0], ours

@@ -38,6 +38,9 @@ CASES = [
     (["eval.tree.branch=9"], "eval.tree.branch=9 is above eval.tree.nodes=8: no node of a tree of 8 nodes has more "
                              "children, so give at most 8"),
     (["eval.num_draft_tokens=65"], "eval.num_draft_tokens=65: must be <= 64"),
+    # a tree's own k: it was told it drafts eval.num_draft_tokens (issue 65's battery)
+    (["eval.method_draft_tokens=[ngram_tree:2]"], "eval.method_draft_tokens: 'ngram_tree:2': 'ngram_tree' is a tree "
+                                                  "method: eval.tree (depth, branch, nodes) shapes what it drafts"),
     (["eval.method_draft_tokens=[ngram:100]"], "eval.method_draft_tokens: 'ngram:100': k=100 is above 64"),
     # against the tiny Llama's context: an answer and the widest verify (the tree's 8 nodes + 1)
     (["eval.max_new_tokens=2039"], "eval.max_new_tokens=2039: the target has max_position_embeddings=2048, and an "

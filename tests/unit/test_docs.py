@@ -190,7 +190,7 @@ def test_config_keys_the_guides_name_exist(compose_cfg):
 TROUBLESHOOTING = docs.ROOT / "docs" / "TROUBLESHOOTING.md"
 ENTRIES = {
     "specforge_lite/run_folders.py": ["take_lock", "place_files"],
-    "specforge_lite/scale/launch.py": ["failure_line", "stopped_line"],
+    "specforge_lite/scale/launch.py": ["failure_line", "stopped_line", "next_step"],
     "specforge_lite/stages/sample.py": ["backend_name", "open_backend", "stale_samples"],
     "specforge_lite/training/health.py": ["no_loss_position", "diverged_message", "require_loss_positions",
                                          "require_finite_drafter"],
@@ -204,7 +204,7 @@ ENTRIES = {
     "specforge_lite/__main__.py": ["unresolved"],
     "specforge_lite/stages/door.py": ["engine_problem"],
     "specforge_lite/runtime/hf_runner.py": ["rollback_problem", "cache_problem", "role_problem"],
-    "specforge_lite/training/checkpoints.py": ["check_written_by"],
+    "specforge_lite/training/checkpoints.py": ["check_written_by", "other_inputs"],
     "specforge_lite/targets/model_types.py": ["check_model_type"],
     "specforge_lite/targets/loading.py": ["check_layer_count"],
     "specforge_lite/decoding/metrics.py": ["cost_curve_note"],
@@ -213,6 +213,7 @@ ENTRIES = {
     "specforge_lite/data/eval_prompts.py": ["dataset_problem", "tasks_overlap", "heldout_problem"],
     "specforge_lite/stages/export.py": ["evaluated"],
     "specforge_lite/decoding/arctic.py": ["missing_problem"],
+    "specforge_lite/data/formats.py": ["format_problem"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)
 PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
@@ -221,7 +222,11 @@ PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never 
            ("specforge_lite/config/schema.py", "the drafts one step verifies; evaluate times a target forward"),
            ("specforge_lite/stages/train.py", "the earlier run's checkpoints moved to"),
            ("specforge_lite/scale/rendezvous.py", "another process listens on it on this machine"),
-           ("specforge_lite/scale/rendezvous.py", "the name does not resolve to an address")]
+           ("specforge_lite/scale/rendezvous.py", "the name does not resolve to an address"),
+           ("specforge_lite/stages/door.py", "drafter, and this run trains drafter="),
+           ("specforge_lite/stages/sample.py", "read; give a smaller fraction"),
+           ("specforge_lite/stages/export.py", "no such folder; name a trained"),
+           ("specforge_lite/drafters/methods.py", "is a tree method: eval.tree (depth, branch, nodes) shapes what it")]
 
 
 def words(text: str) -> str:

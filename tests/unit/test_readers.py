@@ -145,3 +145,38 @@ def test_sharegpt_tasks_are_held_out_first_turns_by_area():
     # a drafter trained on other data has seen none of them: no split to check
     other = compose([f"eval.dataset={SHAREGPT_TASKS}", "data.source=builtin:smoke", "data.split_seed=1"])
     assert [p["id"] for p in load_prompts(other)] == [p["id"] for p in prompts]
+
+
+MESSAGES = {"id": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+
+
+def test_data_format_is_honoured_not_just_checked(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(MESSAGES) + "\n")
+    with pytest.raises(SpecforgeError, match=r"data.format=hf_disk: .*d\.jsonl is a \.jsonl file, not a folder"):
+        read_conversations(str(path), "hf_disk")
+    with pytest.raises(SpecforgeError, match=r"data.format='csv'; choose auto, sharegpt, messages or hf_disk"):
+        read_conversations(str(path), "csv")
+
+
+def test_a_named_record_format_skips_the_other_one(tmp_path):
+    path = write_json(tmp_path / "d.json", [GOOD, MESSAGES, GOOD])
+    records, stats = read_conversations(str(path), "sharegpt")
+    assert [r["id"] for r in records] == ["a", "a#1"] and dict(stats.skipped) == {"missing_key": 1}
+    assert len(read_conversations(str(path), "auto")[0]) == 3
+    with pytest.raises(SpecforgeError, match=r"record 1 \(id 'm'\): missing_key: record has no 'conversations' "
+                                             r"\(data.format=sharegpt\)"):
+        read_conversations(str(path), "sharegpt", strict=True)
+
+
+def test_format_problem_reads_only_the_first_record(tmp_path):
+    from specforge_lite.data.formats import format_problem
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n" + json.dumps(MESSAGES) + "\n{not json\n")
+    assert format_problem(str(path), "messages") is None
+    assert "holds OpenAI messages records" in format_problem(str(path), "sharegpt")
+    path.write_text("{not json\n" + json.dumps(MESSAGES) + "\n")  # first record unreadable: the reader decides
+    assert format_problem(str(path), "sharegpt") is None
+    assert format_problem(str(tmp_path / "missing.json"), "sharegpt") is None  # the reader names it
+    assert format_problem("", "hf_disk") is None and format_problem(str(path), "auto") is None

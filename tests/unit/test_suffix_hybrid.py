@@ -8,6 +8,7 @@ test_hybrid_policy.py."""
 from __future__ import annotations
 
 import math
+import json
 import shutil
 from collections import Counter
 
@@ -361,6 +362,16 @@ def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
                    "eval.methods=[plain,suffix]", "eval.best_k_method=null", "eval.max_prompts=1",
                    "eval.max_new_tokens=4", "eval.warmup=0", "eval.plots=false")
     assert proc.returncode == 0, proc.stderr[-2000:]  # it was refused as "drawn from other weights" (issue 65)
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["suffix_corpus"] == {"samples_asked": True, "tokens": sum(map(len, answers))}
+    # no samples in its run folder: the report says lookup drafted from each request alone (it said nothing)
+    proc = run_cli("evaluate", "+recipe=smoke", f"run_dir={tmp_path / 'bare'}", "eval.methods=[plain,suffix]",
+                   "eval.best_k_method=null", "eval.max_prompts=1", "eval.max_new_tokens=4", "eval.warmup=0",
+                   "eval.plots=false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    bare = tmp_path / "bare" / "eval"
+    assert json.loads((bare / "report.json").read_text())["suffix_corpus"] == {"samples_asked": True, "tokens": 0}
+    assert "**No samples of this target**" in (bare / "report.md").read_text()
     weights = next(other.glob("*.safetensors"))
     tensors = load_file(weights)
     name = next(iter(tensors))

@@ -12,7 +12,7 @@ import torch
 
 from specforge_lite.contract import DrySize
 from specforge_lite.drafters.eagle3.decode import Eagle3DecodeDrafter
-from specforge_lite.drafters.eagle3.export import export, layout
+from specforge_lite.drafters.eagle3.export import export, layout, sglang_problem  # sglang_problem: the door's too
 from specforge_lite.drafters.eagle3.export import load_any as load
 from specforge_lite.drafters.eagle3.model import FROZEN, Eagle3Config, Eagle3Drafter, save, trained_weights
 from specforge_lite.drafters.eagle3.options import Eagle3Options as Options

@@ -118,8 +118,8 @@ class Strategy:
         self.device = self.accelerator.device
         self.model = self.optimizer = self.skeleton = None
         # set by the train stage: the drafter's module (what a checkpoint holds) and the
-        # training fingerprint (a checkpoint of other settings is not resumed)
-        self.module = self.stamp = self.stamp_parts = None
+        # training fingerprint (a checkpoint of other settings is not resumed), its parts' hashes and settings
+        self.module = self.stamp = self.stamp_parts = self.stamp_settings = None
 
     # ---- parts
     def load_target(self, target_cfg):
@@ -148,7 +148,7 @@ class Strategy:
     def checkpoint_state(self) -> dict:
         """What `state.json` records besides the step: who wrote it, on how many ranks, with which settings."""
         return {"strategy": self.name, "world_size": world_size(), "fingerprint": self.stamp,
-                "fingerprint_parts": self.stamp_parts}
+                "fingerprint_parts": self.stamp_parts, "fingerprint_settings": self.stamp_settings}
 
     # ---- one optimizer step
     def accumulate(self, last: bool):
@@ -177,7 +177,7 @@ class Strategy:
         write_checkpoint(ckpt_dir, step, keep, write_plain(weights, self.optimizer), self.checkpoint_state())
 
     def load_checkpoint(self, path: Path) -> int:
-        check_written_by(path, self.name, self.stamp, self.stamp_parts)
+        check_written_by(path, self.name, self.stamp, self.stamp_parts, self.stamp_settings)
         drafter = self.accelerator.unwrap_model(self.model)
         read_plain(path, drafter, self.optimizer, set(self.module.trained_weights(drafter)))
         return restore_rng(path)

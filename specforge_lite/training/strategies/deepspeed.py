@@ -88,7 +88,7 @@ class DeepSpeedStrategy(Strategy):
         write_checkpoint(ckpt_dir, step, keep, write, self.checkpoint_state())
 
     def load_checkpoint(self, path: Path) -> int:
-        state = check_written_by(path, self.name, self.stamp, self.stamp_parts)
+        state = check_written_by(path, self.name, self.stamp, self.stamp_parts, self.stamp_settings)
         if state.get("world_size", world_size()) != world_size():
             raise SpecforgeError(
                 f"checkpoint {path} was written by {state['world_size']} ranks with trainer={self.name}; DeepSpeed "

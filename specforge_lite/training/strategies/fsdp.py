@@ -83,7 +83,7 @@ class FSDPStrategy(Strategy):
             set_state_dict,
         )
 
-        check_written_by(path, self.name, self.stamp, self.stamp_parts)
+        check_written_by(path, self.name, self.stamp, self.stamp_parts, self.stamp_settings)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optim_state}
         dcp.load(state, checkpoint_id=str(path / "dcp"))  # resharded to this run's ranks
