@@ -189,7 +189,7 @@ def test_docs_show_a_gpu_row_when_a_results_file_exists(tmp_path, monkeypatch):
     methods = {"eagle3": {"tau": 1.44, "tau_ci": [1.4, 1.5], "speedup": 1.3, "speedup_ci": [1.2, 1.4],
                           "tokens_per_s": 500.0, "identity": {"text": "24/24: 15 identical, 9 rounding, 0 mismatch"}}}
     gpu_check.write(tmp_path / "gpu_check_nvidia_h100.json", {
-        "gpu": "NVIDIA H100", "date": "2026-11-26 10:00", "failed_steps": ["projection"],
+        "gpu": "NVIDIA H100", "date": "2026-11-26 10:00", "commit": "0123456789", "failed_steps": ["projection"],
         "steps": {"eval_bfloat16": {"status": "ok", "engine": {"used": "compiled"}, "methods": methods}}})
     rows = docs.gpu_rows()
     # an earlier file's sentence is said again without calling answers within rounding identical
