@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specforge_lite import SpecforgeError
 from specforge_lite.stage_table import COMMANDS
-from specforge_lite.scale.launch import follow_launcher
+from specforge_lite.scale.rank_side import follow_launcher
 
 USAGE = """usage: python -m specforge_lite STAGE [+recipe=NAME] [key=value ...] [--cfg job]
        python -m specforge_lite COMMAND [--help | its options]
@@ -108,7 +108,8 @@ def _dispatch(cfg) -> None:
         sys.stderr = _held.real
         _held.release()
     from specforge_lite.run_folders import folder_error
-    from specforge_lite.scale.launch import LAUNCHER_PID, stopped_line
+    from specforge_lite.scale.launch import stopped_line
+    from specforge_lite.scale.rank_side import LAUNCHER_PID
     from specforge_lite.stages import run_stage
 
     rank = bool(os.environ.get(LAUNCHER_PID))  # a rank: its launcher says the one line

@@ -49,7 +49,7 @@ RANK_PRELOAD = ["numpy", "torch", "transformers", "transformers.models.llama.mod
                 "hydra", "omegaconf", "accelerate", "deepspeed", "datasets", "matplotlib.pyplot"]
 
 
-LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"  # specforge_lite/scale/launch.py: a rank's launcher
+LAUNCHER_PID = "SPECFORGE_LITE_LAUNCHER_PID"  # specforge_lite/scale/rank_side.py: a rank's launcher
 SPAWN = "from multiprocessing.spawn import spawn_main; spawn_main("  # multiprocessing.spawn.get_command_line
 MAX_FDS = 64  # descriptors a command may inherit (the standard streams and multiprocessing's pipes)
 
