@@ -217,7 +217,7 @@ ENTRIES = {
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)
 PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
-           ("specforge_lite/scale/launch.py", "128 + signal.SIGHUP"),
+           ("specforge_lite/scale/rank_side.py", "128 + signal.SIGHUP"),
            ("specforge_lite/drafters/methods.py", "the most drafts one step verifies"),
            ("specforge_lite/config/schema.py", "the drafts one step verifies; evaluate times a target forward"),
            ("specforge_lite/stages/train.py", "the earlier run's checkpoints moved to"),
