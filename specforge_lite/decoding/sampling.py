@@ -10,7 +10,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.decoding.verify import SamplingParams, pick_tokens
-from specforge_lite.runtime.hf_runner import cache_kwargs
+from specforge_lite.runtime.hf_runner import cache_kwargs, layer_role
 from specforge_lite.targets.loading import eos_token_ids
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,8 @@ def keep_batch_rows(cache, index: torch.Tensor) -> None:
     """Keep only the batch rows `index` of a transformers cache, every layer's state included:
     transformers' `batch_select_indices` has none for a linear-attention layer (Qwen3-Next's), and
     on a hybrid one (linear attention beside attention) would leave its recurrent state whole."""
-    try:
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin as linear
-    except ImportError:  # an older transformers: every cache layer selects its own rows
-        linear = ()
     for layer in cache.layers:
-        if isinstance(layer, linear):  # beam search's reorder: its conv and recurrent states, and a hybrid's keys
+        if layer_role(layer) == "recurrent":  # beam search's reorder: its conv and recurrent states, and a hybrid's keys
             layer.reorder_cache(index)
         else:
             layer.batch_select_indices(index)

@@ -172,6 +172,20 @@ def known() -> list[str]:
             ARCTIC_SUFFIX, *VLLM_METHODS, *LLAMACPP_METHODS]
 
 
+def trained_kinds(methods) -> list[str]:
+    """The registered trained drafter kinds `methods` read: their chains, trees and hybrids' drafters,
+    and the drafters behind their vllm_* twins."""
+    return sorted({VLLM_OF.get(m, m) for m in chain_methods(methods)} & set(DRAFTERS))
+
+
+def drafter_folder(cfg, kind: str):
+    """Where evaluate reads the trained `kind` drafter: eval.drafter_dirs[kind], else run_dir/train/drafter."""
+    from pathlib import Path
+
+    chosen = cfg.eval.drafter_dirs.get(kind)
+    return Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
+
+
 def labelled_drafters(eval_cfg) -> dict[str, str]:
     """`eval.extra_drafters` entries LABEL:FOLDER as {label: folder} (checked by `method_problems`)."""
     out = {}

@@ -263,12 +263,11 @@ def sglang_options_problem(drafter_cfg: DictConfig) -> str | None:
 
 def untrained_kinds(cfg: DictConfig) -> list[str]:
     """`run` trains `drafter`: a method of another trained drafter kind needs its folder named."""
-    from specforge_lite.drafters.methods import VLLM_OF, chain_methods
+    from specforge_lite.drafters.methods import trained_kinds
 
-    needed = {VLLM_OF.get(m, m) for m in chain_methods(cfg.eval.methods)}  # trees and hybrids: their drafter
     return [f"eval.methods needs a trained {kind} drafter, and this run trains drafter={cfg.drafter.name}: set "
             f"eval.drafter_dirs.{kind} to a {kind} drafter's folder, or leave its methods out"
-            for kind in sorted(needed & set(DRAFTERS)) if kind != cfg.drafter.name and not cfg.eval.drafter_dirs.get(kind)]
+            for kind in trained_kinds(cfg.eval.methods) if kind != cfg.drafter.name and not cfg.eval.drafter_dirs.get(kind)]
 
 
 # --------------------------------------------------------------------------- the training's layout

@@ -53,8 +53,8 @@ from specforge_lite.decoding.report import k_text, render_markdown, write_plots
 from specforge_lite.decoding.recommend import recommend
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
-from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, engine_needed,
-                                           hybrid_of, labelled_drafters, run_order, tree_base)
+from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, drafter_folder,
+                                           engine_needed, hybrid_of, labelled_drafters, run_order, tree_base)
 from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, hidden_layers_of,
                                              say_what_the_trained_folder_decides)
 from specforge_lite.stages.evaluate_entries import build_report, our_entries
@@ -163,8 +163,7 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
     """Where trained drafter `name` is read: eval.drafter_dirs[name] (our train folder or any
     layout the drafter reads: speculators, SGLang, vLLM Medusa, an HF model), else
     run_dir/train/drafter; the folder must hold a drafter of that kind."""
-    chosen = cfg.eval.drafter_dirs.get(name)
-    path = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
+    path = drafter_folder(cfg, name)
     if not path.exists():
         raise SpecforgeError(f"eval method {name} needs a trained {name} drafter in {path}; run the train stage "
                              f"of a {name} recipe first, or set eval.drafter_dirs.{name}")

@@ -43,20 +43,12 @@ def measured_drafters(cfg: DictConfig, methods: list[str]) -> dict:
     """{drafter kind: {"path", "weights"}} of the trained drafters the methods measured (chains,
     trees, hybrids and their vLLM twins), by the content digests of their weight files: what
     export checks before it takes this report's k, tree and recommendation for a drafter."""
-    from pathlib import Path
-
-    from specforge_lite.drafters.methods import VLLM_OF, chain_methods
-    from specforge_lite.drafters.registry import DRAFTERS
+    from specforge_lite.drafters.methods import drafter_folder, trained_kinds
     from specforge_lite.targets.digest import folder_digests
 
-    kinds = {VLLM_OF.get(m, m) for m in chain_methods(methods)} & set(DRAFTERS)
-    found = {}
-    for kind in sorted(kinds):
-        chosen = cfg.eval.drafter_dirs.get(kind)
-        folder = Path(chosen) if chosen else Path(cfg.run_dir) / "train" / "drafter"
-        if folder.is_dir():
-            found[kind] = {"path": str(folder), "weights": folder_digests(folder)}
-    return found
+    folders = {kind: drafter_folder(cfg, kind) for kind in trained_kinds(methods)}
+    return {kind: {"path": str(folder), "weights": folder_digests(folder)}
+            for kind, folder in folders.items() if folder.is_dir()}
 
 
 def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> tuple[dict, list[dict], dict]:

@@ -38,8 +38,9 @@ from specforge_lite.targets.loading import HUB_IDS, resolve_target_path
 log = logging.getLogger(__name__)
 
 
-def evaluated(cfg: DictConfig, trained: Path | None = None, kind: str | None = None) -> Path | None:
-    """run_dir/eval/report.json where it measured the drafter exported now, else None. With the
+def evaluated(cfg: DictConfig, trained: Path | None = None, kind: str | None = None) -> tuple[Path, dict] | None:
+    """(run_dir/eval/report.json, its content, read once) where it measured the drafter exported now,
+    else None. With the
     drafter's folder given, a report that recorded other weights of this drafter kind (a retrain
     whose evaluate failed or never ran), or that was written before these weights without
     recording any, is said in one line and not used: its k, tree and recommendation are another
@@ -47,17 +48,18 @@ def evaluated(cfg: DictConfig, trained: Path | None = None, kind: str | None = N
     report = Path(cfg.run_dir) / "eval" / "report.json"
     if not report.exists():
         return None
-    if trained is not None and (why := stale_report(report, Path(trained), kind)):
+    content = read_json_object(report)
+    if trained is not None and (why := stale_report(report, content, Path(trained), kind)):
         log.warning("%s %s: the export does not use its k, tree or recommendation (evaluate this drafter again)",
                     report, why)
         return None
-    return report
+    return report, content
 
 
-def stale_report(report: Path, trained: Path, kind: str | None) -> str | None:
+def stale_report(report: Path, content: dict, trained: Path, kind: str | None) -> str | None:
     from specforge_lite.targets.digest import folder_digests, weight_files
 
-    recorded = (read_json_object(report).get("drafters") or {}).get(kind)
+    recorded = (content.get("drafters") or {}).get(kind)
     if recorded is not None:
         return None if recorded.get("weights") == folder_digests(trained) else \
             f"measured other weights of the {kind} drafter than those in {trained} (trained again since?)"
@@ -67,16 +69,16 @@ def stale_report(report: Path, trained: Path, kind: str | None) -> str | None:
     return None
 
 
-def chosen_k(cfg: DictConfig, report: Path | None | bool = True) -> tuple[int, str]:
+def chosen_k(cfg: DictConfig, report: tuple[Path, dict] | None | bool = True) -> tuple[int, str]:
     """The k the export serves: export.speculative_tokens, else the report's best k (`report`:
     True reads run_dir's, None means no report of this drafter), else export.fallback_tokens."""
     if cfg.export.speculative_tokens is not None:
         return int(cfg.export.speculative_tokens), "export.speculative_tokens"
     report = evaluated(cfg) if report is True else report
     if report is not None:
-        best = read_json_object(report).get("best_k")
+        best = report[1].get("best_k")
         if isinstance(best, int) and best > 0:
-            return best, f"best_k measured by evaluate ({report})"
+            return best, f"best_k measured by evaluate ({report[0]})"
     return int(cfg.export.fallback_tokens), "export.fallback_tokens (no evaluation report of this drafter found)"
 
 
@@ -148,7 +150,7 @@ def run(cfg: DictConfig) -> None:
                     "\"checked\": false", info["gguf"]["load_check"]["why"])
 
 
-def chosen_tree(cfg: DictConfig, kind: str, report: Path | None | bool = True) -> dict | None:
+def chosen_tree(cfg: DictConfig, kind: str, report: tuple[Path, dict] | None | bool = True) -> dict | None:
     """The draft tree the export of a `kind` drafter carries, or None: only for a drafter that
     drafts trees (its module's DRAFTS_TREES) and that vLLM serves on its EAGLE proposer without
     extra keys (vLLM serves P-EAGLE's parallel drafting, Medusa and DFlash as chains). Its shape is the best tree
@@ -164,15 +166,15 @@ def chosen_tree(cfg: DictConfig, kind: str, report: Path | None | bool = True) -
         return None
     shape, source = None, None
     report = evaluated(cfg) if report is True else report
-    methods = read_json_object(report).get("methods") or {} if report is not None else {}
+    methods = report[1].get("methods") or {} if report is not None else {}
     measured = {name: m for name, m in methods.items() if (m.get("tree") or {}).get("chain") == kind}
     if measured:
         name = max(measured, key=lambda n: measured[n].get("tokens_per_s") or 0.0)
         tree = measured[name]["tree"]
         best = (tree.get("best_tree") or {}).get("best")
         shape = best or tree["shape"]
-        source = (f"the best tree estimated from {name} as measured by evaluate ({report})" if best
-                  else f"the shape {name} ran in evaluate ({report})")
+        source = (f"the best tree estimated from {name} as measured by evaluate ({report[0]})" if best
+                  else f"the shape {name} ran in evaluate ({report[0]})")
     elif (cfg.get("eval") or {}).get("tree") is not None:
         shape, source = cfg.eval.tree, "eval.tree (no evaluate measured a tree of this drafter)"
     if shape is None:
@@ -198,16 +200,16 @@ def static_tree(depth: int, branch: int, nodes: int) -> list[tuple[int, ...]]:
     return DraftTree([0] * len(parents), parents).node_paths()
 
 
-def recommendation_readme(cfg: DictConfig, report: Path | None | bool = True) -> str:
+def recommendation_readme(cfg: DictConfig, report: tuple[Path, dict] | None | bool = True) -> str:
     """The README section on the method run_dir/eval/report.json recommends, with the report's
     reasons and alternatives (which say where a method is ours only and what an engine serves
     instead), or "" without a report (of this drafter) or a recommendation."""
     report = evaluated(cfg) if report is True else report
-    rec = (read_json_object(report).get("recommendation") or {}) if report is not None else {}
+    rec = (report[1].get("recommendation") or {}) if report is not None else {}
     if not rec.get("deploy"):
         return ""
     lines = ["", "## What evaluate recommends", "",
-             f"`{report}` recommends **{rec['deploy']}** on the machine and prompts it measured"
+             f"`{report[0]}` recommends **{rec['deploy']}** on the machine and prompts it measured"
              + (f": {'; '.join(rec['reasons'])}." if rec.get("reasons") else ".")]
     lines += ["", *(f"- {line}" for line in rec.get("alternatives") or [])] if rec.get("alternatives") else []
     return "\n".join(lines) + "\n"

@@ -232,7 +232,7 @@ def _flatten(tree, prefix: str) -> dict:
         return {prefix.rstrip("."): tree}
     flat = {}
     for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        flat.update(_flatten(value, f"{prefix}{key}."))
     return flat
 
 
