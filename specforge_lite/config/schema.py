@@ -192,7 +192,9 @@ class EvalConfig:
     # eval.methods beside their chains); null: chains only (tree methods are refused)
     tree: Optional[TreeConfig] = field(default_factory=TreeConfig)
     suffix: SuffixConfig = field(default_factory=SuffixConfig)  # suffix and <drafter>_hybrid
-    temperature: float = checked(0.0, ge=0.0)  # 0 means greedy (outputs are then checked against plain)
+    # 0 means greedy (outputs are then checked against plain); a list [0,0.7] measures each whole,
+    # the report's tables at the first and a table of tau and speedup by temperature
+    temperature: Any = checked(0.0, ge=0.0)
     top_p: float = checked(1.0, gt=0.0, le=1.0)
     ngram_max: int = checked(3, ge=1)  # n-gram lookup tries sizes ngram_max..ngram_min (HF: max_matching_ngram_size)
     ngram_min: int = checked(1, ge=1)
@@ -226,6 +228,13 @@ class EvalConfig:
     rounding_baseline: bool = True
     plots: bool = True
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    # speedup at load (serving/vllm/load.py): the vllm_* methods with this many requests in flight,
+    # k = 1..load_draft_tokens each (null: num_draft_tokens); [1] alone measures batch 1 only
+    concurrency: List[int] = checked(default_factory=lambda: [1], ge=1)
+    expected_concurrency: int = checked(1, ge=1)  # the load the recommendation is for
+    load_draft_tokens: Optional[int] = checked(None, ge=1, le=MAX_DRAFTS, note=DRAFTS_NOTE)
+    # [[first batch size, last, k], ...]: run instead of the measured schedule (the one you serve today)
+    load_schedule: List[Any] = field(default_factory=list)
     # the vllm_* methods (vllm_plain, vllm_eagle3, vllm_ngram, vllm_draft_model, vllm_distilled,
     # vllm_medusa): real vLLM in a child process; see specforge_lite/serving/vllm/engine.py
     vllm: VllmConfig = field(default_factory=VllmConfig)

@@ -247,7 +247,8 @@ def render_markdown(report: dict) -> str:
     rec = report.get("recommendation")
     if rec:
         out += ["## Recommendation", "", f"Deploy **{rec['deploy']}**: " + "; ".join(rec["reasons"]) + "."]
-        out += [f"- {line}" for line in rec["alternatives"]] + [""]
+        out += [f"- {line}" for line in rec["alternatives"]]
+        out += [f"- At load (vLLM): {line}" for line in rec.get("at_load") or []] + [""]
     conventions = report["conventions"]
     out += [
         "tau: " + conventions["tau"] + ". a_i: " + conventions["per_position_acceptance"]

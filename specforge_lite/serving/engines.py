@@ -170,7 +170,8 @@ def alone_markdown(report: dict, engine: Engine) -> str:
                      f"{f(m['speedup'])}x | {ci(m['speedup_ci'])} | {same} |")
     rec = report["recommendation"]
     lines += ["", "## Recommendation", "", f"Baseline {rec['baseline']}. Deploy **{rec['deploy']}**: "
-              + "; ".join(rec["reasons"]) + ".", *(f"- {line}" for line in rec["alternatives"])]
+              + "; ".join(rec["reasons"]) + ".", *(f"- {line}" for line in rec["alternatives"]),
+              *(f"- At load (vLLM): {line}" for line in rec.get("at_load") or [])]
     if report["skipped"]:
         lines += ["", f"Skipped {report['skipped']['prompt_too_long']} prompt(s) longer than the target's context."]
     return "\n".join(lines) + "\n"

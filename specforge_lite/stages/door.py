@@ -33,6 +33,7 @@ from specforge_lite.stage_table import COMMANDS, SAMPLE, runs
 from specforge_lite.data.eval_prompts import dataset_problem
 from specforge_lite.drafters.methods import length_problems, method_problems, tree_problems
 from specforge_lite.serving.engines import ENGINES
+from specforge_lite.serving.vllm.load import concurrency_problems
 from specforge_lite.drafters.registry import DRAFTERS, sglang_refusal
 from specforge_lite.runtime.compile import autotune, gemm_rows
 from specforge_lite.scale.launch import num_processes
@@ -293,6 +294,20 @@ def training_problems(cfg: DictConfig) -> list[str]:
 
 # --------------------------------------------------------------------------- rules between fields
 
+def temperature_problems(value) -> list[str]:
+    """eval.temperature: a number >= 0, or a list of them without repeats (each measured whole)."""
+    many = isinstance(value, (list, tuple, ListConfig))
+    items = list(value) if many else [value]
+    shown = list(items) if many else value
+    if many and not items:
+        return ["eval.temperature=[]: give a temperature (0: greedy) or a list of them"]
+    if any(isinstance(t, bool) or not isinstance(t, (int, float)) for t in items):
+        return [f"eval.temperature={shown}: must be a number >= 0 (0: greedy) or a list of them"]
+    if len(set(map(float, items))) != len(items):
+        return [f"eval.temperature={shown} repeats a temperature"]
+    return []
+
+
 def cross_field_problems(cfg: DictConfig) -> list[str]:
     """Rules no single field can state."""
     problems = []
@@ -307,6 +322,7 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
     if ecfg.ngram_min > ecfg.ngram_max:
         problems.append(f"eval.ngram_min={ecfg.ngram_min} is above eval.ngram_max={ecfg.ngram_max}")
     problems += method_problems(ecfg)
+    problems += concurrency_problems(ecfg) + temperature_problems(ecfg.temperature)
     init_from = cfg.drafter.get("init_from")
     if init_from:
         from pathlib import Path

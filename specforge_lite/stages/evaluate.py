@@ -57,9 +57,11 @@ from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, S
                                            engine_needed, hybrid_of, labelled_drafters, run_order, tree_base)
 from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, hidden_layers_of,
                                              say_what_the_trained_folder_decides)
-from specforge_lite.stages.evaluate_entries import build_report, our_entries
+from specforge_lite.stages.evaluate_entries import (at_temperature, build_report, our_entries, temperature_markdown,
+                                                    temperature_summary, temperatures)
 from specforge_lite.targets.accounting import record_no_target
 from specforge_lite.serving.engines import ENGINES, Engine, ServedTarget, alone_markdown, alone_measured, stop_ids
+from specforge_lite.serving.vllm.load_report import write_plot as write_load_plot
 from specforge_lite.targets.loading import (eos_token_ids, load_target, load_target_config, load_tokenizer,
                                            resolve_dtype, resolve_target_path)
 
@@ -180,6 +182,54 @@ def trained_dir(cfg: DictConfig, name: str) -> Path:
 
 def run(cfg: DictConfig) -> None:
     ecfg = cfg.eval
+    temps = temperatures(ecfg)
+    out, report, results, lead = measure(at_temperature(cfg, temps[0]))
+    failures = [line for engine in results for line in engine.failures(report[engine.name], out)]
+    if len(temps) > 1:  # each further temperature measured whole, its figures beside the first's
+        report["by_temperature"] = {str(temps[0]): temperature_summary(report)}
+        for temperature in temps[1:]:
+            _, other, other_results, _ = measure(at_temperature(cfg, temperature))
+            report["by_temperature"][str(temperature)] = temperature_summary(other)
+            failures += [f"T={temperature}: {line}" for engine in other_results
+                         for line in engine.failures(other[engine.name], out)]
+    ours = engine_needed(ecfg)
+    with replaced_as_one(out, "evaluate") as new:
+        if ecfg.plots and ours:  # the plots draw our engine's per-position acceptance and forward costs
+            report["plots"] = write_plots(report, new)
+        if ecfg.plots and (load := (report.get("vllm") or {}).get("load")):  # speedup against concurrency
+            report.setdefault("plots", []).append(write_load_plot(load, new))
+        atomic_write_json(new / "report.json", report)
+        markdown = render_markdown(report) if ours else alone_markdown(report, lead)
+        atomic_write_text(new / "report.md", markdown + temperature_markdown(report)
+                          + "".join(e.markdown(report[e.name], cfg) for e in results))
+        write_provenance(new, cfg)
+    baseline = report.get("baseline", PLAIN)
+    for name, entry in report["methods"].items():
+        log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx vs %s%s", name, entry["tau"] or 0,
+                 entry["tokens_per_s"], entry["speedup"], baseline,
+                 identity.log_suffix(entry))
+    rec = report["recommendation"]
+    log.info("recommendation (baseline %s): deploy %s (%s)%s", rec["baseline"], rec["deploy"],
+             "; ".join(rec["reasons"]), "".join(f"\n  - {line}" for line in rec["alternatives"]))
+    for name, entry in report["methods"].items():
+        if entry.get("tree") and entry["tree"]["best_tree"]["best"]:
+            best = entry["tree"]["best_tree"]["best"]
+            log.info("%-17s %.1f nodes verified per step; best tree (estimated): depth %d, branch %d, %d nodes, "
+                     "%.2fx", name, entry["tree"]["nodes_per_step"] or 0, best["depth"], best["branch"],
+                     best["nodes"], best["expected_speedup"])
+    log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
+    for engine in results:
+        for name, entry in report[engine.name]["methods"].items():
+            log.info("%-17s tau %s  %.2f tokens/s (%s)", name, "-" if entry["tau"] is None else f"{entry['tau']:.2f}",
+                     entry["tokens_per_s"] or 0, engine.label)
+    if failures:
+        raise SpecforgeError("; ".join(failures))
+
+
+def measure(cfg: DictConfig) -> tuple:
+    """Every method of eval.methods at one temperature: (out, the report, the engines' results,
+    the lead engine where ours does not run, else None). Nothing is written here."""
+    ecfg = cfg.eval
     ours = engine_needed(ecfg)  # else every method is a serving engine's, and no target weights load here
     methods = run_order(ecfg)
     served = {engine: engine.methods(methods) for engine in ENGINES}  # run after ours (serving/engines.py)
@@ -202,35 +252,7 @@ def run(cfg: DictConfig) -> None:
     report["recommendation"] = recommend(report, {n: m.SERVING_NOTE for n, m in DRAFTERS.items() if m.SERVING_NOTE})
     for engine, result in results.items():
         report[engine.name] = engine.report_section(result, report, plain_tokens, cfg)
-    with replaced_as_one(out, "evaluate") as new:
-        if ecfg.plots and ours:  # the plots draw our engine's per-position acceptance and forward costs
-            report["plots"] = write_plots(report, new)
-        atomic_write_json(new / "report.json", report)
-        markdown = render_markdown(report) if ours else alone_markdown(report, lead)
-        atomic_write_text(new / "report.md", markdown + "".join(e.markdown(report[e.name], cfg) for e in results))
-        write_provenance(new, cfg)
-    baseline = report.get("baseline", PLAIN)
-    for name, entry in report["methods"].items():
-        log.info("%-17s tau %.2f  %.2f tokens/s  speedup %.2fx vs %s%s", name, entry["tau"] or 0,
-                 entry["tokens_per_s"], entry["speedup"], baseline,
-                 identity.log_suffix(entry))
-    rec = report["recommendation"]
-    log.info("recommendation (baseline %s): deploy %s (%s)%s", rec["baseline"], rec["deploy"],
-             "; ".join(rec["reasons"]), "".join(f"\n  - {line}" for line in rec["alternatives"]))
-    for name, entry in report["methods"].items():
-        if entry.get("tree") and entry["tree"]["best_tree"]["best"]:
-            best = entry["tree"]["best_tree"]["best"]
-            log.info("%-17s %.1f nodes verified per step; best tree (estimated): depth %d, branch %d, %d nodes, "
-                     "%.2fx", name, entry["tree"]["nodes_per_step"] or 0, best["depth"], best["branch"],
-                     best["nodes"], best["expected_speedup"])
-    log.info("best k = %s (%s); report in %s", report["best_k"], report["best_k_method"], out / "report.md")
-    for engine in results:
-        for name, entry in report[engine.name]["methods"].items():
-            log.info("%-17s tau %s  %.2f tokens/s (%s)", name, "-" if entry["tau"] is None else f"{entry['tau']:.2f}",
-                     entry["tokens_per_s"] or 0, engine.label)
-    failures = [line for engine in results for line in engine.failures(report[engine.name], out)]
-    if failures:
-        raise SpecforgeError("; ".join(failures))
+    return out, report, results, lead if not ours else None
 
 
 def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path: str) -> tuple:

@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from specforge_lite.decoding import identity
 from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
@@ -128,3 +128,78 @@ def lookup_corpus(ecfg, drafters: dict) -> dict:
             tokens = lookup.corpus.num_tokens if lookup.corpus is not None else 0
             return {"suffix_corpus": {"samples_asked": bool(ecfg.suffix.samples), "tokens": tokens}}
     return {}
+
+
+# --------------------------------------------------------------------------- more than one temperature
+
+def temperatures(ecfg) -> list[float]:
+    """eval.temperature as a list: one value, or several (each measured whole, the first the report's own)."""
+    value = ecfg.temperature
+    return [float(t) for t in value] if isinstance(value, (list, tuple, ListConfig)) else [float(value)]
+
+
+def at_temperature(cfg: DictConfig, temperature: float) -> DictConfig:
+    """A copy of `cfg` with eval.temperature the one number `temperature`."""
+    copy = cfg.copy()
+    with open_dict(copy):
+        copy.eval.temperature = float(temperature)
+    return copy
+
+
+def temperature_summary(report: dict) -> dict:
+    """One temperature's figures: per method of each engine tau and speedup (with intervals where
+    measured), and at load the best k and speedup per load."""
+    summary = {"methods": {name: {key: m.get(key) for key in ("tau", "tau_ci", "speedup", "speedup_ci",
+                                                                "tokens_per_s", "identical_to_plain")}
+                           for name, m in report["methods"].items()},
+               "baseline": report.get("baseline", PLAIN)}
+    vllm = report.get("vllm") or {}
+    if vllm.get("methods"):
+        summary["vllm"] = {name: {"tau": m["tau"], "tokens_per_s": m["tokens_per_s"],
+                                  "speedup_vs_vllm_plain": m["speedup_vs_vllm_plain"]}
+                           for name, m in vllm["methods"].items()}
+    if vllm.get("load"):
+        summary["vllm_load"] = {name: {level: {"best_k": cell.get("best_k", 0),
+                                               "speedup": best_cell(cell).get("speedup"),
+                                               "speedup_ci": best_cell(cell).get("speedup_ci")}
+                                       for level, cell in m["by_load"].items()}
+                                for name, m in vllm["load"]["methods"].items() if name != "vllm_plain"}
+    return summary
+
+
+def best_cell(cell: dict) -> dict:
+    """A load cell's figures at its best k (its fastest k where none paid)."""
+    by_k = cell.get("by_k") or {}
+    if not by_k:
+        return cell
+    return by_k.get(str(cell.get("best_k"))) or max(by_k.values(), key=lambda c: c["throughput_tokens_per_s"] or 0)
+
+
+def temperature_markdown(report: dict) -> str:
+    """report.md's table of tau and speedup per temperature ("" with one temperature)."""
+    by_t = report.get("by_temperature")
+    if not by_t:
+        return ""
+    f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    ci = lambda v: "" if not v else f" [{v[0]:.2f}, {v[1]:.2f}]"  # noqa: E731
+    temps = list(by_t)
+    lines = ["", "## By temperature", "",
+             "Each temperature measured whole, the same prompts and seeds; the tables above are at the first.", "",
+             "| method | " + " | ".join(f"T={t} tau | T={t} speedup" for t in temps) + " |",
+             "|---|" + "---:|---|" * len(temps)]
+    for name in by_t[temps[0]]["methods"]:
+        cells = [by_t[t]["methods"].get(name, {}) for t in temps]
+        lines.append(f"| {name} | " + " | ".join(f"{f(c.get('tau'))}{ci(c.get('tau_ci'))} | "
+                                                 f"{f(c.get('speedup'))}x{ci(c.get('speedup_ci'))}" for c in cells) + " |")
+    for name in by_t[temps[0]].get("vllm") or {}:
+        if name in by_t[temps[0]]["methods"]:
+            continue  # an evaluate of vLLM alone: its methods are the table's rows already
+        cells = [(by_t[t].get("vllm") or {}).get(name, {}) for t in temps]
+        lines.append(f"| {name} (vLLM) | " + " | ".join(f"{f(c.get('tau'))} | {f(c.get('speedup_vs_vllm_plain'))}x"
+                                                         for c in cells) + " |")
+    for name in by_t[temps[0]].get("vllm_load") or {}:
+        for level in by_t[temps[0]]["vllm_load"][name]:
+            cells = [(by_t[t].get("vllm_load") or {}).get(name, {}).get(level, {}) for t in temps]
+            lines.append(f"| {name} at load {level} (best k) | " + " | ".join(
+                f"k={c.get('best_k')} | {f(c.get('speedup'))}x{ci(c.get('speedup_ci'))}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"

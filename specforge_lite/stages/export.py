@@ -30,6 +30,7 @@ from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.drafters.common import require_finite
 from specforge_lite.serving.llamacpp.checks import gguf_refusal
 from specforge_lite.serving.llamacpp.files import write_gguf_folder
+from specforge_lite.serving.vllm.load_report import serve_section, served_schedule
 from specforge_lite.drafters.registry import (DRAFTERS, detect_drafter, say_what_the_trained_folder_decides,
                                              sglang_refusal)
 from specforge_lite.targets.head import load_target_head
@@ -131,6 +132,10 @@ def run(cfg: DictConfig) -> None:
             readme = tmp / info["path"] / "README.md"
             readme.write_text(readme.read_text() + tree_readme(tree))
             info["speculative_token_tree"] = tree
+        if report and DRAFTERS[kind].VLLM_SERVING and (at_load := load_readme(report[1], kind, verifier)):
+            readme = tmp / info["path"] / "README.md"  # the schedule evaluate measured, in vLLM's serve command
+            readme.write_text(readme.read_text() + at_load)
+            info["load_schedule"] = served_schedule(report[1], f"vllm_{kind}")
         if advice := recommendation_readme(cfg, report):  # what this run's evaluate recommends, and who serves it
             readme = tmp / info["path"] / "README.md"
             readme.write_text(readme.read_text() + advice)
@@ -213,6 +218,13 @@ def recommendation_readme(cfg: DictConfig, report: tuple[Path, dict] | None | bo
              + (f": {'; '.join(rec['reasons'])}." if rec.get("reasons") else ".")]
     lines += ["", *(f"- {line}" for line in rec.get("alternatives") or [])] if rec.get("alternatives") else []
     return "\n".join(lines) + "\n"
+
+
+def load_readme(report: dict, kind: str, verifier: str) -> str:
+    """The README section on serving at load (`serving/vllm/load_report.serve_section`), or ""."""
+    method, _, *extra = DRAFTERS[kind].VLLM_SERVING
+    return serve_section(report, f"vllm_{kind}", {"method": method, "model": "<this directory>",
+                                                  **(extra[0] if extra else {})}, verifier)
 
 
 def tree_command(verifier: str, serving: tuple, node_paths: list) -> str:

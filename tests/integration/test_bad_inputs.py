@@ -112,6 +112,16 @@ RANGE_CASES = [
     ("sample", ["sample.rank=2", "sample.world_size=2"], "the rank must be below the world size"),
     ("evaluate", ["eval.vllm.single_process=true", "eval.vllm.tensor_parallel_size=2"],
      "eval.vllm.single_process=true runs one worker: eval.vllm.tensor_parallel_size=2 needs it false"),
+    # speedup at load (issue 66): no load of 0, batch 1 always measured, a schedule vLLM takes
+    ("evaluate", ["eval.methods=[plain,vllm_ngram]", "eval.concurrency=[0,1]"],
+     "eval.concurrency=[0, 1]: every value must be >= 1"),
+    ("evaluate", ["eval.methods=[plain,vllm_ngram]", "eval.concurrency=[4,16]"], "eval.concurrency=[4, 16] has no 1"),
+    ("evaluate", ["eval.methods=[plain,vllm_ngram]", "eval.concurrency=[1,4]", "eval.load_schedule=[[1,4,1],[3,8,2]]"],
+     "vLLM would refuse it: [3, 8, 2] overlaps"),
+    ("evaluate", ["eval.concurrency=[1,4]"], "no speculative vllm_* method"),
+    ("evaluate", ["eval.temperature=[0,0]"], "eval.temperature=[0, 0] repeats a temperature"),
+    ("evaluate", ["eval.temperature=[]"], "eval.temperature=[]: give a temperature"),
+    ("evaluate", ["eval.temperature=[0,-1]"], "eval.temperature=[0, -1]: every value must be >= 0.0"),
     # the second pass, against the target's own config (the tiny Llama has 6 layers)
     ("train", ["drafter.aux_layer_ids=[1,3,6]"], "the target has num_hidden_layers=6, so every value must be below 6"),
     ("run", ["drafter.aux_layer_ids=[1,3,60]"], "must be below 6"),

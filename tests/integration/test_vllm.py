@@ -152,3 +152,37 @@ def test_vllm_only_evaluate_measures_against_vllm_plain(smollm2_run):
     assert "Baseline: **vllm_plain**" in (only_dir / "eval" / "report.md").read_text()
     held = json.loads((only_dir / "accounting" / "evaluate.rank0.json").read_text())
     assert held["layer_bytes_held"] == 0 < held["layer_bytes_total"]
+
+
+def test_vllm_at_load_measures_k_per_batch_size_and_the_export_serves_the_schedule(smollm2_run):
+    """eval.concurrency (issue 66): vLLM with 1 and 2 requests in flight, vllm_plain and the EAGLE-3
+    export at k = 1; the given schedule run as vLLM serves it, greedy answers plain's at every load;
+    the export's serve command carries the schedule that vLLM ran."""
+    import re
+
+    run_dir, args = smollm2_run
+    load_dir = run_dir / "at_load"
+    own = [a for a in args if not a.startswith("run_dir=")]
+    run_cli("evaluate", *own, f"run_dir={load_dir}", f"eval.vllm.export_dir={run_dir / 'export'}",
+            "eval.max_prompts=3", "eval.max_new_tokens=16", "eval.num_draft_tokens=1", "eval.warmup=0",
+            "eval.methods=[vllm_eagle3]", "eval.concurrency=[1,2]", "eval.load_schedule=[[1,1,1],[2,2,0]]",
+            check=True, timeout=1200)
+    report = json.loads((load_dir / "eval" / "report.json").read_text())
+    load = report["vllm"]["load"]
+    assert load["loads"] == [1, 2] and list(load["methods"]) == ["vllm_plain", "vllm_eagle3"] and not load["failed"]
+    for level in (1, 2):
+        cell = load["methods"]["vllm_eagle3"]["by_load"][str(level)]["by_k"]["1"]
+        assert cell["most_in_flight"] == level and cell["identical_to_vllm_plain"], cell
+        assert cell["speedup_ci"] is not None and cell["acceptance_length"] is not None
+    assert load["methods"]["vllm_eagle3"]["schedule"][0][0] == 1
+    ran = load["schedule_runs"]["vllm_eagle3_schedule"]
+    assert ran["accepted"] and ran["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 1], [2, 2, 0]]
+    assert all(cell["identical_to_vllm_plain"] for cell in ran["by_load"].values())
+    assert report["recommendation"]["at_load"] and "load_speedup.png" in report["plots"]
+    assert "## At load (vLLM)" in (load_dir / "eval" / "report.md").read_text()
+    run_cli("export", *own, f"run_dir={load_dir}", f"export.drafter_dir={run_dir / 'train' / 'drafter'}", check=True,
+            timeout=900)
+    readme = (load_dir / "export" / "speculators" / "README.md").read_text()
+    served = json.loads(re.search(r"## At load.*?--speculative-config '(.*?)'", readme, re.S).group(1))
+    assert {**served, "model": ran["speculative_config"]["model"]} == ran["speculative_config"]
+    assert json.loads((load_dir / "export" / "export.json").read_text())["load_schedule"] == [[1, 1, 1], [2, 2, 0]]

@@ -202,7 +202,6 @@ ENTRIES = {
     "specforge_lite/serving/llamacpp/methods.py": ["check_drafted"],
     "specforge_lite/drafters/methods.py": ["branch_problem", "length_problem", "no_methods", "best_k_problem"],
     "specforge_lite/__main__.py": ["unresolved"],
-    "specforge_lite/stages/door.py": ["engine_problem"],
     "specforge_lite/runtime/hf_runner.py": ["rollback_problem", "cache_problem", "role_problem"],
     "specforge_lite/training/checkpoints.py": ["check_written_by", "other_inputs"],
     "specforge_lite/targets/model_types.py": ["check_model_type"],
@@ -214,6 +213,8 @@ ENTRIES = {
     "specforge_lite/stages/export.py": ["evaluated"],
     "specforge_lite/decoding/arctic.py": ["missing_problem"],
     "specforge_lite/data/formats.py": ["format_problem"],
+    "specforge_lite/serving/vllm/load.py": ["schedule_problem"],
+    "specforge_lite/stages/door.py": ["engine_problem", "temperature_problems"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)
 PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never loaded in llama.cpp"),
@@ -226,7 +227,11 @@ PHRASES = [("specforge_lite/stages/export.py", "export/gguf is UNCHECKED: never 
            ("specforge_lite/stages/door.py", "drafter, and this run trains drafter="),
            ("specforge_lite/stages/sample.py", "read; give a smaller fraction"),
            ("specforge_lite/stages/export.py", "no such folder; name a trained"),
-           ("specforge_lite/drafters/methods.py", "is a tree method: eval.tree (depth, branch, nodes) shapes what it")]
+           ("specforge_lite/drafters/methods.py", "is a tree method: eval.tree (depth, branch, nodes) shapes what it"),
+           ("specforge_lite/serving/vllm/load.py", "the load is measured through vLLM, and"),
+           ("specforge_lite/serving/vllm/load.py", "the schedule vLLM takes starts at batch size 1"),
+           ("specforge_lite/serving/vllm/load.py", "vLLM would refuse it"),
+           ("specforge_lite/serving/vllm/report.py", "vLLM at load failed")]
 
 
 def words(text: str) -> str:

@@ -1,5 +1,5 @@
 """vLLM as an evaluate engine (`serving.engines.Engine`): its methods run on the stage's
-requests (`engine.run_methods`), the `vllm` section of the report (vLLM's own counters next to
+requests (`methods.run_methods`), the `vllm` section of the report (vLLM's own counters next to
 our definitions, its outputs compared with our plain decoding, or with vllm_plain's where our
 engine does not run), its answer rows and its Markdown."""
 
@@ -9,7 +9,9 @@ import hashlib
 from pathlib import Path
 
 from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF
-from specforge_lite.serving.vllm.engine import on_gpu, run_methods, single_process
+from specforge_lite.serving.vllm import load, load_report
+from specforge_lite.serving.vllm.engine import on_gpu, single_process
+from specforge_lite.serving.vllm.methods import run_methods
 
 CONVENTIONS = {
     "vllm_mean_acceptance_length": "vLLM's own figure (what its metrics logger prints): 1 + accepted draft tokens / "
@@ -32,6 +34,7 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | 
     k = cfg.eval.num_draft_tokens
     greedy = cfg.eval.temperature == 0
     ours = report["methods"]
+    at_load_ = getattr(results, "load", None)  # `VllmResults.load`: measured where eval.concurrency asks
     failed = {name: r for name, r in results.items() if "error" in r}
     results = {name: r for name, r in results.items() if name not in failed}
     vllm_plain = results.get("vllm_plain")
@@ -87,9 +90,12 @@ def report_section(results: dict, report: dict, plain_tokens: list[list[int]] | 
                 entry["tau_difference"] = entry["tau"] - ours[mirror]["tau"]
         entries[name] = entry
     first = next(iter(results.values()), {})
+    if at_load_ and report.get("recommendation") is not None:
+        report["recommendation"]["at_load"] = at_load_["advice"]
     return {"vllm_version": first.get("vllm_version"), "threads": _threads(cfg.eval.vllm),
             "baseline": "our plain" if plain_tokens is not None else "vllm_plain",
-            "conventions": CONVENTIONS, "methods": entries, "failed": failed}
+            "conventions": CONVENTIONS, "methods": entries, "failed": failed,
+            **({"load": at_load_} if at_load_ else {})}
 
 
 def _threads(vcfg) -> str:
@@ -149,6 +155,30 @@ def answer_rows(prompts: list[dict], requests: list[list[int]], results: dict, g
     return rows
 
 
+class VllmResults(dict):
+    """Method name -> its batch-1 result (`run_methods`), and `load`: the report's `load` section or None."""
+
+    load: dict | None = None
+
+
+def at_load(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
+    """The report's `vllm.load` section: every load and k measured, each method's schedule (or
+    eval.load_schedule) run as vLLM serves it, and what to deploy at eval.expected_concurrency."""
+    ecfg = cfg.eval
+    measured = load.measure(cfg, methods, requests, target, out, seed_of)
+    greedy = ecfg.temperature == 0
+    section = load_report.analyse(measured, ecfg.bootstrap, greedy)
+    mine = [list(map(int, entry)) for entry in ecfg.load_schedule]
+    schedules = {name: mine or method["schedule"] for name, method in section["methods"].items()
+                 if name != load.PLAIN and method.get("schedule")}
+    runs = load.measure_schedules(cfg, schedules, requests, target, out, seed_of, measured["levels"])
+    load_report.add_schedule_runs(section, runs, measured, ecfg.bootstrap, greedy)
+    section["schedule_source"] = "eval.load_schedule" if mine else "measured"
+    section["expected_concurrency"] = ecfg.expected_concurrency
+    section["advice"] = load_report.advice(section, ecfg.expected_concurrency)
+    return section
+
+
 class Vllm:
     """Real vLLM in a child process (`engine.py`): the `vllm_*` methods, section `vllm`."""
 
@@ -161,7 +191,11 @@ class Vllm:
         return [m for m in method_list if m in VLLM_METHODS]
 
     def run(self, cfg, methods: list[str], requests: list[list[int]], target, out: Path) -> dict:
-        return run_methods(cfg, methods, requests, target, out, lambda *parts: request_seed(cfg.seed, *parts))
+        seed_of = lambda *parts: request_seed(cfg.seed, *parts)  # noqa: E731
+        results = VllmResults(run_methods(cfg, methods, requests, target, out, seed_of))
+        if load.wanted(cfg.eval):  # then the same requests at every load of eval.concurrency
+            results.load = at_load(cfg, methods, requests, target, out, seed_of)
+        return results
 
     def rows(self, results: dict, prompts: list[dict], requests: list[list[int]], greedy: bool) -> list[dict]:
         return answer_rows(prompts, requests, results, greedy)
@@ -174,7 +208,8 @@ class Vllm:
         return report_section(results, report, plain_tokens, cfg)
 
     def markdown(self, section: dict, cfg) -> str:
-        return markdown(section, cfg.eval.num_draft_tokens)
+        return markdown(section, cfg.eval.num_draft_tokens) + (load_report.markdown(section["load"])
+                                                              if section.get("load") else "")
 
     def config_problems(self, cfg, target_config) -> list[str]:
         return []
@@ -199,7 +234,11 @@ class Vllm:
 
     def failures(self, section: dict, out: Path) -> list[str]:
         """A vLLM method that failed fails the stage once the report is written."""
+        lines = []
+        if (section.get("load") or {}).get("failed"):
+            lines.append("vLLM at load failed: " + "; ".join(f"{n}: {e}" for n, e in section["load"]["failed"].items())
+                         + f" (the rest is in the report; vLLM's log: {out / 'vllm.log'})")
         if not section["failed"]:
-            return []
-        return ["vLLM methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in section["failed"].items())
+            return lines
+        return lines + ["vLLM methods failed: " + "; ".join(f"{n}: {r['error']}" for n, r in section["failed"].items())
                 + f" (the rest is in the report; vLLM's log: {out / 'vllm.log'})"]

@@ -12,6 +12,11 @@ specforge_lite's dependencies. Protocol, one JSON object per line:
   its own `generate` call (batch 1) and carries its own deltas of vLLM's counters
   (spec-decode drafts, draft tokens, accepted tokens and accepted tokens per position,
   engine iterations); otherwise all prompts go in one call (vLLM batches them).
+- {"op": "load", "prompts", "params", "concurrency": N}: the prompts decoded with N requests
+  in flight (a new one admitted as each finishes; the engine's max_num_seqs must be >= N), the
+  engine stepped here (`LLMEngine.step`); out: {"ok", "outputs": [{"token_ids", "finish_reason",
+  "start", "first", "end"}] (seconds from the run's start: admitted, first token, finished),
+  "seconds" (the whole run), "counters" (their deltas over the run), "most_in_flight"}.
 - {"op": "weights"}: out: {"ok", "workers": [{"rank", "layer_bytes", "other_bytes"}]}, the
   bytes of the target's parameters each worker holds (decoder layers apart from the rest),
   read inside the workers (`LLM.apply_model` with specforge_lite_vllm_probe.held_weights, a
@@ -99,6 +104,47 @@ def generate(llm, request: dict) -> dict:
     return {"ok": True, "outputs": outputs, "seconds": time.perf_counter() - started}
 
 
+def load(llm, request: dict) -> dict:
+    """The prompts with `concurrency` requests in flight, each admitted as an earlier one finishes:
+    the load a server with that many concurrent clients sees (see the module docstring)."""
+    from vllm import SamplingParams
+
+    prompts, params, width = request["prompts"], dict(request["params"]), int(request["concurrency"])
+    seeds = params.pop("seeds", None)
+    engine = llm.llm_engine
+    waiting, live = list(range(len(prompts))), set()
+    rows = [None] * len(prompts)
+    before = read_counters(llm)
+    started = time.perf_counter()
+    most = 0
+
+    def admit():
+        i = waiting.pop(0)
+        seed = None if seeds is None else seeds[i]
+        engine.add_request(f"{i}", {"prompt_token_ids": prompts[i]}, SamplingParams(**params, seed=seed))
+        rows[i] = {"start": time.perf_counter() - started, "first": None}
+        live.add(i)
+
+    while waiting or live:
+        while waiting and len(live) < width:
+            admit()
+        most = max(most, len(live))
+        outputs = engine.step()
+        now = time.perf_counter() - started
+        for output in outputs:
+            i = int(str(output.request_id).split("-")[0])  # vLLM may add a suffix of its own
+            completion = output.outputs[0] if output.outputs else None
+            if completion is not None and completion.token_ids and rows[i]["first"] is None:
+                rows[i]["first"] = now
+            if output.finished and i in live:
+                live.discard(i)
+                rows[i].update(end=now, token_ids=list(completion.token_ids) if completion else [],
+                               finish_reason=completion.finish_reason if completion else None)
+    seconds = time.perf_counter() - started
+    return {"ok": True, "outputs": rows, "seconds": seconds, "counters": delta(read_counters(llm), before),
+            "most_in_flight": most}
+
+
 def draft_as_read(llm):
     """What vLLM read of the drafter's config: the target layers whose hidden states it feeds the
     drafter (EAGLE-3's ids, DFlash's target layers shifted as vLLM counts them) and the drafter
@@ -149,7 +195,7 @@ def main() -> None:
 
                 reply({"ok": True, "workers": sorted(llm.apply_model(held_weights), key=lambda w: w["rank"])})
                 continue
-            reply(generate(llm, request))
+            reply(load(llm, request) if request.get("op") == "load" else generate(llm, request))
         except Exception as err:  # noqa: BLE001
             reply({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
 

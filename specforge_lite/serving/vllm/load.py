@@ -1,0 +1,160 @@
+"""Speedup at the load users serve: vLLM's methods with N requests in flight.
+
+`eval.concurrency` (default `[1]`: nothing of this runs) lists the loads. For each, vLLM's
+offline engine decodes the stage's requests with N of them in flight, a new one admitted as
+each finishes (`vllm_runner.py`'s `load` op), in one engine per method and draft length whose
+`max_num_seqs` is the largest N. The offline engine rather than the OpenAI server: the same
+scheduler and batches a server runs, without an HTTP client competing for this machine's
+cores, so that the figures are the engine's own.
+
+Each speculative method (`vllm_<drafter>`, `vllm_ngram`, ...) runs at k = 1..K
+(`eval.load_draft_tokens`, else `eval.num_draft_tokens`), `vllm_plain` is k = 0. At each N
+the best k is the one of highest engine throughput where speculation pays (its per-request
+speedup interval above 1), else 0; merged over the measured N these give the schedule vLLM
+0.32 takes as `num_speculative_tokens_per_batch_size` (`schedule`), which is then run once as a
+method of its own (`<method>_schedule`: vLLM must accept it, and it is measured like the rest).
+The analysis and what the report says of it live in `load_report.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from specforge_lite import SpecforgeError
+from specforge_lite.drafters.methods import VLLM_METHODS
+
+log = logging.getLogger(__name__)
+
+PLAIN = "vllm_plain"
+SCHEDULE_SUFFIX = "_schedule"
+
+
+def wanted(ecfg) -> bool:
+    """Whether this evaluate measures at load: a concurrency other than batch 1 alone, or a schedule to try."""
+    return list(ecfg.concurrency) != [1] or bool(ecfg.load_schedule)
+
+
+def speculative_methods(methods: list[str]) -> list[str]:
+    """The vLLM methods of `methods` swept over k (every vllm_* method but plain)."""
+    return [m for m in dict.fromkeys(methods) if m in VLLM_METHODS and m != PLAIN]
+
+
+def draft_lengths(ecfg) -> list[int]:
+    return list(range(1, int(ecfg.load_draft_tokens or ecfg.num_draft_tokens) + 1))
+
+
+def schedule_problem(schedule, most_k: int | None = None) -> str | None:
+    """Why vLLM 0.32 would refuse `schedule` as `num_speculative_tokens_per_batch_size` (ranges
+    (first, last, k) of batch sizes, inclusive, positive, in order without overlap, the first from
+    1, k >= 0), or None. `most_k`: the engine's num_speculative_tokens, which no k may exceed here
+    (vLLM would silently cut it)."""
+    try:
+        entries = [tuple(int(v) for v in entry) for entry in schedule]
+    except (TypeError, ValueError):
+        return "each entry must be [first batch size, last batch size, k], whole numbers"
+    if not entries:
+        return "it is empty"
+    if any(len(entry) != 3 for entry in entries):
+        return "each entry must be [first batch size, last batch size, k]"
+    previous_end = 0
+    for first, last, k in entries:
+        if first <= 0 or last < first:
+            return f"[{first}, {last}, {k}] is no range of batch sizes (1 <= first <= last)"
+        if first <= previous_end:
+            return f"[{first}, {last}, {k}] overlaps or comes before the range before it"
+        if k < 0 or (most_k is not None and k > most_k):
+            return f"[{first}, {last}, {k}]: k must be 0..{most_k if most_k is not None else 'k'}"
+        previous_end = last
+    if entries[0][0] != 1:
+        return "the first range must start at batch size 1 (vLLM needs a k for every batch size)"
+    return None
+
+
+def concurrency_problems(ecfg) -> list[str]:
+    """The door's rules for eval.concurrency, eval.expected_concurrency and eval.load_schedule
+    (one line each; the ranges of single values are the schema's)."""
+    levels = [int(n) for n in ecfg.concurrency]
+    problems = []
+    if not levels or min(levels) < 1:
+        problems.append(f"eval.concurrency={levels}: every entry must be a number of requests >= 1")
+    elif 1 not in levels:
+        problems.append(f"eval.concurrency={levels} has no 1: the schedule vLLM takes starts at batch size 1, and "
+                        "batch 1 is the reference every report has; add 1")
+    elif len(set(levels)) != len(levels):
+        problems.append(f"eval.concurrency={levels} repeats an entry")
+    if not wanted(ecfg):
+        return problems
+    if not speculative_methods(ecfg.methods):
+        problems.append(f"eval.concurrency={levels}: the load is measured through vLLM, and eval.methods has no "
+                        "speculative vllm_* method (add vllm_<drafter> or vllm_ngram)")
+    if ecfg.load_schedule:
+        if problem := schedule_problem(ecfg.load_schedule, max(draft_lengths(ecfg))):
+            problems.append(f"eval.load_schedule={list(map(list, ecfg.load_schedule))}: vLLM would refuse it: {problem}")
+    return problems
+
+
+def measure(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
+    """Every load of eval.concurrency, for vllm_plain and each speculative method at each k.
+
+    Returns {"runs": {method: {k: {N: the runner's reply} | {"error": message}}}, "levels",
+    "draft_lengths"}; the schedules (`load_report.schedules`) run afterwards in `measure_schedules`.
+    """
+    from specforge_lite.serving.vllm.methods import speculative_config
+
+    ecfg = cfg.eval
+    levels = sorted({int(n) for n in ecfg.concurrency})
+    runs = {PLAIN: {0: run_levels(cfg, None, levels, requests, target, out, seed_of, PLAIN)}}
+    for name in speculative_methods(methods):
+        base = speculative_config(name, cfg, target.model, target.tokenizer, out)
+        runs[name] = {k: run_levels(cfg, {**base, "num_speculative_tokens": k}, levels, requests, target, out,
+                                    seed_of, f"{name} k={k}")
+                      for k in draft_lengths(ecfg)}
+    return {"runs": runs, "levels": levels, "draft_lengths": draft_lengths(ecfg)}
+
+
+def measure_schedules(cfg, schedules: dict[str, list], requests, target, out: Path, seed_of, levels) -> dict:
+    """Each method's schedule run as vLLM serves it (`<method>_schedule`): {name: {"schedule", "runs": {N: reply}}
+    | {"schedule", "error"}}. A schedule without any k > 0 is not run (it serves without speculation)."""
+    from specforge_lite.serving.vllm.methods import speculative_config
+
+    done = {}
+    for name, schedule in schedules.items():
+        most = max(k for _, _, k in schedule)
+        if most == 0:
+            continue
+        spec = {**speculative_config(name, cfg, target.model, target.tokenizer, out), "num_speculative_tokens": most,
+                "num_speculative_tokens_per_batch_size": [list(entry) for entry in schedule]}
+        done[name + SCHEDULE_SUFFIX] = {"schedule": schedule, "speculative_config": spec,
+                                        **run_levels(cfg, spec, levels, requests, target, out, seed_of,
+                                                     name + SCHEDULE_SUFFIX, nested=True)}
+    return done
+
+
+def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out: Path, seed_of, label: str,
+               nested: bool = False) -> dict:
+    """One engine (`max_num_seqs` = the largest load), warmed up, then the requests at each load:
+    {N: reply} (or {"runs": {N: reply}} with `nested`), or {"error": message} where vLLM refused or failed."""
+    from specforge_lite.serving.vllm.engine import VllmEngine, engine_kwargs, sampling_params
+
+    ecfg = cfg.eval
+    kwargs = engine_kwargs(target.path, target.dtype, ecfg.vllm, cfg.seed, spec)
+    kwargs["max_num_seqs"] = max(levels)
+    seeds = [seed_of(i, "load") for i in range(len(requests))]
+    params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, target.eos_ids, seeds)
+    warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
+                           target.eos_ids, [seed_of("warmup")] * max(levels))
+    replies = {}
+    try:
+        with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
+            for _ in range(ecfg.warmup):  # the widest batch once, so that no load pays a first-use cost
+                engine.load([requests[i % len(requests)] for i in range(max(levels))], warm, max(levels))
+            for level in levels:
+                replies[level] = engine.load(requests, params, level)
+                reply = replies[level]
+                log.info("%s at %d in flight: %d tokens in %.1f s", label, level,
+                         sum(len(o["token_ids"]) for o in reply["outputs"]), reply["seconds"])
+    except SpecforgeError as err:
+        log.error("%s at load failed: %s", label, err)
+        return {"error": str(err).split("\n--- last lines")[0]}
+    return {"runs": replies} if nested else replies
