@@ -116,6 +116,54 @@ def eval_block(name: str, d: dict) -> list[str]:
     return lines
 
 
+def load_block(name: str, d: dict) -> list[str]:
+    """An evaluate at load (`benchmarks/engines/bench_load.py`): our engine at batch 1, vLLM's methods
+    at each load at their best k, the schedule, what to deploy at load, and tau and speedup by temperature."""
+    report = report_of(d)
+    require_figures(report["methods"], name)
+    s, load = report["settings"], report["vllm"]["load"]
+    temps = list(report.get("by_temperature") or [str(s["temperature"])])
+    lines = [source_line(name, d) + ".", f"Command: `{d['command']}`.", "",
+             f"{report['num_prompts']} prompts of {report['dataset']}, first turns, {s['max_new_tokens']} new tokens; "
+             f"our engine at batch 1, vLLM {report['vllm'].get('vllm_version')} with 1 to {max(load['loads'])} "
+             f"requests in flight; the tables at T={temps[0]}, intervals 95% bootstrap (over prompts; at load, "
+             "paired over requests).", "",
+             "| method (our engine, batch 1) | tau | tokens/s | speedup vs plain |", "|---|---:|---:|---:|"]
+    for method, m in report["methods"].items():
+        lines.append(f"| {method} | {with_ci(m.get('tau'), m.get('tau_ci'))} | {num(m.get('tokens_per_s'), 1)} | "
+                     f"{with_ci(m.get('speedup'), m.get('speedup_ci'), suffix='x')} |")
+    lines += ["", "| load | vLLM method | best k | throughput over vllm_plain's | tokens/s |", "|---:|---|---:|---:|---:|"]
+    for level in load["loads"]:
+        for method, m in load["methods"].items():
+            cell = m["by_load"][str(level)]
+            if method == "vllm_plain":
+                lines.append(f"| {level} | {method} | 0 | 1.00x | {num(cell['throughput_tokens_per_s'], 1)} |")
+                continue
+            best = cell["by_k"].get(str(cell["best_k"])) or max(cell["by_k"].values(),
+                                                                 key=lambda c: c["throughput_tokens_per_s"] or 0)
+            k = str(cell["best_k"]) if cell["best_k"] else f"0 (k={best['k']}: {num(best['speedup'])}x)"
+            lines.append(f"| {level} | {method} | {k} | "
+                         f"{with_ci(best['speedup'] if cell['best_k'] else 1.0, best['speedup_ci'] if cell['best_k'] else None, suffix='x')} | "
+                         f"{num(best['throughput_tokens_per_s'], 1)} |")
+    lines += [""] + [f"- {method}: schedule `{m['schedule']}`" for method, m in load["methods"].items()
+                     if method != "vllm_plain"]
+    lines += [f"- At load: {line}" for line in report.get("recommendation", {}).get("at_load") or []]
+    by_t = report.get("by_temperature") or {}
+    if len(by_t) > 1:
+        lines += ["", "| method | " + " | ".join(f"T={t}: tau, speedup" for t in by_t) + " |",
+                  "|---|" + "---:|" * len(by_t)]
+        for method in by_t[temps[0]]["methods"]:
+            cells = [by_t[t]["methods"].get(method) or {} for t in by_t]
+            lines.append(f"| {method} | " + " | ".join(f"{num(c.get('tau'))}, {num(c.get('speedup'))}x" for c in cells)
+                         + " |")
+        for method in by_t[temps[0]].get("vllm_load") or {}:
+            for level in load["loads"]:
+                cells = [((by_t[t].get("vllm_load") or {}).get(method) or {}).get(str(level)) or {} for t in by_t]
+                lines.append(f"| {method} at load {level} | " + " | ".join(
+                    f"k={c.get('best_k')}, {num(c.get('speedup'))}x" for c in cells) + " |")
+    return lines
+
+
 def recommendation(report: dict) -> list[str]:
     rec = report.get("recommendation") or {}
     return ["", f"The report's recommendation: deploy **{rec['deploy']}**."] if rec.get("deploy") else []
@@ -220,7 +268,9 @@ def render_block(name: str) -> str:
         lines = shaped(name, families.table, load(name))
     else:
         d = load(name)
-        if report_of(d) is not None:
+        if ((report_of(d) or {}).get("vllm") or {}).get("load"):
+            lines = shaped(name, load_block, name, d)
+        elif report_of(d) is not None:
             lines = shaped(name, eval_block, name, d)
         elif "xllamacpp" in d:
             lines = shaped(name, llamacpp_block, name, d)

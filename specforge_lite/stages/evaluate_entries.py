@@ -159,20 +159,17 @@ def temperature_summary(report: dict) -> dict:
                                   "speedup_vs_vllm_plain": m["speedup_vs_vllm_plain"]}
                            for name, m in vllm["methods"].items()}
     if vllm.get("load"):
-        summary["vllm_load"] = {name: {level: {"best_k": cell.get("best_k", 0),
-                                               "speedup": best_cell(cell).get("speedup"),
-                                               "speedup_ci": best_cell(cell).get("speedup_ci")}
-                                       for level, cell in m["by_load"].items()}
+        summary["vllm_load"] = {name: {level: at_best_k(cell) for level, cell in m["by_load"].items()}
                                 for name, m in vllm["load"]["methods"].items() if name != "vllm_plain"}
     return summary
 
 
-def best_cell(cell: dict) -> dict:
-    """A load cell's figures at its best k (its fastest k where none paid)."""
-    by_k = cell.get("by_k") or {}
-    if not by_k:
-        return cell
-    return by_k.get(str(cell.get("best_k"))) or max(by_k.values(), key=lambda c: c["throughput_tokens_per_s"] or 0)
+def at_best_k(cell: dict) -> dict:
+    """A load cell's best k and its speedup (1.0, no interval, where none paid: vllm_plain serves)."""
+    best = (cell.get("by_k") or {}).get(str(cell.get("best_k")))
+    if not cell.get("best_k") or best is None:
+        return {"best_k": 0, "speedup": 1.0, "speedup_ci": None}
+    return {"best_k": cell["best_k"], "speedup": best["speedup"], "speedup_ci": best["speedup_ci"]}
 
 
 def temperature_markdown(report: dict) -> str:

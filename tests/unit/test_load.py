@@ -54,7 +54,7 @@ def test_the_best_k_per_load_gives_the_schedule_and_where_speculation_stops_payi
     # the advice: what to deploy at the expected load, and what changes above it
     assert load_report.advice(section, 1)[0].startswith("at 1 concurrent request(s) (measured at 1): vllm_ngram "
                                                        "with k=2")
-    assert "stops paying at 16" in load_report.advice(section, 1)[1]
+    assert "does not pay at 16 concurrent requests" in load_report.advice(section, 1)[1]
     assert "serve without speculation" in load_report.advice(section, 16)[0]
     assert "measured at 4" in load_report.advice(section, 8)[0]  # the largest measured load at or below
 

@@ -150,9 +150,10 @@ def advice(section: dict, expected: int) -> list[str]:
     lines.append(f"at {expected} concurrent request(s) (measured at {at}): {name} with k={k}, "
                  f"{best['speedup']:.2f}x vllm_plain's throughput [{ci[0]:.2f}, {ci[1]:.2f}]")
     method = section["methods"][name]
-    if method["stops_paying_at"] is not None:
-        lines.append(f"{name} stops paying at {method['stops_paying_at']} concurrent requests on this machine: "
-                     f"serve it with the schedule {json.dumps(method['schedule'])}, which drafts nothing there")
+    idle = [n for n in levels if not method["by_load"][str(n)]["best_k"]]
+    if idle:
+        lines.append(f"{name} does not pay at {', '.join(map(str, idle))} concurrent requests on this machine: serve "
+                     f"it with the schedule {json.dumps(method['schedule'])}, which drafts nothing there")
     else:
         lines.append(f"{name} paid at every load measured (up to {max(levels)}); its schedule "
                      f"{json.dumps(method['schedule'])}")
@@ -193,9 +194,10 @@ def markdown(section: dict) -> str:
     lines.append("")
     for name, method in section["methods"].items():
         if name != PLAIN:
-            lines.append(f"- {name}: schedule `{json.dumps(method['schedule'])}`; "
-                         + (f"stops paying at {method['stops_paying_at']} concurrent requests"
-                            if method["stops_paying_at"] is not None else "paid at every load measured"))
+            paid = ("paid at no load measured" if method["pays_up_to"] is None
+                    else f"stops paying at {method['stops_paying_at']} concurrent requests"
+                    if method["stops_paying_at"] is not None else "paid at every load measured")
+            lines.append(f"- {name}: schedule `{json.dumps(method['schedule'])}`; {paid}")
     for name, run in section["schedule_runs"].items():
         if run["accepted"]:
             cells = ", ".join(f"{n}: {f(c['speedup'])}x" for n, c in run["by_load"].items())
