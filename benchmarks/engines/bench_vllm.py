@@ -42,7 +42,7 @@ def sampling(args) -> dict:
     from omegaconf import OmegaConf
 
     from specforge_lite.serving.vllm.sampler import VllmSampleBackend
-    from specforge_lite.decoding.sampling import HFBackend
+    from specforge_lite.stages.sample_backends import HFBackend
     from specforge_lite.targets.loading import resolve_target_path
 
     torch.set_num_threads(args.threads)

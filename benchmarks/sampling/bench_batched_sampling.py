@@ -26,7 +26,7 @@ from benchmarks.common import (interleaved, load_smollm2, run, sharegpt_first_tu
                                write_results)
 from specforge_lite.records import goals as issue_goals
 from specforge_lite.runtime.compile import GEMM_ROWS_ENV, gemm_rows, inductor_gemm_rows
-from specforge_lite.decoding.sampling import HFBackend, StaticBackend, left_padded
+from specforge_lite.stages.sample_backends import HFBackend, StaticBackend, left_padded
 from specforge_lite.targets.loading import eos_token_ids
 
 MODES = ("hf_generate", "hf", "static", "compiled", "compiled_inductor_rows")

@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.common import interleaved, load_smollm2, run, sharegpt_first_turns, update_doc_section, write_results
-from specforge_lite.decoding.sampling import HFBackend
+from specforge_lite.stages.sample_backends import HFBackend
 from specforge_lite.records import goals as issue_goals
 
 

@@ -1,11 +1,26 @@
-"""Speculative decoding (batch 1) over Hugging Face causal LMs.
+"""Speculative decoding (batch 1) over Hugging Face causal LMs, and what an evaluate measures of it.
 
-- `verify`: the acceptance rules (greedy, rejection sampling) as pure functions;
-- `drafters`: n-gram lookup and a draft model used as it is (the `Drafter` interface is
-  `specforge_lite.contract`);
-- `engine`: our plain loop and chain speculative decoding with KV caches;
-- `peers`: Hugging Face's own decoders, measured in the same table;
-- `metrics`: tau, per-position acceptance, forward costs and the best k.
+Proposers (what drafts; the `Drafter` interface is `specforge_lite.contract`):
+- `drafters`: n-gram lookup, a draft model used as it is, the replay and mixed-tree drafters;
+- `suffix`: suffix decoding over the request and the target's samples;
+- `arctic`: Arctic Inference's own suffix decoding, as a peer proposer;
+- `hybrid`: `<drafter>_hybrid`, suffix lookup or the trained drafter each step;
+- `policy`: which source a hybrid step drafts from, and how long.
+Acceptance and the loop:
+- `verify`: the chain acceptance rules (greedy, rejection sampling) as pure functions;
+- `tree`: draft trees, their one-forward verify and their acceptance rules;
+- `engine`: our plain loop, chain and tree speculative decoding with KV caches;
+- `peers`: Hugging Face's own decoders, measured in the same table.
+Measurement and reporting (figures of a report):
+- `metrics`: tau, per-position acceptance, forward costs by width, best k;
+- `stats`: bootstrap intervals of the report's ratios;
+- `identity`: whether a greedy answer is plain's, and why not;
+- `checks`: a compiled drafter against its eager module, plain's own rounding;
+- `choices`: a method's best k and best tree;
+- `recommend`: which method to deploy;
+- `report`: report.md and its plots.
+The target's surgery (a truncated copy as a draft model) is `targets/surgery.py`; the sample
+stage's generator is `stages/sample_backends.py`.
 """
 
 # the packages this one may import besides the ground (tests/unit/test_package_structure.py)

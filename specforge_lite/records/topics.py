@@ -38,7 +38,7 @@ TOPICS = [
                                "eval_eagle_smollm2_avx2_k1", "peagle", "peagle_drafting",
                                "learning_curves_learning_curves_peagle_smollm2", "eval_compare_smollm2",
                                "eval_distill_smollm2", "peer_compare"], ("eval_", "peagle", "peer", "medusa")),
-    ("Serving engines: vLLM and llama.cpp", ["vllm", "vllm_layout", "llamacpp_smollm2"],
+    ("Serving engines: vLLM and llama.cpp", ["vllm", "vllm_load", "vllm_layout", "llamacpp_smollm2"],
      ("vllm", "llamacpp", "gguf", "sglang")),
     ("Scale-out and sizing", ["scaling"], ("scal", "dry_run", "rehears", "gpu", "distributed")),
     ("Other records", [], ()),

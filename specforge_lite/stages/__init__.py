@@ -1,6 +1,13 @@
 """The four stages. Each is one module whose `run(cfg)` builds its parts, does its
 work and writes its artifact under `run_dir`; `run` chains them in order. Their names,
-modules and folders are listed once, in specforge_lite/stage_table.py."""
+modules and folders are listed once, in specforge_lite/stage_table.py.
+
+- `door`: the whole config checked before any stage works;
+- `sample`, `sample_backends` (the target generating in this process), `sample_dtype`;
+- `train`, `train_keys` (what a resume must find unchanged);
+- `evaluate`, `evaluate_entries` (the report's tables, more than one temperature);
+- `export`.
+"""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ from specforge_lite.data.chat import prompt_ids, require_chat_template
 from specforge_lite.data.samples import answer_corpus
 from specforge_lite.data.eval_prompts import (cache_capacity, conversation, fitting_prompts, load_prompts,
                                              select_prompts)
-from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter, load_untrained_draft
+from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter
+from specforge_lite.targets.surgery import load_untrained_draft
 from specforge_lite.decoding import checks, identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
 from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources

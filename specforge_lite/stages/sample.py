@@ -37,7 +37,7 @@ from specforge_lite.runtime.static_llama import unsupported_reason
 from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
 from specforge_lite.serving.vllm.sampler import VllmSampleBackend
 from specforge_lite.targets.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
-from specforge_lite.decoding.sampling import HFBackend, StaticBackend
+from specforge_lite.stages.sample_backends import HFBackend, StaticBackend
 from specforge_lite.stages.sample_dtype import decided_dtype, samples_dtype, vllm_dtype
 
 log = logging.getLogger(__name__)

@@ -530,7 +530,7 @@ def _medusa_folder(tiny_target, folder: Path) -> Path:
 
 
 def _distilled_folder(tiny_target, folder: Path) -> Path:
-    from specforge_lite.decoding.drafters import truncated_copy
+    from specforge_lite.targets.surgery import truncated_copy
 
     model, _ = tiny_target
     truncated_copy(model, 2).save_pretrained(folder)

@@ -133,15 +133,22 @@ def test_vllm_serves_peagle_export_losslessly(smollm2_run):
     assert peagle["counters"]["num_draft_tokens"] == 3 * peagle["counters"]["num_drafts"]
 
 
-def test_vllm_only_evaluate_measures_against_vllm_plain(smollm2_run):
+def test_vllm_only_evaluate_measures_against_vllm_plain_and_at_load(smollm2_run):
     """vllm_* methods only: no target in our process, vllm_plain the baseline (added by itself),
-    the EAGLE-3 export's greedy outputs identical to vllm_plain's, first turns only."""
+    the EAGLE-3 export's greedy outputs identical to vllm_plain's, first turns only.
+
+    At load (eval.concurrency, issue 66), in the same evaluate: vLLM with 1 and 2 requests in
+    flight, vllm_plain and the export at k = 1; the given schedule run as vLLM serves it, greedy
+    answers plain's at every load; the export's serve command carries the schedule that vLLM ran."""
+    import re
+
     run_dir, args = smollm2_run
     only_dir = run_dir / "vllm_only"
     own = [a for a in args if not a.startswith("run_dir=")]
     run_cli("evaluate", *own, f"run_dir={only_dir}", f"eval.vllm.export_dir={run_dir / 'export'}",
-            "eval.max_prompts=3", "eval.max_new_tokens=24", "eval.num_draft_tokens=3", "eval.plots=false", "eval.warmup=0",
-            "eval.methods=[vllm_eagle3]", check=True, timeout=1200)
+            "eval.max_prompts=3", "eval.max_new_tokens=24", "eval.num_draft_tokens=1", "eval.warmup=0",
+            "eval.methods=[vllm_eagle3]", "eval.concurrency=[1,2]", "eval.load_schedule=[[1,1,1],[2,2,0]]",
+            check=True, timeout=1200)
     report = json.loads((only_dir / "eval" / "report.json").read_text())
     assert report["baseline"] == "vllm_plain" and report["recommendation"]["baseline"] == "vllm_plain"
     assert list(report["methods"]) == ["vllm_plain", "vllm_eagle3"]
@@ -152,22 +159,7 @@ def test_vllm_only_evaluate_measures_against_vllm_plain(smollm2_run):
     assert "Baseline: **vllm_plain**" in (only_dir / "eval" / "report.md").read_text()
     held = json.loads((only_dir / "accounting" / "evaluate.rank0.json").read_text())
     assert held["layer_bytes_held"] == 0 < held["layer_bytes_total"]
-
-
-def test_vllm_at_load_measures_k_per_batch_size_and_the_export_serves_the_schedule(smollm2_run):
-    """eval.concurrency (issue 66): vLLM with 1 and 2 requests in flight, vllm_plain and the EAGLE-3
-    export at k = 1; the given schedule run as vLLM serves it, greedy answers plain's at every load;
-    the export's serve command carries the schedule that vLLM ran."""
-    import re
-
-    run_dir, args = smollm2_run
-    load_dir = run_dir / "at_load"
-    own = [a for a in args if not a.startswith("run_dir=")]
-    run_cli("evaluate", *own, f"run_dir={load_dir}", f"eval.vllm.export_dir={run_dir / 'export'}",
-            "eval.max_prompts=3", "eval.max_new_tokens=16", "eval.num_draft_tokens=1", "eval.warmup=0",
-            "eval.methods=[vllm_eagle3]", "eval.concurrency=[1,2]", "eval.load_schedule=[[1,1,1],[2,2,0]]",
-            check=True, timeout=1200)
-    report = json.loads((load_dir / "eval" / "report.json").read_text())
+    # at load
     load = report["vllm"]["load"]
     assert load["loads"] == [1, 2] and list(load["methods"]) == ["vllm_plain", "vllm_eagle3"] and not load["failed"]
     for level in (1, 2):
@@ -179,10 +171,50 @@ def test_vllm_at_load_measures_k_per_batch_size_and_the_export_serves_the_schedu
     assert ran["accepted"] and ran["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 1], [2, 2, 0]]
     assert all(cell["identical_to_vllm_plain"] for cell in ran["by_load"].values())
     assert report["recommendation"]["at_load"] and "load_speedup.png" in report["plots"]
-    assert "## At load (vLLM)" in (load_dir / "eval" / "report.md").read_text()
-    run_cli("export", *own, f"run_dir={load_dir}", f"export.drafter_dir={run_dir / 'train' / 'drafter'}", check=True,
+    assert "## At load (vLLM)" in (only_dir / "eval" / "report.md").read_text()
+    run_cli("export", *own, f"run_dir={only_dir}", f"export.drafter_dir={run_dir / 'train' / 'drafter'}", check=True,
             timeout=900)
-    readme = (load_dir / "export" / "speculators" / "README.md").read_text()
+    readme = (only_dir / "export" / "speculators" / "README.md").read_text()
     served = json.loads(re.search(r"## At load.*?--speculative-config '(.*?)'", readme, re.S).group(1))
     assert {**served, "model": ran["speculative_config"]["model"]} == ran["speculative_config"]
-    assert json.loads((load_dir / "export" / "export.json").read_text())["load_schedule"] == [[1, 1, 1], [2, 2, 0]]
+    assert json.loads((only_dir / "export" / "export.json").read_text())["load_schedule"] == [[1, 1, 1], [2, 2, 0]]
+
+
+def test_our_schedule_rules_are_vllms(vllm_python):
+    """`load.schedule_problem` refuses what vLLM 0.32's own schedule check refuses, and passes what
+    it passes (vLLM's check imported in its interpreter; our bound on k, which vLLM cuts silently, aside)."""
+    import subprocess
+
+    from specforge_lite.serving.vllm.load import schedule_problem
+
+    cases = [[[1, 4, 2], [5, 8, 1]], [[1, 4, 2], [9, 16, 0]], [[1, 1, 3]], [], [[2, 4, 1]], [[1, 4, 2], [4, 8, 1]],
+             [[1, 0, 2]], [[1, 4, -1]], [[1, 4]], [[0, 4, 1]], [[5, 8, 1], [1, 4, 2]]]
+    script = ("import json, sys\n"
+              "from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule as check\n"
+              "def ok(s):\n"
+              "    try:\n        check(s)\n        return True\n"
+              "    except ValueError:\n        return False\n"
+              "print(json.dumps([ok(s) for s in json.loads(sys.argv[1])]))\n")
+    done = subprocess.run([vllm_python, "-c", script, json.dumps(cases)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    vllm_accepts = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = [schedule_problem(case) is None for case in cases]
+    assert ours == vllm_accepts, list(zip(cases, ours, vllm_accepts))
+
+
+def test_sampled_requests_at_load_run_in_vllm(vllm_python, tmp_path):
+    """At temperature > 0, N requests in flight sample in vLLM (on a CPU without per-request seeds,
+    which its sampler cannot apply to batched requests: seeded, every run at load failed)."""
+    from specforge_lite.serving.engines import ServedTarget
+    from specforge_lite.serving.vllm.load import run_levels
+    from specforge_lite.targets.loading import resolve_target_path
+    from tests.conftest import compose
+
+    cfg = compose(["eval.temperature=0.7", "eval.max_new_tokens=8", "eval.warmup=1", "eval.warmup_tokens=4"])
+    path = resolve_target_path(cfg.target.path)
+    target = ServedTarget(path, None, "float32", [2])
+    requests = [[1, 9038, 2], [1, 504, 3456, 314, 2], [1, 77, 2]]
+    replies = run_levels(cfg, None, [1, 2], requests, target, tmp_path, lambda *parts: 7, "vllm_plain")
+    assert "error" not in replies, replies
+    assert [replies[n]["most_in_flight"] for n in (1, 2)] == [1, 2]
+    assert all(0 < len(o["token_ids"]) <= 8 for n in (1, 2) for o in replies[n]["outputs"])

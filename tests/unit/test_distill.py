@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.drafters import truncated_copy
+from specforge_lite.targets.surgery import truncated_copy
 from specforge_lite.drafters import distilled as distill
 from specforge_lite.drafters.distilled.model import load_student, truncated_student
 from specforge_lite.drafters.distilled.model import merged as merged_student

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specforge_lite.contract import DraftContext, DraftProposal
-from specforge_lite.decoding.drafters import DraftModelDrafter, NgramDrafter, truncated_copy
+from specforge_lite.decoding.drafters import DraftModelDrafter, NgramDrafter
+from specforge_lite.targets.surgery import truncated_copy
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.decoding.metrics import best_k, expected_tokens_per_step, per_position_acceptance, summarise

@@ -178,7 +178,8 @@ def test_compiled_draft_model_drafts_like_the_eager_one(target, forbid_recompile
     """A draft model's `compile` moves it onto the static forward with compiled widths 1-2:
     every draft equals the eager draft model's (same accepted lengths, step for step), and
     greedy output stays plain decoding's."""
-    from specforge_lite.decoding.drafters import DraftModelDrafter, truncated_copy
+    from specforge_lite.decoding.drafters import DraftModelDrafter
+    from specforge_lite.targets.surgery import truncated_copy
 
     draft = truncated_copy(target, 2)
     eager, compiled = DraftModelDrafter(draft), DraftModelDrafter(draft)
@@ -288,7 +289,7 @@ def test_packed_prefill_equals_the_padded_forward(target):
     # its cache slots equal the left-padded forward's, and a windowed decoding step after it
     # equals a whole-cache step after the padded prefill
     from specforge_lite.runtime.static_llama import StaticLlama
-    from specforge_lite.decoding.sampling import left_padded
+    from specforge_lite.stages.sample_backends import left_padded
 
     rows = [list(range(3, 3 + n)) for n in (5, 12, 1)]
     padded = StaticLlama(target, 32, (), batch=3).eval()

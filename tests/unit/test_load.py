@@ -91,6 +91,7 @@ def test_report_table_plot_and_export_section(tmp_path):
 @pytest.mark.parametrize("schedule, problem", [
     ([[1, 4, 2], [5, 8, 1]], None),
     ([[1, 4, 2], [9, 16, 0]], None),  # a gap: vLLM carries the k before it on
+    ([[5, 8, 1], [1, 4, 2]], None),  # vLLM sorts the ranges
     ([], "empty"),
     ([[2, 4, 1]], "start at batch size 1"),
     ([[1, 4, 2], [4, 8, 1]], "overlaps"),

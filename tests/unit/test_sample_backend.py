@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from specforge_lite.data.chat import prompt_ids
-from specforge_lite.decoding.sampling import HFBackend
+from specforge_lite.stages.sample_backends import HFBackend
 
 QUESTIONS = ["What is 2+2?", "Write a poem about the sea, the sky and the stars.", "Hi",
              "Explain recursion.", "Name three colours.", "Capital of Japan?", "Why?"]
@@ -64,7 +64,7 @@ def test_static_backends_equal_the_hf_backend(tiny_target, forbid_recompiles):
     """`sample.backend=static|compiled` (our static-cache forward, a fixed batch of left-padded
     rows): greedy outputs and finish reasons equal the hf backend's, row for row, with rows
     stopping at an EOS at different steps and a short last batch padded to the batch size."""
-    from specforge_lite.decoding.sampling import StaticBackend
+    from specforge_lite.stages.sample_backends import StaticBackend
 
     model, tokenizer = tiny_target
     prompts = prompts_for(tokenizer)

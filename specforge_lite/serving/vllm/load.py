@@ -46,7 +46,7 @@ def draft_lengths(ecfg) -> list[int]:
 
 def schedule_problem(schedule, most_k: int | None = None) -> str | None:
     """Why vLLM 0.32 would refuse `schedule` as `num_speculative_tokens_per_batch_size` (ranges
-    (first, last, k) of batch sizes, inclusive, positive, in order without overlap, the first from
+    (first, last, k) of batch sizes, inclusive, positive, without overlap once sorted, the first from
     1, k >= 0), or None. `most_k`: the engine's num_speculative_tokens, which no k may exceed here
     (vLLM would silently cut it)."""
     try:
@@ -57,14 +57,15 @@ def schedule_problem(schedule, most_k: int | None = None) -> str | None:
         return "it is empty"
     if any(len(entry) != 3 for entry in entries):
         return "each entry must be [first batch size, last batch size, k]"
+    entries.sort(key=lambda entry: entry[0])  # vLLM sorts them first too
     previous_end = 0
     for first, last, k in entries:
         if first <= 0 or last < first:
             return f"[{first}, {last}, {k}] is no range of batch sizes (1 <= first <= last)"
         if first <= previous_end:
-            return f"[{first}, {last}, {k}] overlaps or comes before the range before it"
+            return f"[{first}, {last}, {k}] overlaps the range before it"
         if k < 0 or (most_k is not None and k > most_k):
-            return f"[{first}, {last}, {k}]: k must be 0..{most_k if most_k is not None else 'k'}"
+            return f"[{first}, {last}, {k}]: k must be " + (f"0..{most_k}" if most_k is not None else ">= 0")
         previous_end = last
     if entries[0][0] != 1:
         return "the first range must start at batch size 1 (vLLM needs a k for every batch size)"
@@ -131,6 +132,14 @@ def measure_schedules(cfg, schedules: dict[str, list], requests, target, out: Pa
     return done
 
 
+def seeded_at_load() -> bool:
+    """Whether sampled requests at load carry their own seeds: on a GPU. vLLM's CPU sampler cannot
+    seed requests batched together ("CPU Generator does not use offset"), so there they draw unseeded."""
+    from specforge_lite.serving.vllm.engine import on_gpu
+
+    return on_gpu()
+
+
 def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out: Path, seed_of, label: str,
                nested: bool = False) -> dict:
     """One engine (`max_num_seqs` = the largest load), warmed up, then the requests at each load:
@@ -140,10 +149,11 @@ def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out:
     ecfg = cfg.eval
     kwargs = engine_kwargs(target.path, target.dtype, ecfg.vllm, cfg.seed, spec)
     kwargs["max_num_seqs"] = max(levels)
-    seeds = [seed_of(i, "load") for i in range(len(requests))]
+    seeded = seeded_at_load()
+    seeds = [seed_of(i, "load") for i in range(len(requests))] if seeded else None
     params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, target.eos_ids, seeds)
     warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
-                           target.eos_ids, [seed_of("warmup")] * max(levels))
+                           target.eos_ids, [seed_of("warmup")] * max(levels) if seeded else None)
     replies = {}
     try:
         with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:

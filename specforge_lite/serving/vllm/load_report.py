@@ -23,6 +23,8 @@ CONVENTIONS = {
     "per_request_tokens_per_s": "output tokens / seconds from admission to finish, summed over requests: what one "
                                 "user's stream sees (prefill and queueing included)",
     "tpot_ms": "median over requests of (finish - first token) / (tokens - 1)",
+    "seeds": "at temperature > 0, each request carries its own seed on a GPU; on a CPU none (vLLM's CPU sampler "
+             "cannot seed requests batched together), so sampled answers at load are not reproducible there",
     "speedup": "throughput over vllm_plain's at the same load (point); speedup_ci: paired bootstrap over requests of "
                "the per-request tokens/s ratio",
     "best_k": "the k of highest throughput among those whose speedup_ci lies above 1; 0 (no speculation) where none",

@@ -44,7 +44,7 @@ def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | N
         if model is None:  # a vLLM-only evaluate has no target here to build the draft from
             raise SpecforgeError("vllm_untrained_draft without our engine (vllm_* methods only) needs "
                                  "eval.untrained_draft_path: the draft model's folder or hub id")
-        from specforge_lite.decoding.drafters import load_untrained_draft
+        from specforge_lite.targets.surgery import load_untrained_draft
 
         path = out / "vllm_untrained_draft"
         load_untrained_draft(ecfg, model).save_pretrained(path)
