@@ -168,8 +168,9 @@ def at_best_k(cell: dict) -> dict:
     """A load cell's best k and its speedup (1.0, no interval, where none paid: vllm_plain serves)."""
     best = (cell.get("by_k") or {}).get(str(cell.get("best_k")))
     if not cell.get("best_k") or best is None:
-        return {"best_k": 0, "speedup": 1.0, "speedup_ci": None}
-    return {"best_k": cell["best_k"], "speedup": best["speedup"], "speedup_ci": best["speedup_ci"]}
+        return {"best_k": 0, "speedup": 1.0, "speedup_ci": None, "throughput_ratio": 1.0}
+    return {"best_k": cell["best_k"], "speedup": best["speedup"], "speedup_ci": best["speedup_ci"],
+            "throughput_ratio": best.get("throughput_ratio")}
 
 
 def temperature_markdown(report: dict) -> str:

@@ -53,10 +53,22 @@ def test_the_best_k_per_load_gives_the_schedule_and_where_speculation_stops_payi
     assert cell["acceptance_length"] == 2.0 and cell["tpot_ms"] > 0 and cell["identical_to_vllm_plain"]
     # the advice: what to deploy at the expected load, and what changes above it
     assert load_report.advice(section, 1)[0].startswith("at 1 concurrent request(s) (measured at 1): vllm_ngram "
-                                                       "with k=2")
+                                                       "with k=2, each request 1.6")
     assert "does not pay at 16 concurrent requests" in load_report.advice(section, 1)[1]
     assert "serve without speculation" in load_report.advice(section, 16)[0]
     assert "measured at 4" in load_report.advice(section, 8)[0]  # the largest measured load at or below
+
+
+def test_faster_requests_that_cost_the_engine_throughput_are_no_reason_to_draft():
+    """A k whose requests each run faster while the whole run takes longer (a long tail) does not pay."""
+    tail = measured({1: {1: 1.3, 4: 1.3, 16: 1.3}})
+    for n in (1, 4, 16):
+        reply_ = tail["runs"]["vllm_ngram"][1][n]
+        reply_["seconds"] = 2 * tail["runs"][PLAIN][0][n]["seconds"]  # the engine's wall twice plain's
+    section = load_report.analyse(tail, BOOT, True)
+    cell = section["methods"]["vllm_ngram"]["by_load"]["4"]["by_k"]["1"]
+    assert cell["speedup_ci"][0] > 1.0 and cell["throughput_ratio"] < 1.0
+    assert section["methods"]["vllm_ngram"]["schedule"] == [[1, 16, 0]]
 
 
 def test_a_speedup_inside_noise_is_no_reason_to_draft():
@@ -78,6 +90,7 @@ def test_report_table_plot_and_export_section(tmp_path):
                                                         "accepted": True, "by_load": {"1": {"speedup": 1.5}}}
     text = load_report.markdown(section)
     assert "| 1 | vllm_ngram | 2 |" in text and "| 16 | vllm_ngram | 0 (fastest: k=1) |" in text
+    assert "per-request speedup" in text
     assert "stops paying at 16 concurrent requests" in text and "vLLM ran the schedule" in text
     assert (tmp_path / load_report.write_plot(section, tmp_path)).stat().st_size > 0
     readme = load_report.serve_section({"vllm": {"load": section}}, "vllm_ngram", {"method": "ngram"}, "target")
@@ -116,3 +129,12 @@ def test_door_rules():
     assert "vLLM would refuse it" in problems("eval.concurrency=[1,4]", "eval.load_schedule=[[2,4,1]]")[0]
     assert "no speculative vllm_* method" in concurrency_problems(
         compose(["eval.methods=[plain,ngram]", "eval.concurrency=[1,4]"]).eval)[0]
+
+
+def test_every_load_keeps_its_requests_in_flight():
+    """At load N the prompts are sent in turn until at least 4 x N requests: N stay in flight."""
+    from specforge_lite.serving.vllm.load import sustained
+
+    assert sustained(16, 1) == list(range(16))
+    assert sustained(16, 16) == [i % 16 for i in range(64)]
+    assert sustained(3, 2) == [0, 1, 2, 0, 1, 2, 0, 1]

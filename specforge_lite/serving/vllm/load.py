@@ -132,6 +132,11 @@ def measure_schedules(cfg, schedules: dict[str, list], requests, target, out: Pa
     return done
 
 
+def sustained(num_prompts: int, level: int, depth: int = 4) -> list[int]:
+    """The prompts sent at load `level`, by index: each in turn until at least `depth` x level requests."""
+    return [i % num_prompts for i in range(max(num_prompts, depth * level))]
+
+
 def seeded_at_load() -> bool:
     """Whether sampled requests at load carry their own seeds: on a GPU. vLLM's CPU sampler cannot
     seed requests batched together ("CPU Generator does not use offset"), so there they draw unseeded."""
@@ -160,7 +165,9 @@ def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out:
             for _ in range(ecfg.warmup):  # the widest batch once, so that no load pays a first-use cost
                 engine.load([requests[i % len(requests)] for i in range(max(levels))], warm, max(levels))
             for level in levels:
-                replies[level] = engine.load(requests, params, level)
+                sent = sustained(len(requests), level)  # N in flight for most of the run, not a draining batch
+                each = {**params, "seeds": [params["seeds"][i] for i in sent]} if "seeds" in params else params
+                replies[level] = engine.load([requests[i] for i in sent], each, level)
                 reply = replies[level]
                 log.info("%s at %d in flight: %d tokens in %.1f s", label, level,
                          sum(len(o["token_ids"]) for o in reply["outputs"]), reply["seconds"])
