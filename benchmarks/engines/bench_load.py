@@ -1,5 +1,6 @@
-"""Speedup at load: the demo's EAGLE-3 export and n-gram through vLLM at several concurrencies and
-temperatures, beside our engine at batch 1 (issue 66).
+"""Speedup at load: the demo's EAGLE-3 export and n-gram through vLLM at several loads and temperatures.
+
+Beside our engine at batch 1 (issue 66).
 
     python -m benchmarks.engines.bench_load --from-run runs/eagle_smollm2 --overrides "+recipe=eagle_smollm2"
 

@@ -10,7 +10,7 @@ import pytest
 import specforge_lite.stages.evaluate as evaluate  # imported before any test replaces what it imports
 import specforge_lite.targets.loading as targets
 from specforge_lite.serving.engines import ENGINES, Engine
-from specforge_lite.serving.vllm import engine as vllm_engine
+from specforge_lite.serving.vllm import methods as vllm_methods
 from tests.conftest import compose
 
 SMOKE = ["+recipe=smoke", "eval.max_prompts=2", "eval.bootstrap.resamples=50", "eval.max_new_tokens=8",
@@ -61,7 +61,7 @@ def resolutions(monkeypatch):
                 and getattr(module, "resolve_target_path", None) is original:
             monkeypatch.setattr(module, "resolve_target_path", counting)
     FakeVllm.started = []
-    monkeypatch.setattr(vllm_engine, "VllmEngine", FakeVllm)
+    monkeypatch.setattr(vllm_methods, "VllmEngine", FakeVllm)  # where the vllm_* methods start it
     return calls
 
 
