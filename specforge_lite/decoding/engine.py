@@ -48,6 +48,8 @@ class Generation:
     step allowed (k, less near max_new_tokens), proposed and kept.
     prefill_s: the prefill forward; target_s: decoding forwards of the target;
     draft_s: drafter calls; total_s: the whole call.
+    confidences: per chain step, the drafter's confidence in each draft it proposed
+    (`DraftProposal.confidence`; [] where it gave none): what `metrics.calibration` checks.
     """
 
     tokens: list[int]
@@ -61,6 +63,7 @@ class Generation:
     target_s: float = 0.0
     draft_s: float = 0.0
     total_s: float = 0.0
+    confidences: list[list[float]] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -192,6 +195,7 @@ def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new
         if hidden:
             ctx.hidden_states = {layer: h[:, :accepted + 1] for layer, h in hidden.items()}
         gen.add_step(k, len(draft), accepted, (t1 - t0) + (t4 - t3), t2 - t1)
+        gen.confidences.append(list(proposal.confidence or [])[:len(draft)])
     return _finished(gen, max_new_tokens, eos, clock() - start)
 
 

@@ -33,6 +33,23 @@ def per_position_acceptance(generations: Iterable[Generation], max_k: int) -> li
     return [k / r if r else None for k, r in zip(kept, reached)]
 
 
+def calibration(generations: Iterable[Generation], max_k: int) -> list[dict] | None:
+    """Per draft position i = 1..max_k, over the chain steps that reached it (drafts < i all
+    accepted) and gave a confidence for it: the mean predicted confidence, the measured
+    acceptance and the step count; None where no step gave a confidence."""
+    predicted, kept, reached = [0.0] * max_k, [0] * max_k, [0] * max_k
+    for gen in generations:
+        for confidence, accepted in zip(gen.confidences, gen.accepted_lengths):
+            for i, value in enumerate(confidence[:min(max_k, accepted + 1)]):
+                predicted[i] += value
+                kept[i] += i < accepted
+                reached[i] += 1
+    if not any(reached):
+        return None
+    return [{"position": i + 1, "predicted": p / n if n else None, "measured": k / n if n else None, "steps": n}
+            for i, (p, k, n) in enumerate(zip(predicted, kept, reached))]
+
+
 def expected_tokens_per_step(alphas: Sequence[float | None], k: int) -> float:
     """1 + sum_{i<=k} prod_{j<=i} alpha_j: tokens one step with k drafts yields."""
     total, survive = 1.0, 1.0
@@ -62,6 +79,7 @@ def summarise(generations: Sequence[Generation], max_k: int = 0) -> dict:
         "acceptance_rate": accepted / proposed if proposed else None,
         "mean_draft_length": proposed / steps if steps else None,
         "per_position_acceptance": per_position_acceptance(generations, max_k) if max_k else [],
+        "confidence_calibration": calibration(generations, max_k) if max_k else None,
         "draft_time_share": None, "verify_time_share": None,
         "target_forward_ms": None, "draft_ms_per_step": None, "draft_ms_per_token": None,
         "overhead_ms_per_step": None,
@@ -243,6 +261,9 @@ def our_conventions(boot) -> dict:
                "the prefill forward and its first token are excluded, so plain decoding = 1.00",
         "per_position_acceptance": "P(draft position i accepted | positions < i accepted) over steps that "
                                    "allowed >= i drafts; a position the drafter left empty counts as rejected",
+        "confidence_calibration": "per draft position, over chain steps that reached it and where the drafter "
+                                  "gave a confidence (DSpark's confidence head, else its softmax probability): "
+                                  "the mean confidence against the measured acceptance",
         "tokens_per_s": "tokens emitted / wall time of the whole call (prefill included), batch 1, after warm-up",
         "speedup": "tokens/s over our plain loop's tokens/s, same prompts, same run (methods interleaved)",
         "intervals": f"{boot.level:.0%} percentile bootstrap over prompts ({boot.resamples} resamples, seed "

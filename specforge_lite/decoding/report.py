@@ -48,6 +48,22 @@ def methods_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def calibration_lines(report: dict) -> list[str]:
+    """Per chain method whose drafter gave confidences: predicted against measured acceptance per position."""
+    rows = {name: m["confidence_calibration"] for name, m in report["methods"].items()
+            if m.get("confidence_calibration")}
+    if not rows:
+        return []
+    out = ["## Confidence calibration", "", report["conventions"].get("confidence_calibration", "") + ".", "",
+           "| method | " + " | ".join(f"i={c['position']}: predicted / measured (steps)"
+                                     for c in max(rows.values(), key=len)) + " |",
+           "|---|" + "---:|" * max(len(r) for r in rows.values())]
+    for name, cells in rows.items():
+        out.append(f"| {name} | " + " | ".join(f"{_fmt(c['predicted'])} / {_fmt(c['measured'])} ({c['steps']})"
+                                               for c in cells) + " |")
+    return out + [""]
+
+
 def categories_table(report: dict, methods: list[str]) -> str:
     """tau / speedup over plain per prompt category (`per_category_tau`), a column per method."""
     lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
@@ -274,6 +290,7 @@ def render_markdown(report: dict) -> str:
     out += ["", f"`best_k` = **{report['best_k']}** (from {report['best_k_method']}); the export stage reads it "
             "from report.json.", ""]
     out += best_tree_lines(report)
+    out += calibration_lines(report)
     out += identity_notes(report)
     for plot in report.get("plots", []):
         out.append(f"![{plot}]({plot})")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from specforge_lite import SpecforgeError
 from specforge_lite.config.schema import Config, name_drafters
-from specforge_lite.drafters import dflash, distilled, eagle3, medusa, peagle
+from specforge_lite.drafters import dflash, distilled, dspark, eagle3, medusa, peagle
 
 DRAFTERS = {
     "eagle3": eagle3,
@@ -16,6 +16,7 @@ DRAFTERS = {
     "distilled": distilled,
     "peagle": peagle,
     "dflash": dflash,
+    "dspark": dspark,
 }
 
 # names of earlier versions, and what they are called now
@@ -27,6 +28,7 @@ NO_SGLANG_LAYOUT = {
     "peagle": "SGLang has no P-EAGLE drafter (parallel drafting with a mask token); export it for vLLM only "
               "(export.sglang=false)",
     "dflash": "this project writes no SGLang DFlash layout; export it for vLLM only (export.sglang=false)",
+    "dspark": "this project writes no SGLang DSpark layout; export it for vLLM only (export.sglang=false)",
     "medusa": "SGLang serves no Medusa heads; export them for vLLM only (export.sglang=false)",
     "distilled": "a draft model is a plain Hugging Face folder (export/draft_model) that SGLang loads as it is; "
                  "set export.sglang=false",

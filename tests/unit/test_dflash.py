@@ -342,7 +342,7 @@ def test_speculators_export_round_trip_and_strictness(tiny_target, tmp_path, cau
               str(spec / "model.safetensors"))
     with pytest.raises(ValueError, match="unexpected \\['mask_hidden'\\]"):
         check_speculators_dir(spec)
-    for damage, message in (({"mask_token_id": None}, "mask_token_id"), ({"sample_from_anchor": True}, "sample_from"),
+    for damage, message in (({"mask_token_id": None}, "mask_token_id"), ({"sample_from_anchor": "yes"}, "sample_from"),
                             ({"aux_hidden_state_layer_ids": []}, "aux_hidden_state_layer_ids")):
         (spec / "config.json").write_text(json.dumps({**config, **damage}))
         with pytest.raises(ValueError, match=message):

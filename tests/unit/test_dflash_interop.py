@@ -207,9 +207,11 @@ def test_folders_that_do_not_fit_are_refused_in_one_line(tiny_target, tmp_path):
     write_speculators_trainer_dir(drafter, tmp_path / "missing", ["full_attention"] * 2,
                                   drop=("layers.1.self_attn.q_norm.weight",))
     refusal(tmp_path / "missing", model, "missing/model.safetensors", "layers.1.self_attn.q_norm.weight")
-    # speculators: anchor-row sampling (DSpark-style)
+    # speculators: anchor-row sampling (DSpark-style) is read as such; a value that is no boolean is refused
     config = write_speculators_trainer_dir(drafter, tmp_path / "anchor", ["full_attention"] * 2)
     (tmp_path / "anchor" / "config.json").write_text(json.dumps({**config, "sample_from_anchor": True}))
+    assert dflash.load(tmp_path / "anchor", model).config.sample_from_anchor is True
+    (tmp_path / "anchor" / "config.json").write_text(json.dumps({**config, "sample_from_anchor": "yes"}))
     refusal(tmp_path / "anchor", model, "anchor/config.json", "sample_from_anchor")
 
 

@@ -214,6 +214,7 @@ ENTRIES = {
     "specforge_lite/decoding/arctic.py": ["missing_problem"],
     "specforge_lite/data/formats.py": ["format_problem"],
     "specforge_lite/serving/vllm/load.py": ["schedule_problem"],
+    "specforge_lite/serving/vllm/methods.py": ["gpu_runner_problem"],
     "specforge_lite/stages/door.py": ["engine_problem", "temperature_problems"],
 }
 # messages inside functions that raise many others: (module, the phrase its message opens with)

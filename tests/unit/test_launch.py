@@ -178,7 +178,7 @@ def test_cpu_workers_get_disjoint_cores(monkeypatch):
 
 
 @pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b", "eagle_llama8b", "medusa_llama8b",
-                                    "peagle_llama8b", "dflash_llama8b", "dflash_llama70b", "eagle_qwen3_8b",
+                                    "peagle_llama8b", "dflash_llama8b", "dflash_llama70b", "dspark_llama8b", "eagle_qwen3_8b",
                                     "eagle_qwen3_30b_a3b"])
 def test_cards_show_the_rehearsed_commands(recipe):
     """The card's commands section is the one commands.yaml makes (python -m specforge_lite.scale.rehearse --cards)."""

@@ -42,24 +42,33 @@ def decoder(drafter: DFlashDrafter) -> DFlashDecodeDrafter:
 
 def dry_size(cfg, target_config, batch: int, seq: int) -> DrySize:
     """Built on the meta device; activations for `anchors_per_row` blocks a row (`train.activation_bytes`)."""
+    return sized(cfg, target_config, batch, seq, (DFlashConfig, DFlashDrafter), activation_bytes, "DFlash")
+
+
+def sized(cfg, target_config, batch: int, seq: int, kind, activation, label: str,
+          heads=lambda c: ({}, "")) -> DrySize:
+    """The dry size of a DFlash-family module: kind (config class, module class), activation(config,
+    batch, seq, anchors, checkpointing) -> bytes; heads(config) -> (a variant's facts, its line's tail)."""
+    config_class, drafter_class = kind
     opts = cfg.drafter
     data = cfg.get("data")
     check_options(opts, target_config, int(data.max_length) if data is not None else None)
-    draft_cfg = DFlashConfig.from_target(target_config, opts, mask_token_id=0)
+    draft_cfg = config_class.from_target(target_config, opts, mask_token_id=0)
     with torch.device("meta"):
-        drafter = DFlashDrafter(draft_cfg)
+        drafter = drafter_class(draft_cfg)
     params = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     frozen = sum(p.numel() * p.element_size() for p in drafter.parameters() if not p.requires_grad)
     anchors = anchors_per_row(opts, seq)
     c = draft_cfg
+    facts, tail = heads(c)
     return DrySize(
         trainable_params=params, frozen_bytes=frozen,
         facts={"aux_layer_ids": c.aux_layer_ids, "draft_vocab_size": c.draft_vocab_size, "num_layers": c.num_layers,
-               "block_size": c.block_size, "anchors_per_row": anchors, "causal": c.causal},
-        line=(f"  DFlash drafter: {params / 1e6:.1f}M trainable, {c.num_layers} layers, block {c.block_size} "
+               "block_size": c.block_size, "anchors_per_row": anchors, "causal": c.causal, **facts},
+        line=(f"  {label} drafter: {params / 1e6:.1f}M trainable, {c.num_layers} layers, block {c.block_size} "
               f"({'causal' if c.causal else 'non-causal'}), {anchors} anchors a row, draft vocab "
-              f"{c.draft_vocab_size}, aux layers {c.aux_layer_ids}"),
-        activation_bytes=activation_bytes(c, batch, seq, anchors, bool(cfg.trainer.gradient_checkpointing)),
+              f"{c.draft_vocab_size}, aux layers {c.aux_layer_ids}{tail}"),
+        activation_bytes=activation(c, batch, seq, anchors, bool(cfg.trainer.gradient_checkpointing)),
         target_logits_bytes=batch * seq * c.draft_vocab_size * 4, aux_layers=len(c.aux_layer_ids))
 
 

@@ -31,7 +31,8 @@ class _Block(torch.nn.Module):
     def __init__(self, drafter: DFlashDrafter, caches: list[StaticKV], drafts: int):
         super().__init__()
         self.drafter = drafter
-        self.drafts = drafts  # the block rows read out (1..drafts); a plain attribute, in the graph key
+        self.drafts = drafts  # the block rows read out (first..first+drafts-1); plain attributes, in the graph key
+        self.first = 0 if drafter.config.sample_from_anchor else 1
         for index, cache in enumerate(caches):
             self.register_buffer(f"k{index}", cache.k, persistent=False)
             self.register_buffer(f"v{index}", cache.v, persistent=False)
@@ -52,9 +53,17 @@ class _Block(torch.nn.Module):
 
     def forward(self, aux: torch.Tensor, context_positions: torch.Tensor, tokens: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (greedy drafts [drafts] as target ids, draft-vocab logits [drafts, V_d]) of the
+        block rows read out (1..drafts; 0..drafts-1 with sample_from_anchor)."""
+        d = self.drafter
+        logits = d.logits(self.states(aux, context_positions, tokens, positions)[0, self.first:self.first + self.drafts])
+        best = logits.argmax(-1)
+        return best + d.d2t.index_select(0, best), logits
+
+    def states(self, aux: torch.Tensor, context_positions: torch.Tensor, tokens: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
         """aux [1, n, A*H] features of the n new committed positions `context_positions` [n];
-        block tokens [1, rows] at `positions` [rows]. Returns (greedy drafts [drafts] as target
-        ids, draft-vocab logits [drafts, V_d]) of block rows 1..drafts."""
+        block tokens [1, rows] at `positions` [rows]. Returns the block rows' last states [1, rows, H]."""
         d = self.drafter
         keys, values = self.write(aux, context_positions)
         rows = tokens.shape[1]
@@ -63,10 +72,7 @@ class _Block(torch.nn.Module):
         if d.config.causal:
             own = own.tril()
         allowed = torch.cat([context.expand(rows, -1), own], dim=1)[None]
-        hidden = d.block_hidden(tokens, positions[None], list(zip(keys, values)), allowed)
-        logits = d.logits(hidden[0, 1:self.drafts + 1])
-        best = logits.argmax(-1)
-        return best + d.d2t.index_select(0, best), logits
+        return d.block_hidden(tokens, positions[None], list(zip(keys, values)), allowed)
 
 
 class DFlashDecodeDrafter:
@@ -87,12 +93,16 @@ class DFlashDecodeDrafter:
 
     name = "dflash"
     sequential = False  # one drafter forward per step whatever k
+    graph_name = "dflash-block"  # the kept graph's name (`runtime/graph_cache.py`)
+    block_class = _Block
 
     def __init__(self, drafter: DFlashDrafter, capacity: int = 512):
         self.drafter = drafter.eval()
         self.hidden_state_layers = tuple(drafter.config.aux_layer_ids)
-        self.max_drafts = drafter.config.block_size - 1
-        self.limit_reason = f"its block of {drafter.config.block_size} less the anchor"
+        self.first = 0 if drafter.config.sample_from_anchor else 1  # the first block row that drafts
+        self.max_drafts = drafter.config.block_size - self.first
+        self.limit_reason = (f"its block of {drafter.config.block_size}" +
+                             ("" if drafter.config.sample_from_anchor else " less the anchor"))
         cfg = drafter.config
         self._use([StaticKV(cfg.num_key_value_heads, cfg.head_dim, capacity, drafter.fc.weight)
                    for _ in range(cfg.num_layers)])
@@ -106,7 +116,7 @@ class DFlashDecodeDrafter:
 
     def _block(self, k: int) -> _Block:
         if k not in self._blocks:
-            self._blocks[k] = _Block(self.drafter, self.caches, k)
+            self._blocks[k] = self.block_class(self.drafter, self.caches, k)
         return self._blocks[k]
 
     @property
@@ -137,7 +147,7 @@ class DFlashDecodeDrafter:
         new = Dim("new", min=1, max=k + 1)
         state = [name for name, _ in block.named_buffers() if name != "slots"]
         graph, seconds, self.graph_source = compile_kept(
-            "dflash-block", block, calls, state=state, dynamic_shapes=({1: new}, {0: new}, None, None),
+            self.graph_name, block, calls, state=state, dynamic_shapes=({1: new}, {0: new}, None, None),
             example=calls[1], cache_dir=cache_dir)
         self.graph, self.compiled_k = graph, k
         return seconds
@@ -148,7 +158,7 @@ class DFlashDecodeDrafter:
         self.graph, self.compiled_k, self.graph_source = None, None, None
 
     def _rows(self, k: int) -> int:
-        return k + 1 if self.drafter.config.causal else self.drafter.config.block_size
+        return k + self.first if self.drafter.config.causal else self.drafter.config.block_size
 
     @torch.inference_mode()
     def propose(self, ctx, k: int) -> DraftProposal:
@@ -178,9 +188,9 @@ class DFlashDecodeDrafter:
         return tree_from_position_logprobs(logprobs, branch, nodes, self.drafter.draft_vocab)
 
     def _draft(self, ctx, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Write the newly committed positions into the context caches, then (greedy drafts [k]
-        as target ids, draft-vocab logits [k, V_d]) of block rows 1..k (k capped at
-        block_size - 1), or None when k is 0 (the positions are still written)."""
+        """Write the newly committed positions into the context caches, then the block's output
+        for k drafts (`_Block.forward`: greedy drafts [k] as target ids, draft-vocab logits [k, V_d];
+        k capped at `max_drafts`), or None when k is 0 (the positions are still written)."""
         d = self.drafter
         cfg = d.config
         ids = ctx.token_ids

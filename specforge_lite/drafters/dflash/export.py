@@ -27,13 +27,11 @@ from safetensors.torch import save_file
 
 from specforge_lite import SpecforgeError
 from specforge_lite.run_folders import atomic_write_text
-from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter, select_anchors
+from specforge_lite.drafters.dflash.model import DFLASH, DFlashConfig, DFlashDrafter, Format, select_anchors
 from specforge_lite.drafters.dflash.interop import load_any
 from specforge_lite.drafters.eagle_family import check_weights, proposal_config
 
 log = logging.getLogger(__name__)
-
-ARCHITECTURE = "DFlashDraftModel"
 
 
 def transformer_layer_config(cfg: DFlashConfig) -> dict[str, Any]:
@@ -49,25 +47,26 @@ def transformer_layer_config(cfg: DFlashConfig) -> dict[str, Any]:
 
 
 def speculators_config(cfg: DFlashConfig, speculative_tokens: int, verifier: str,
-                       verifier_architectures: list[str]) -> dict[str, Any]:
+                       verifier_architectures: list[str], fmt: Format = DFLASH) -> dict[str, Any]:
     return {
-        "speculators_model_type": "dflash",
-        "architectures": [ARCHITECTURE],
+        "speculators_model_type": fmt.model_type,
+        "architectures": [fmt.architecture],
         "speculators_version": "0.9.0",
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": None,
         "aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "mask_token_id": int(cfg.mask_token_id),
         "block_size": cfg.block_size,
-        "sample_from_anchor": False,
+        "sample_from_anchor": bool(cfg.sample_from_anchor),
         "sliding_window_non_causal": not cfg.causal,
+        **fmt.fields(cfg),
         "transformer_layer_config": transformer_layer_config(cfg),
-        "speculators_config": proposal_config("dflash", speculative_tokens, verifier, verifier_architectures),
+        "speculators_config": proposal_config(fmt.model_type, speculative_tokens, verifier, verifier_architectures),
     }
 
 
-def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every weight a speculators DFlash directory must hold, with its shape."""
+def expected_shapes(config: dict[str, Any], fmt: Format = DFLASH) -> dict[str, tuple[int, ...]]:
+    """Every weight a speculators directory of `fmt` must hold, with its shape."""
     layer = config["transformer_layer_config"]
     h, v, vd = layer["hidden_size"], layer["vocab_size"], config["draft_vocab_size"]
     d = layer["head_dim"]
@@ -87,7 +86,7 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     if vd != v:
         shapes["d2t"] = (vd,)
         shapes["t2d"] = (v,)
-    return shapes
+    return {**shapes, **fmt.shapes(config)}
 
 
 REQUIRED_FIELDS = {
@@ -98,9 +97,9 @@ REQUIRED_FIELDS = {
 
 
 def write_speculators_dir(drafter: DFlashDrafter, out: Path, speculative_tokens: int, verifier: str,
-                          verifier_architectures: list[str]) -> dict[str, Any]:
+                          verifier_architectures: list[str], fmt: Format = DFLASH) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    config = speculators_config(drafter.config, speculative_tokens, verifier, verifier_architectures)
+    config = speculators_config(drafter.config, speculative_tokens, verifier, verifier_architectures, fmt)
     state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}  # embed_tokens included
     if drafter.config.draft_vocab_size == drafter.config.vocab_size:
         state.pop("d2t"), state.pop("t2d")
@@ -109,7 +108,7 @@ def write_speculators_dir(drafter: DFlashDrafter, out: Path, speculative_tokens:
     return config
 
 
-def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def check_speculators_dir(directory: Path, fmt: Format = DFLASH) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Strict reload; raises ValueError naming the first problem. Returns (config, weights)."""
     from specforge_lite.checked_io import load_safetensors, read_json_object
 
@@ -123,10 +122,9 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
             raise ValueError(f"{where}: missing field {key!r}")
         if not isinstance(config[key], kind) or (kind is int and isinstance(config[key], bool)):
             raise ValueError(f"{where}: {key!r} should be {kind.__name__}, got {type(config[key]).__name__}")
-    if config["speculators_model_type"] != "dflash" or config["architectures"] != [ARCHITECTURE]:
-        raise ValueError(f"{where}: not a dflash speculators config")
-    if config["sample_from_anchor"]:
-        raise ValueError(f"{where}: sample_from_anchor=true is a variant this drafter is not trained for")
+    if config["speculators_model_type"] != fmt.model_type or config["architectures"] != [fmt.architecture]:
+        raise ValueError(f"{where}: not a {fmt.model_type} speculators config")
+    fmt.read(config, where)
     layer = config["transformer_layer_config"]
     if layer.get("model_type") != "qwen3" or not isinstance(layer.get("num_hidden_layers"), int) \
             or layer["num_hidden_layers"] < 1:
@@ -138,21 +136,21 @@ def check_speculators_dir(directory: Path) -> tuple[dict[str, Any], dict[str, to
         raise ValueError(f"{where}: mask_token_id {config['mask_token_id']} is not a target token id")
     spec = config["speculators_config"]
     proposal = spec["proposal_methods"][0]
-    if spec.get("algorithm") != "dflash" or not isinstance(proposal.get("speculative_tokens"), int) \
-            or not 1 <= proposal["speculative_tokens"] <= config["block_size"] - 1 \
-            or not spec.get("verifier", {}).get("name_or_path"):
-        raise ValueError(f"{where}: speculators_config is incomplete (speculative_tokens in 1..block_size-1)")
+    most = config["block_size"] - (0 if config["sample_from_anchor"] else 1)
+    if spec.get("algorithm") != fmt.model_type or not isinstance(proposal.get("speculative_tokens"), int) \
+            or not 1 <= proposal["speculative_tokens"] <= most or not spec.get("verifier", {}).get("name_or_path"):
+        raise ValueError(f"{where}: speculators_config is incomplete (speculative_tokens in 1..{most})")
     weights = load_safetensors(directory / "model.safetensors")
-    check_weights(directory / "model.safetensors", weights, expected_shapes(config), config["draft_vocab_size"])
+    check_weights(directory / "model.safetensors", weights, expected_shapes(config, fmt), config["draft_vocab_size"])
     return config, weights
 
 
-def load_speculators_dir(directory: Path, target) -> DFlashDrafter:
-    """Build our module from a speculators DFlash directory (checked strictly first)."""
-    config, weights = check_speculators_dir(directory)
+def load_speculators_dir(directory: Path, target, fmt: Format = DFLASH) -> DFlashDrafter:
+    """Build our module from a speculators directory of `fmt` (checked strictly first)."""
+    config, weights = check_speculators_dir(directory, fmt)
     layer = config["transformer_layer_config"]
     rope = layer.get("rope_parameters") or {}
-    cfg = DFlashConfig(hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
+    cfg = fmt.config_class(hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
                        num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
                        intermediate_size=layer["intermediate_size"], vocab_size=layer["vocab_size"],
                        draft_vocab_size=config["draft_vocab_size"],
@@ -161,8 +159,9 @@ def load_speculators_dir(directory: Path, target) -> DFlashDrafter:
                        causal=not config["sliding_window_non_causal"], mask_token_id=config["mask_token_id"],
                        rms_norm_eps=layer["rms_norm_eps"],
                        rope_theta=rope.get("rope_theta", layer.get("rope_theta", 1e6)),
-                       max_position_embeddings=layer["max_position_embeddings"], hidden_act=layer["hidden_act"])
-    drafter = DFlashDrafter(cfg)
+                       max_position_embeddings=layer["max_position_embeddings"], hidden_act=layer["hidden_act"],
+                       sample_from_anchor=config["sample_from_anchor"], **fmt.read(config, directory / "config.json"))
+    drafter = fmt.drafter_class(cfg)
     if "d2t" not in weights:  # full vocab: identity maps
         weights["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
         weights["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
@@ -172,8 +171,8 @@ def load_speculators_dir(directory: Path, target) -> DFlashDrafter:
 
 @torch.no_grad()
 def max_logit_difference(a: DFlashDrafter, b: DFlashDrafter) -> float:
-    """Largest |logit difference| over the blocks of random anchors on random inputs (made in
-    `a`'s dtype)."""
+    """Largest |difference| of the training forwards' outputs (logits, and a variant's other outputs,
+    DSpark's confidences) over the blocks of random anchors on random inputs (made in `a`'s dtype)."""
     device, dtype = a.fc.weight.device, a.fc.weight.dtype
     gen = torch.Generator().manual_seed(0)
     t = 4 * a.config.block_size
@@ -181,56 +180,62 @@ def max_logit_difference(a: DFlashDrafter, b: DFlashDrafter) -> float:
     aux = torch.randn(2, t, a.fc.weight.shape[1], generator=gen).to(device, dtype)
     anchors, _ = select_anchors(torch.ones(2, t), 4, gen)
     valid = torch.ones(2, t, dtype=torch.bool, device=device)
-    return float((a(ids, aux, anchors.to(device), valid) - b(ids, aux, anchors.to(device), valid)).abs().max())
+    outputs = [a(ids, aux, anchors.to(device), valid), b(ids, aux, anchors.to(device), valid)]
+    pairs = zip(*outputs) if isinstance(outputs[0], tuple) else [outputs]
+    return max(float((x - y).abs().max()) if x is not None else 0.0 for x, y in pairs)
 
 
-def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str) -> dict:
-    """`out/speculators`, reloaded strictly and compared logit for logit with the trained drafter.
+def export(cfg, trained: Path, out: Path, target, tokenizer, k: int, k_source: str, verifier: str,
+           fmt: Format = DFLASH, load=load_any) -> dict:
+    """`out/speculators` in `fmt`, reloaded strictly and compared output for output with the
+    trained drafter (read by `load`: our train folder or a peer's, interop.py).
 
-    A non-causal drafter is exported with k = block_size - 1: vLLM runs k + 1 block rows, and
-    rows that see each other change when the block is shorter than the one trained on."""
-    drafter = load_any(trained, target)  # our train folder or a peer's (interop.py)
-    block = drafter.config.block_size
-    if not drafter.config.causal and k != block - 1:
-        log.warning("k=%d (%s): a non-causal DFlash drafter serves its whole block; exporting k=%d", k, k_source,
-                    block - 1)
-        k, k_source = block - 1, f"block_size - 1 (non-causal; {k_source} gave {k})"
-    elif k > block - 1:
-        log.warning("k=%d (%s) is more than block_size - 1: exporting k=%d", k, k_source, block - 1)
-        k, k_source = block - 1, f"{k_source}, capped at block_size - 1"
+    A non-causal drafter is exported with k = its whole block's drafts (block_size - 1, or
+    block_size when the anchor row drafts too): vLLM runs the block rows k needs, and rows that
+    see each other change when the block is shorter than the one trained on."""
+    drafter = load(trained, target)
+    most = drafter.config.block_size - (0 if drafter.config.sample_from_anchor else 1)
+    whole = "block_size" if drafter.config.sample_from_anchor else "block_size - 1"
+    if not drafter.config.causal and k != most:
+        log.warning("k=%d (%s): a non-causal %s drafter serves its whole block; exporting k=%d", k, k_source,
+                    fmt.label, most)
+        k, k_source = most, f"{whole} (non-causal; {k_source} gave {k})"
+    elif k > most:
+        log.warning("k=%d (%s) is more than %s: exporting k=%d", k, k_source, whole, most)
+        k, k_source = most, f"{k_source}, capped at {whole}"
     architectures = list(target.config.architectures or ["LlamaForCausalLM"])
     speculators_dir = out / "speculators"
-    config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures)
-    diff = max_logit_difference(drafter, load_speculators_dir(speculators_dir, target))
+    config = write_speculators_dir(drafter, speculators_dir, k, verifier, architectures, fmt)
+    diff = max_logit_difference(drafter, load_speculators_dir(speculators_dir, target, fmt))
     if diff != 0.0:
         raise SpecforgeError(f"{speculators_dir.name}: reloaded drafter differs from the trained one "
                              f"(max |dlogit| {diff})")
-    log.info("speculators DFlash export passed its strict reload (every key and shape; logits identical)")
-    atomic_write_text(speculators_dir / "README.md", serve_readme(cfg, verifier, k, k_source, config))
+    log.info("speculators %s export passed its strict reload (every key and shape; outputs identical)", fmt.label)
+    atomic_write_text(speculators_dir / "README.md", serve_readme(cfg, verifier, k, k_source, config, fmt))
     return {"format": "speculators", "path": "speculators", "speculative_tokens": k}
 
 
-def serve_readme(cfg, verifier: str, k: int, k_source: str, config: dict) -> str:
+def serve_readme(cfg, verifier: str, k: int, k_source: str, config: dict, fmt: Format = DFLASH) -> str:
     layer = config["transformer_layer_config"]
     attention = "non-causal" if config["sliding_window_non_causal"] else "causal"
-    return f"""# DFlash drafter for {verifier}
+    readout = "the anchor row drafts too" if config["sample_from_anchor"] else "the anchor row drafts nothing"
+    return f"""# {fmt.label} drafter for {verifier}
 
-Trained by specforge_lite (recipe `{cfg.recipe_name}`). Format: speculators (DFlash,
-`speculators_model_type: "dflash"`): {layer['num_hidden_layers']} Qwen3-style decoder layers, block
+Trained by specforge_lite (recipe `{cfg.recipe_name}`). Format: speculators ({fmt.label},
+`speculators_model_type: "{fmt.model_type}"`): {layer['num_hidden_layers']} Qwen3-style decoder layers, block
 {config['block_size']} ({attention} within the block), draft vocabulary {config['draft_vocab_size']} of
 {layer['vocab_size']} tokens, aux hidden-state layers {config['aux_hidden_state_layer_ids']} (vLLM reads
-them as target layers i - 1), mask token id {config['mask_token_id']}. One drafter forward proposes
-the whole block. Speculative tokens k = {k} ({k_source}).
+them as target layers i - 1), mask token id {config['mask_token_id']}{fmt.heads(config)}. One drafter forward
+proposes the whole block ({readout}). Speculative tokens k = {k} ({k_source}).
 
 Serve with vLLM (always pass `method`):
 
 ```bash
 vllm serve {verifier} \\
-  --speculative-config '{{"method": "dflash", "model": "<this directory>", "num_speculative_tokens": {k}}}'
+  --speculative-config '{{"method": "{fmt.model_type}", "model": "<this directory>", "num_speculative_tokens": {k}}}'
 ```
 
-A non-causal drafter needs an attention backend with non-causal support (vLLM asserts it);
-the causal variant (`drafter.causal=true`) serves on any backend.
+{fmt.serving}
 
 Check it offline: `python -m specforge_lite export +recipe={cfg.recipe_name}` reloads this directory
 strictly (every field, key and shape) and compares logits with the trained drafter.

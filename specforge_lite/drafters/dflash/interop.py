@@ -33,7 +33,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.checked_io import ArtifactError, check_weights, load_safetensors, read_json_object
-from specforge_lite.drafters.dflash.model import DFlashConfig, DFlashDrafter
+from specforge_lite.drafters.dflash.model import DFLASH, DFlashConfig, DFlashDrafter, Format
 from specforge_lite.drafters.dflash.train import load
 from specforge_lite.drafters.eagle_family import check_weights as check_vocab_maps
 from specforge_lite.drafters.vocab import copy_target_head
@@ -78,17 +78,18 @@ def load_any(directory: Path, target) -> DFlashDrafter:
 
 # --------------------------------------------------------------------------- speculators
 
-def load_speculators(directory: Path, target) -> DFlashDrafter:
-    """A speculators DFlash folder (our export or speculators' trainer), every field and weight checked."""
+def load_speculators(directory: Path, target, fmt: Format = DFLASH) -> DFlashDrafter:
+    """A speculators folder of `fmt` (DFlash's, or a variant's: DSpark), our export or speculators'
+    trainer's, every field and weight checked."""
     where = Path(directory) / "config.json"
     config = read_json_object(where)
     raw_layer = config.get("transformer_layer_config")
     if not isinstance(raw_layer, dict):
         raise SpecforgeError(f"{where}: 'transformer_layer_config' should be an object (the drafter's Qwen3 layers)")
     layer = qwen3_layers(raw_layer, f"{where}: transformer_layer_config")
-    if config.get("sample_from_anchor"):
-        raise SpecforgeError(f"{where}: 'sample_from_anchor' is true (the anchor row drafts too, DSpark-style); our "
-                             "DFlash drafter drafts from the mask rows only")
+    anchor = config.get("sample_from_anchor", False)
+    if not isinstance(anchor, bool):
+        raise SpecforgeError(f"{where}: 'sample_from_anchor' should be true or false, got {anchor!r}")
     if config.get("target_hidden_size") not in (None, layer.hidden_size):
         raise SpecforgeError(f"{where}: 'target_hidden_size' {config['target_hidden_size']} differs from the "
                              f"drafter's hidden_size {layer.hidden_size}; our fc reads target states of that width")
@@ -100,8 +101,9 @@ def load_speculators(directory: Path, target) -> DFlashDrafter:
     cfg = drafter_config(layer, where, aux=config.get("aux_hidden_state_layer_ids"), key="aux_hidden_state_layer_ids",
                          block_size=config.get("block_size"), mask_token_id=config.get("mask_token_id"),
                          draft_vocab_size=config.get("draft_vocab_size"), causal=causal)
+    cfg = fmt.config_class(**{**cfg.to_dict(), "sample_from_anchor": anchor, **fmt.read(config, where)})
     check_target(cfg, target, where)
-    drafter = DFlashDrafter(cfg)
+    drafter = fmt.drafter_class(cfg)
     weights = read_weights(Path(directory))
     for name in TRAINING_ONLY:
         weights.pop(name, None)

@@ -15,7 +15,8 @@ run through every layer (pre-norm attention with per-head `q_norm` / `k_norm`, S
 each row attends to the context at positions < p and to the rows of its own block: all of
 them (non-causal, DFlash) or those at or before it (`causal`). After the final `norm` and
 the frozen `lm_head` over the draft vocabulary, block row j >= 1 predicts the token at
-position p + j: one forward drafts S - 1 tokens.
+position p + j: one forward drafts S - 1 tokens. With `sample_from_anchor` (speculators'
+option, DSpark's default) row j >= 0 predicts x[p + j + 1] instead: S tokens.
 
 Parameter names are those of vLLM's DFlash loader (`qwen3_dflash.py`) and speculators'
 checkpoints: `fc.weight`, `hidden_norm.weight`, `layers.{i}.input_layernorm.weight`,
@@ -27,6 +28,7 @@ checkpoints: `fc.weight`, `hidden_norm.weight`, `layers.{i}.input_layernorm.weig
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +52,7 @@ class DFlashConfig:
     num_layers: int = 5
     block_size: int = 16
     causal: bool = False
+    sample_from_anchor: bool = False  # row j predicts x[p + j + 1] (the anchor row drafts too), not x[p + j]
     mask_token_id: int = 0
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
@@ -69,7 +72,7 @@ class DFlashConfig:
                    draft_vocab_size=min(int(opts.draft_vocab_size), target_config.vocab_size),
                    aux_layer_ids=list(aux) if aux else default_aux_layers(target_config.num_hidden_layers),
                    num_layers=int(opts.num_layers), block_size=int(opts.block_size), causal=bool(opts.causal),
-                   mask_token_id=int(mask_token_id), rms_norm_eps=target_config.rms_norm_eps,
+                   sample_from_anchor=bool(getattr(opts, "sample_from_anchor", False)), mask_token_id=int(mask_token_id), rms_norm_eps=target_config.rms_norm_eps,
                    rope_theta=rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
                    max_position_embeddings=target_config.max_position_embeddings,
                    hidden_act="silu")  # its own SiLU-gated MLP, whatever the target's activation
@@ -204,12 +207,17 @@ class DFlashDrafter(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, anchors: torch.Tensor,
                 context_valid: torch.Tensor) -> torch.Tensor:
-        """Every anchor's block in one pass (training).
+        """Every anchor's block in one pass (training): draft-vocab logits [B, N, S, V_d] of
+        `block_states`; row j of anchor a predicts x[a + j] (j >= 1), or x[a + j + 1] with
+        `sample_from_anchor`."""
+        hidden = self.block_states(input_ids, aux_hidden, anchors, context_valid)
+        return self.logits(hidden).view(input_ids.shape[0], anchors.shape[1], self.config.block_size, -1)
 
-        input_ids [B, T]; aux_hidden [B, T, A*H]; anchors [B, N] (positions >= 1; see
+    def block_states(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, anchors: torch.Tensor,
+                     context_valid: torch.Tensor) -> torch.Tensor:
+        """input_ids [B, T]; aux_hidden [B, T, A*H]; anchors [B, N] (positions >= 1; see
         `select_anchors`); context_valid [B, T] bool (the attention mask: padding is no context).
-        Returns draft-vocab logits [B, N, S, V_d]; row j of anchor a predicts x[a + j] (j >= 1).
-        """
+        Returns the last layer's states [B, N * S, H] of every anchor's block rows (before `norm`)."""
         b, t = input_ids.shape
         s = self.config.block_size
         positions = block_positions(anchors, s)  # [B, N*S]
@@ -218,8 +226,7 @@ class DFlashDrafter(nn.Module):
         context_positions = torch.arange(t, device=input_ids.device)[None].expand(b, -1)
         context = self.context_kv(self.context(aux_hidden), context_positions)
         allowed = anchor_block_mask(anchors, s, context_valid.bool(), self.config.causal)
-        hidden = self.block_hidden(tokens, positions, context, allowed)
-        return self.logits(hidden).view(b, anchors.shape[1], s, -1)
+        return self.block_hidden(tokens, positions, context, allowed)
 
 
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -270,3 +277,38 @@ def select_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Gener
     for i, d in enumerate(drawn):
         anchors[i, :len(d)], anchor_valid[i, :len(d)] = d, True
     return anchors, anchor_valid
+
+
+# --------------------------------------------------------------------------- speculators formats
+# The speculators formats of the DFlash family (`export.py` writes them, `interop.py` reads them):
+# DFlash's own and a variant's (DSpark's), which adds config fields and weights to DFlash's.
+
+
+def _nothing(*_args) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Format:
+    """model_type: `speculators_model_type` (also vLLM's method); architecture: what config.json
+    names; config_class / drafter_class: ours; fields(config) -> the variant's config.json fields;
+    shapes(config.json) -> its extra weights and their shapes; read(config.json, where) -> our
+    config's extra fields, each checked by name; heads(config.json) -> a phrase for the README;
+    serving: a line the README adds on serving it."""
+
+    model_type: str
+    architecture: str
+    config_class: type
+    drafter_class: type
+    label: str
+    fields: Callable[[Any], dict] = _nothing
+    shapes: Callable[[dict], dict] = _nothing
+    read: Callable[[dict, Any], dict] = _nothing
+    heads: Callable[[dict], str] = lambda _config: ""
+    serving: str = ""
+
+
+DFLASH = Format(model_type="dflash", architecture="DFlashDraftModel", config_class=DFlashConfig,
+                drafter_class=DFlashDrafter, label="DFlash",
+                serving="A non-causal drafter needs an attention backend with non-causal support (vLLM asserts "
+                        "it);\nthe causal variant (`drafter.causal=true`) serves on any backend.")

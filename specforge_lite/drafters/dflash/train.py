@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specforge_lite import SpecforgeError
@@ -33,23 +34,28 @@ def check_options(opts, target_config, max_length: int | None) -> None:
                                  f"layers 0..{layers - 1}")
 
 
-def build(cfg, target, token_counts: torch.Tensor) -> DFlashDrafter:
+def build(cfg, target, token_counts: torch.Tensor, kind=(DFlashConfig, DFlashDrafter)) -> DFlashDrafter:
     """A drafter for `target`: draft vocab from loss-masked token counts, the target's embeddings,
-    final norm and draft-vocab head rows (embeddings and head frozen), the rest random."""
+    final norm and draft-vocab head rows (embeddings and head frozen), the rest random. kind:
+    (config class, module class), DFlash's or a variant's (DSpark's, with its heads)."""
+    config_class, drafter_class = kind
     from specforge_lite.drafters.vocab import target_draft_vocab
 
     opts = cfg.drafter
     data = cfg.get("data")
     check_options(opts, target.config, int(data.max_length) if data is not None else None)
     mask_token = opts.mask_token_id if opts.mask_token_id is not None else default_mask_token(token_counts)
-    draft_cfg = DFlashConfig.from_target(target.config, opts, mask_token)
+    draft_cfg = config_class.from_target(target.config, opts, mask_token)
     if not 0 <= draft_cfg.mask_token_id < draft_cfg.vocab_size:
         raise SpecforgeError(f"drafter.mask_token_id={draft_cfg.mask_token_id} is not a target token id")
     torch.manual_seed(cfg.train.seed)
-    drafter = DFlashDrafter(draft_cfg)
+    drafter = drafter_class(draft_cfg)
     std = target.config.initializer_range
     for module in drafter.modules():
         if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+    for module in drafter.modules():  # trained embeddings (DSpark's Markov head); the target's is copied below
+        if isinstance(module, nn.Embedding) and module.weight.requires_grad:
             nn.init.normal_(module.weight, std=std)
     drafter.init_from_target(target, target_draft_vocab(target, token_counts, draft_cfg.draft_vocab_size))
     return drafter.to(target.device)
@@ -71,9 +77,10 @@ def batch_preparer(drafter: DFlashDrafter, target):
 
 # ---------------------------------------------------------------------- position weights
 
-def exp_decay_weights(block_size: int, gamma: float) -> torch.Tensor:
-    """[S] weight of block row j: 0 for the anchor (j = 0), exp(-(j - 1) / gamma) after it."""
-    j = torch.arange(block_size, dtype=torch.float32)
+def exp_decay_weights(block_size: int, gamma: float, shift: int = 0) -> torch.Tensor:
+    """[S] weight of block row j by the draft it makes, d = j + shift (shift 1: the anchor row
+    drafts too): 0 where it makes none (d = 0), exp(-(d - 1) / gamma) after."""
+    j = torch.arange(block_size, dtype=torch.float32) + shift
     return torch.where(j > 0, torch.exp(-(j - 1).clamp(min=0) / gamma), torch.zeros(()))
 
 
@@ -98,29 +105,38 @@ def loss_and_metrics(drafter, batch: dict, cfg):
     (`common.draft_vocab_preparer`), `attention_mask` [B, T]. Anchors: `select_anchors`, seeded
     by the run's seed and the batch's tokens. Row j >= 1 of anchor a is scored against the
     target's distribution at position a + j - 1 (its prediction of x[a + j]) where valid[a + j],
-    by `drafter.loss` weighted per row (`position_weight`). Returns the anchors with a loss at
-    row 1 as the count (the train stage divides by their global sum) and per row j = 1..S-1
-    `correct` / `total` and `chain` (anchors whose rows 1..j are all correct).
+    by `drafter.loss` weighted per row (`position_weight`). With `sample_from_anchor` every row
+    predicts one position further (row j, x[a + j + 1], against the target at a + j; row 0 too).
+    A drafter with a confidence head (DSpark: its forward returns (logits, confidence logits))
+    adds `confidence_alpha` x the same weighted binary cross-entropy of each row's confidence
+    against `confidence_target`: overlap, sum_v min(q_v, p_v) of the row's and the target's laws
+    (the chance the target accepts its sampled draft), or greedy, whether their argmaxes agree.
+    Returns the anchors with a loss at the first drafting row as the count (the train stage
+    divides by their global sum) and per drafting row `correct` / `total` and `chain` (anchors
+    whose drafting rows up to it are all correct).
     """
     from specforge_lite.training.losses import training_loss
 
     opts = cfg.drafter
     core = getattr(drafter, "module", drafter)
     s = core.config.block_size
+    shift = 1 if core.config.sample_from_anchor else 0
+    first = 1 - shift  # the first row that drafts
     ids, valid = batch["input_ids"], batch["valid"].bool()
     device = ids.device
     b, t = ids.shape
     generator = torch.Generator().manual_seed(layout_seed(cfg.train.seed, ids))
     anchors, anchor_valid = (x.to(device) for x in select_anchors(valid, int(opts.num_anchors), generator))
     context_valid = batch.get("attention_mask", torch.ones_like(ids)).bool()
-    logits = drafter(ids, batch["aux_hidden"], anchors, context_valid)  # [B, N, S, V_d]
+    out = drafter(ids, batch["aux_hidden"], anchors, context_valid)
+    logits, accept_logits = out if isinstance(out, tuple) else (out, None)  # [B, N, S, V_d], [B, N, S]
 
-    index = anchors[..., None] + torch.arange(s, device=device)  # position of each block row
+    index = anchors[..., None] + torch.arange(s, device=device) + shift  # the position each row predicts
     inside = index < t
     index = index.clamp(max=t - 1)
     rows = torch.arange(b, device=device)[:, None, None].expand_as(index)
     mask = valid[rows, index] & inside & anchor_valid[..., None]
-    mask[..., 0] = False  # the anchor row predicts nothing
+    mask[..., :first] = False  # the anchor row predicts nothing (unless sample_from_anchor)
     teacher_index = (index - 1).clamp(min=0)
     student, teacher = logits[mask], batch["target_logits"][rows[mask], teacher_index[mask]]
     per_row = training_loss(opts.loss)(student, teacher)  # [M]
@@ -133,15 +149,23 @@ def loss_and_metrics(drafter, batch: dict, cfg):
             confidence[mask] = torch.softmax(student.float(), -1).gather(1, target_token[:, None])[:, 0]
             weights = dpace_weights(confidence, mask, float(opts.dpace_alpha))[mask]
         else:
-            weights = exp_decay_weights(s, float(opts.decay_gamma)).to(device).expand_as(mask)[mask]
+            weights = exp_decay_weights(s, float(opts.decay_gamma), shift).to(device).expand_as(mask)[mask]
     loss = (weights * per_row).sum()
+    if accept_logits is not None:
+        with torch.no_grad():
+            if opts.confidence_target == "greedy":
+                goal = hits.float()
+            else:
+                goal = torch.minimum(torch.softmax(student.float(), -1), torch.softmax(teacher.float(), -1)).sum(-1)
+        bce = F.binary_cross_entropy_with_logits(accept_logits[mask].float(), goal.clamp(0.0, 1.0), reduction="none")
+        loss = loss + float(opts.confidence_alpha) * (weights * bce).sum()
 
     correct = torch.zeros_like(mask)
     correct[mask] = hits
-    chain = correct[..., 1:].long().cumprod(-1).bool()  # [B, N, S-1]
-    metrics = {"correct": [int(correct[..., j].sum()) for j in range(1, s)],
-               "total": [int(mask[..., j].sum()) for j in range(1, s)],
-               "chain": [int(chain[..., j - 1].sum()) for j in range(1, s)]}
+    chain = correct[..., first:].long().cumprod(-1).bool()  # [B, N, drafting rows]
+    metrics = {"correct": [int(correct[..., j].sum()) for j in range(first, s)],
+               "total": [int(mask[..., j].sum()) for j in range(first, s)],
+               "chain": [int(chain[..., j - first].sum()) for j in range(first, s)]}
     return loss, metrics["total"][0], metrics
 
 
@@ -156,17 +180,19 @@ def trained_weights(drafter: nn.Module) -> dict[str, torch.Tensor]:
     return select_weights(getattr(drafter, "module", drafter), {FROZEN})
 
 
-def save(drafter: DFlashDrafter, directory: Path, extra: dict | None = None) -> None:
-    """Our training output: `config.json` (DFlashConfig and `extra`) and `model.safetensors`."""
-    save_drafter(directory, "dflash", trained_weights(drafter), drafter.config.to_dict(), extra)
+def save(drafter: DFlashDrafter, directory: Path, extra: dict | None = None, name: str = "dflash") -> None:
+    """Our training output: `config.json` (the drafter's config and `extra`, `drafter: name`) and
+    `model.safetensors`."""
+    save_drafter(directory, name, trained_weights(drafter), drafter.config.to_dict(), extra)
 
 
-def load(directory: Path, target) -> DFlashDrafter:
-    """A drafter saved by `save`, on the target's device, with the target's embedding."""
+def load(directory: Path, target, kind=(DFlashConfig, DFlashDrafter)) -> DFlashDrafter:
+    """A drafter saved by `save`, on the target's device, with the target's embedding (kind: as `build`)."""
     from specforge_lite.drafters.common import load_drafter_dir
 
-    fields = set(DFlashConfig.__dataclass_fields__)
-    drafter = load_drafter_dir(Path(directory), lambda raw: DFlashDrafter(DFlashConfig(
+    config_class, drafter_class = kind
+    fields = set(config_class.__dataclass_fields__)
+    drafter = load_drafter_dir(Path(directory), lambda raw: drafter_class(config_class(
         **{k: v for k, v in raw.items() if k in fields})), {FROZEN})
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(target.get_input_embeddings().weight)

@@ -10,10 +10,10 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from specforge_lite.decoding.stats import PromptTotals, percentile_interval, resample_indices, speed_ratio
 from specforge_lite.serving.vllm.load import PLAIN, SCHEDULE_SUFFIX
-
-import numpy as np
 
 CONVENTIONS = {
     "how": "vLLM's offline engine, max_num_seqs = the largest load, stepped by our runner with N requests in flight "
@@ -250,12 +250,18 @@ def write_plot(section: dict, out_dir: Path) -> str:
     return "load_speedup.png"
 
 
-def served_schedule(report: dict, method: str) -> list | None:
-    """The schedule an export serves `method` with: the one evaluate ran and vLLM accepted, else the
-    measured one; None where the report measured no load for it."""
+def load_of(report: dict, method: str) -> tuple[dict, dict, dict]:
+    """The report's load section, what it measured of `method` and its schedule's own run ({} where none)."""
     load = (report.get("vllm") or {}).get("load") or {}
     measured = (load.get("methods") or {}).get(method) or {}
     ran = (load.get("schedule_runs") or {}).get(method + SCHEDULE_SUFFIX) or {}
+    return load, measured, ran
+
+
+def served_schedule(report: dict, method: str) -> list | None:
+    """The schedule an export serves `method` with: the one evaluate ran and vLLM accepted, else the
+    measured one; None where the report measured no load for it."""
+    _, measured, ran = load_of(report, method)
     return ran["schedule"] if ran.get("accepted") else measured.get("schedule")
 
 
@@ -263,9 +269,8 @@ def serve_section(report: dict, method: str, base_config: dict, verifier: str) -
     """The export README's section on serving at load: the measured best k per batch size and
     vLLM's serve command with the schedule evaluate ran (the measured one, or eval.load_schedule
     where the user gave one); "" where the report measured no load for `method`."""
-    load = (report.get("vllm") or {}).get("load") or {}
-    measured = (load.get("methods") or {}).get(method)
-    if not measured or not measured.get("schedule"):
+    load, measured, ran = load_of(report, method)
+    if not measured.get("schedule"):
         return ""
     rows = "\n".join(f"| {first}-{last} | {k} |" for first, last, k in measured["schedule"])
     head = f"""
@@ -278,7 +283,6 @@ report's "At load" table). The draft length that paid at each batch size (0: non
 |---|---:|
 {rows}
 """
-    ran = (load.get("schedule_runs") or {}).get(method + SCHEDULE_SUFFIX) or {}
     served = served_schedule(report, method)
     most = max(k for _, _, k in served)
     if most == 0:

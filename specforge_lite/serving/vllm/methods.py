@@ -53,6 +53,20 @@ def speculative_config(name: str, cfg, model=None, tokenizer=None, out: Path | N
     raise SpecforgeError(f"unknown vLLM method {name}; known: {', '.join(VLLM_METHODS)}")
 
 
+def gpu_runner_problem(methods, has_cuda: bool) -> str | None:
+    """The vllm_<drafter> methods whose drafter vLLM runs on its GPU model runner only (the
+    drafter package's VLLM_NEEDS_GPU says why), where this machine has no CUDA device."""
+    from specforge_lite.drafters.registry import DRAFTERS
+
+    needing = {m: VLLM_OF[m] for m in methods if m in VLLM_OF and getattr(DRAFTERS.get(VLLM_OF[m]), "VLLM_NEEDS_GPU",
+                                                                          None)}
+    if not needing or has_cuda:
+        return None
+    why = "; ".join(DRAFTERS[d].VLLM_NEEDS_GPU for d in dict.fromkeys(needing.values()))
+    return (f"eval.methods {list(needing)}: {why}, and this machine has no CUDA device; measure "
+            f"{', '.join(dict.fromkeys(needing.values()))} with our engine here and serve it on a GPU node")
+
+
 def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
     """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1, on
     `target` (`serving.engines.ServedTarget`: the path resolved once by the stage, its config,

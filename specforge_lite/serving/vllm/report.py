@@ -216,12 +216,17 @@ class Vllm:
 
     def environment_problems(self, cfg) -> list[str]:
         """vLLM's interpreter, where the stage runs a vllm_* method or samples with vLLM."""
+        import torch
+
         from specforge_lite import SpecforgeError
         from specforge_lite.serving.vllm.engine import require_python
+        from specforge_lite.serving.vllm.methods import gpu_runner_problem
         from specforge_lite.stage_table import runs
 
         served = [m for m in cfg.eval.methods if m in VLLM_METHODS]
         problems = []
+        if runs(cfg.stage, "evaluate") and (gpu_only := gpu_runner_problem(served, torch.cuda.is_available())):
+            problems.append(gpu_only)
         for key, needed, vcfg in (("eval.methods", served and runs(cfg.stage, "evaluate"), cfg.eval.vllm),
                                   ("sample.backend=vllm", cfg.sample.backend == "vllm" and runs(cfg.stage, "sample"),
                                    cfg.sample.vllm)):
