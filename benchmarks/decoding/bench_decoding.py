@@ -44,7 +44,7 @@ def main() -> None:
 
     import torch
 
-    from specforge_lite.decoding.report import methods_table
+    from specforge_lite.measurement.report import methods_table
     from specforge_lite.stages import evaluate
 
     if args.threads:

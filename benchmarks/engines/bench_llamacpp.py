@@ -80,7 +80,7 @@ def summarise(runs: dict, ids: list[str], ours: list | None) -> tuple[dict, dict
     """Per method: tokens/s and tau with 95% percentile-bootstrap intervals over prompts, the
     same resampled prompts for every method (decoding.stats, as the evaluate report), speedup
     over llama.cpp plain (paired interval), outputs equal to plain's."""
-    from specforge_lite.decoding.stats import (method_intervals, percentile_interval, prompt_totals,
+    from specforge_lite.measurement.stats import (method_intervals, percentile_interval, prompt_totals,
                                                resample_indices, tokens_per_s)
 
     rows = [{"prompt_id": pid, "method": m, "num_tokens": len(c.tokens), "total_s": c.wall_seconds,

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import needed, run, run_file, update_doc_section, write_results
-from specforge_lite.decoding.report import methods_table
+from specforge_lite.measurement.report import methods_table
 
 
 def ours_summary(drafter: Path) -> dict:

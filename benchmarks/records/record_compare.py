@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import run, run_file, update_doc_section, write_results
-from specforge_lite.decoding.report import methods_table
+from specforge_lite.measurement.report import methods_table
 from specforge_lite.drafters.common import drafter_info
 from specforge_lite.records import goals as issue_goals
 from specforge_lite.records.runs import training_summary

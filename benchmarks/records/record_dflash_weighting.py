@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import fail, paired_tau_difference, run, run_file, update_doc_section, write_results
 from benchmarks.records.record_compare import training_summary
-from specforge_lite.decoding.report import methods_table
+from specforge_lite.measurement.report import methods_table
 
 NAME = "dflash_weighting"
 LABELS = {"dflash_exp_decay": "exp_decay", "dflash_dpace": "dpace"}

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import fail, run, run_file, update_doc_section, write_results
-from specforge_lite.decoding.report import k_text, methods_table, trees_table
+from specforge_lite.measurement.report import k_text, methods_table, trees_table
 from specforge_lite.records import goals as issue_goals
 from specforge_lite.records.runs import drafter_folders, equal_cpu, per_minute, training_summary
 

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks.common import fail, run, run_file, update_doc_section, write_results
-from specforge_lite.decoding.report import categories_table, methods_table, sources_table
+from specforge_lite.measurement.report import categories_table, methods_table, sources_table
 from specforge_lite.records import goals as issue_goals
 
 NAME = "eval_hybrid_smollm2"

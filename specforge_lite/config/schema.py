@@ -163,7 +163,7 @@ class SuffixConfig:
 class BootstrapConfig:
     # 95% intervals of tau and speedup in the evaluate report: prompts resampled with
     # replacement (all turns of a prompt together), the same prompts for every method
-    # (specforge_lite/decoding/stats.py); seeded, so a report's intervals can be recomputed
+    # (specforge_lite/measurement/stats.py); seeded, so a report's intervals can be recomputed
     resamples: int = checked(2000, ge=100)
     seed: int = 0
     level: float = checked(0.95, gt=0.0, lt=1.0)

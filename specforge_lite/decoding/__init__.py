@@ -1,4 +1,4 @@
-"""Speculative decoding (batch 1) over Hugging Face causal LMs, and what an evaluate measures of it.
+"""Speculative decoding (batch 1) over Hugging Face causal LMs.
 
 Proposers (what drafts; the `Drafter` interface is `specforge_lite.contract`):
 - `drafters`: n-gram lookup, a draft model used as it is, the replay and mixed-tree drafters;
@@ -11,15 +11,8 @@ Acceptance and the loop:
 - `tree`: draft trees, their one-forward verify and their acceptance rules;
 - `engine`: our plain loop, chain and tree speculative decoding with KV caches;
 - `peers`: Hugging Face's own decoders, measured in the same table.
-Measurement and reporting (figures of a report):
-- `metrics`: tau, per-position acceptance, forward costs by width, best k;
-- `stats`: bootstrap intervals of the report's ratios;
-- `identity`: whether a greedy answer is plain's, and why not;
-- `checks`: a compiled drafter against its eager module, plain's own rounding;
-- `choices`: a method's best k and best tree;
-- `recommend`: which method to deploy;
-- `report`: report.md and its plots.
-The target's surgery (a truncated copy as a draft model) is `targets/surgery.py`; the sample
+What an evaluate measures of it and its report (metrics, intervals, identity verdicts, checks, the
+choices, the recommendation) are `specforge_lite/measurement/`. The target's surgery (a truncated copy as a draft model) is `targets/surgery.py`; the sample
 stage's generator is `stages/sample_backends.py`.
 """
 

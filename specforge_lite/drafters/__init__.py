@@ -11,4 +11,4 @@
 """
 
 # the packages this one may import besides the ground (tests/unit/test_package_structure.py)
-MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding')
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'measurement')

@@ -24,7 +24,7 @@ import argparse
 import re
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.report import k_text
+from specforge_lite.measurement.report import k_text
 from specforge_lite.records import families, gpu_section, results, topics
 from specforge_lite.records.gpu_section import identity_words
 from specforge_lite.records.results import ROOT, machine_name, num, read_results, shaped, with_ci

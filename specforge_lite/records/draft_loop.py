@@ -53,7 +53,7 @@ def measure(model, prompts: list[list[int]], tokens: int, k: int, engine: str, d
     untrained one of `drafter_cfg`; on a compiled engine it drafts with its compiled graphs."""
     from specforge_lite.decoding.drafters import NgramDrafter
     from specforge_lite.decoding.engine import generate_plain, generate_speculative
-    from specforge_lite.decoding.metrics import measure_forward_costs, summarise
+    from specforge_lite.measurement.metrics import measure_forward_costs, summarise
     from specforge_lite.drafters.registry import engine_decoder
     from specforge_lite.runtime.compiled_run import prepare_compiled
     from specforge_lite.runtime.target_choice import build_target_engine

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from specforge_lite.decoding.identity import verdict_text
+from specforge_lite.measurement.identity import verdict_text
 from specforge_lite.records import results
 from specforge_lite.records.results import read_results, shaped, with_ci
 from specforge_lite.records.topics import update_doc_section

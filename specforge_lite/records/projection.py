@@ -126,7 +126,7 @@ def project_shape(shape: dict, profiles: dict[str, list], device: str, dtype, co
     """One shape: forward and drafter costs measured on `device`, each profile's projection."""
     import torch
 
-    from specforge_lite.decoding.metrics import best_k, measure_forward_costs
+    from specforge_lite.measurement.metrics import best_k, measure_forward_costs
     from specforge_lite.runtime.target_choice import build_target_engine
 
     target = build_target(shape, device, dtype)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specforge_lite import SpecforgeError
 from specforge_lite.checked_io import read_json_object
-from specforge_lite.decoding.stats import percentile_interval, prompt_totals, resample_indices, tau
+from specforge_lite.measurement.stats import percentile_interval, prompt_totals, resample_indices, tau
 from specforge_lite.drafters.methods import labelled_drafters
 from specforge_lite.stage_table import STAGES
 

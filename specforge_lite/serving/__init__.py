@@ -10,4 +10,4 @@ batch 1), `load` and `load_report` (at load: concurrency, k by batch size, the s
 """
 
 # the packages this one may import besides the ground (tests/unit/test_package_structure.py)
-MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'drafters')
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'measurement', 'drafters')

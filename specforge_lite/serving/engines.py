@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.stats import method_intervals, prompt_totals, speed_ratio, tau, tokens_per_s
+from specforge_lite.measurement.stats import method_intervals, prompt_totals, speed_ratio, tau, tokens_per_s
 from specforge_lite.serving.llamacpp.report import LlamaCpp
 from specforge_lite.serving.vllm.engine import eos_ids_of
 from specforge_lite.serving.vllm.report import Vllm
@@ -126,7 +126,7 @@ def alone_conventions(engine: Engine, boot) -> dict:
 def alone_entries(cfg, engine: Engine, rows: list[dict], section: dict) -> dict:
     """The report's `methods` where `engine` measures without our engine: tau, tokens/s and
     speedup over `engine.plain` from the answer rows, their paired bootstrap intervals
-    (decoding/stats.py), greedy outputs against `engine.plain`'s, per category; per-position
+    (measurement/stats.py), greedy outputs against `engine.plain`'s, per category; per-position
     acceptance from its section."""
     boot = cfg.eval.bootstrap
     greedy = cfg.eval.temperature == 0

@@ -12,7 +12,7 @@ modules and folders are listed once, in specforge_lite/stage_table.py.
 from __future__ import annotations
 
 # the packages this one may import besides the ground (tests/unit/test_package_structure.py)
-MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'drafters', 'serving', 'scale')
+MAY_IMPORT = ('config', 'targets', 'runtime', 'data', 'training', 'decoding', 'measurement', 'drafters', 'serving', 'scale')
 
 import importlib
 import logging

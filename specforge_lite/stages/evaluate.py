@@ -38,7 +38,7 @@ from specforge_lite.data.eval_prompts import (cache_capacity, conversation, fitt
                                              select_prompts)
 from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter
 from specforge_lite.targets.surgery import load_untrained_draft
-from specforge_lite.decoding import checks, identity
+from specforge_lite.measurement import checks, identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
 from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
 from specforge_lite.decoding.suffix import lookup_factory
@@ -46,12 +46,12 @@ from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.compiled_run import prepare_compiled
 from specforge_lite.runtime.drift import drifted
 from specforge_lite.runtime.target_choice import TargetForward, build_target_engine
-from specforge_lite.decoding.choices import drafted_k
-from specforge_lite.decoding.metrics import (cost_curve_note, measure_forward_costs,
+from specforge_lite.measurement.choices import drafted_k
+from specforge_lite.measurement.metrics import (cost_curve_note, measure_forward_costs,
                                              our_conventions)
 from specforge_lite.decoding.peers import generate_hf, prepare_assistant
-from specforge_lite.decoding.report import k_text, render_markdown, write_plots
-from specforge_lite.decoding.recommend import recommend
+from specforge_lite.measurement.report import k_text, render_markdown, write_plots
+from specforge_lite.measurement.recommend import recommend
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.config.draft_tokens import draft_tokens, widest_k
 from specforge_lite.drafters.methods import (ARCTIC_SUFFIX, HF_METHODS, PLAIN, SUFFIX, chain_methods, drafter_folder,

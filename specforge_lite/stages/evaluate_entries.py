@@ -11,10 +11,10 @@ from collections import defaultdict
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from specforge_lite.decoding import identity
-from specforge_lite.decoding.choices import best_k_for, drafted_k, tree_fields
-from specforge_lite.decoding.metrics import costs_as_decoding_paid, summarise
-from specforge_lite.decoding.stats import method_intervals, prompt_totals
+from specforge_lite.measurement import identity
+from specforge_lite.measurement.choices import best_k_for, drafted_k, tree_fields
+from specforge_lite.measurement.metrics import costs_as_decoding_paid, summarise
+from specforge_lite.measurement.stats import method_intervals, prompt_totals
 from specforge_lite.drafters.methods import PLAIN, own_k_methods, tree_base
 
 log = logging.getLogger(__name__)

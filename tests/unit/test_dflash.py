@@ -412,7 +412,7 @@ def test_a_k_above_the_block_is_lowered_with_a_line_naming_both(tiny_target, cap
     and says so once; a k within the block is used as asked."""
     import logging
 
-    from specforge_lite.decoding.choices import drafted_k
+    from specforge_lite.measurement.choices import drafted_k
 
     decoder = dflash.decoder(tiny_drafter(tiny_target, block_size=4))
     ecfg = OmegaConf.create({"num_draft_tokens": 8, "method_draft_tokens": ["ngram:2"]})

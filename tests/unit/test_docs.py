@@ -206,7 +206,7 @@ ENTRIES = {
     "specforge_lite/training/checkpoints.py": ["check_written_by", "other_inputs"],
     "specforge_lite/targets/model_types.py": ["check_model_type"],
     "specforge_lite/targets/loading.py": ["check_layer_count"],
-    "specforge_lite/decoding/metrics.py": ["cost_curve_note"],
+    "specforge_lite/measurement/metrics.py": ["cost_curve_note"],
     "specforge_lite/records/results.py": ["read_results", "write_results", "shaped"],
     "specforge_lite/records/docs.py": ["render_block"],
     "specforge_lite/data/eval_prompts.py": ["dataset_problem", "tasks_overlap", "heldout_problem"],

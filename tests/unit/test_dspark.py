@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from specforge_lite.contract import DraftContext
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
-from specforge_lite.decoding.metrics import calibration
+from specforge_lite.measurement.metrics import calibration
 from specforge_lite.decoding.tree import TreeShape
 from specforge_lite.decoding.verify import SamplingParams
 from specforge_lite.drafters import dspark
@@ -237,3 +237,34 @@ def test_calibration_counts_reached_positions_only():
     assert rows[0]["predicted"] == pytest.approx((0.9 + 0.6 + 0.7) / 3) and rows[0]["measured"] == pytest.approx(2 / 3)
     assert rows[2]["measured"] == pytest.approx(0.5)  # step 1 rejected position 3, step 3 kept it
     assert calibration([Generation(tokens=[1], finish="length", num_prompt_tokens=1)], 3) is None
+
+
+def test_vllm_dspark_is_refused_at_the_door_without_a_gpu(cli, tmp_path):
+    """vLLM 0.32's CPU runner has no DSpark proposer: on a machine without CUDA the door says so in one
+    line before any stage runs, and points at our engine."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine serves vllm_dspark")
+    proc = cli("evaluate", "+recipe=smoke_dspark", f"run_dir={tmp_path}", "eval.methods=[plain,dspark,vllm_dspark]")
+    out = proc.stderr + proc.stdout
+    assert proc.returncode == 2 and "vLLM 0.32 runs DSpark on its GPU model runner only" in out, out
+    assert "measure dspark with our engine here" in out and "Traceback" not in out
+
+
+def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles, tmp_path):
+    """DSpark's block graph (the context write and the block forward, its heads read outside it)
+    proposes what the eager module proposes, call for call, greedy and sampled, as DFlash's does."""
+    from specforge_lite.drafters.dspark.decode import DSparkDecodeDrafter
+    from tests.conftest import as_evaluate_loads, drive_compiled_drafting
+
+    drafter = as_evaluate_loads("dspark", tiny_drafter(tiny_target, block_size=5), tiny_target, torch.float32,
+                                tmp_path / "drafter")
+    eager, compiled, loaded = (DSparkDecodeDrafter(drafter, capacity=64) for _ in range(3))
+    k = 4
+    assert compiled.compile(k, cache_dir=tmp_path / "graphs") > 0 and compiled.graph_source == "compiled"
+    loaded.compile(k, cache_dir=tmp_path / "graphs")
+    assert loaded.graph_source == "loaded"
+    assert [p.name.split("-")[:2] for p in (tmp_path / "graphs").iterdir()] == [["dspark", "block"]]
+    forbid_recompiles()
+    greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, H, other_k=2)
+    assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
+    assert len({tuple(a) for a, _, _ in greedy}) > 3

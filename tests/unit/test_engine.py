@@ -15,7 +15,7 @@ from specforge_lite.decoding.drafters import DraftModelDrafter, NgramDrafter
 from specforge_lite.targets.surgery import truncated_copy
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
-from specforge_lite.decoding.metrics import best_k, expected_tokens_per_step, per_position_acceptance, summarise
+from specforge_lite.measurement.metrics import best_k, expected_tokens_per_step, per_position_acceptance, summarise
 from tests.conftest import assert_same_law, mostly_agree, tokens_2_3_law
 
 
@@ -281,7 +281,7 @@ def test_best_k_prices_forwards_as_decoding_paid_them():
     """The isolated table (1-token forward 10 ms) is scaled to what plain decoding paid a forward
     in the same run (12.5 ms): every width by the same 1.25, so ratios between widths stay; and
     plain's rate uses plain's own overhead, not the drafter's."""
-    from specforge_lite.decoding.metrics import costs_as_decoding_paid
+    from specforge_lite.measurement.metrics import costs_as_decoding_paid
 
     costs = {1: 0.010, 2: 0.011, 4: 0.014}
     paid, scale = costs_as_decoding_paid(costs, 12.5)

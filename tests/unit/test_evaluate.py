@@ -188,7 +188,7 @@ def _entry(tau, rate, plain_rate, identical=True, per_category=None):
 
 
 def test_recommendation_follows_the_numbers():
-    from specforge_lite.decoding.recommend import recommend
+    from specforge_lite.measurement.recommend import recommend
 
     cat = lambda s: {"writing": {"speedup": s}, "extraction": {"speedup": s}}  # noqa: E731
     methods = {"plain": _entry(1.0, 10.0, 10.0, per_category=cat(1.0)),
@@ -211,7 +211,7 @@ def test_recommendation_follows_the_numbers():
 
 
 def test_recommendation_when_medusa_or_nothing_wins(tmp_path):
-    from specforge_lite.decoding.recommend import recommend
+    from specforge_lite.measurement.recommend import recommend
 
     from specforge_lite.drafters import medusa
 
@@ -255,7 +255,7 @@ def test_recommendation_when_medusa_or_nothing_wins(tmp_path):
 def _timed_report(seconds: dict[str, list[float]], tokens: int = 21, forwards: dict[str, int] | None = None) -> dict:
     """A report as build_report writes it, by hand: per method the wall seconds of its answer
     to each prompt (every answer `tokens` long), entries and intervals from the same rows."""
-    from specforge_lite.decoding import stats
+    from specforge_lite.measurement import stats
 
     rows = [{"prompt_id": f"p{i}", "method": name, "num_tokens": tokens,
              "num_forwards": (forwards or {}).get(name, tokens - 1), "total_s": s}
@@ -271,7 +271,7 @@ def _timed_report(seconds: dict[str, list[float]], tokens: int = 21, forwards: d
 
 
 def test_recommendation_says_no_clear_winner_when_the_paired_interval_includes_one():
-    from specforge_lite.decoding.recommend import recommend
+    from specforge_lite.measurement.recommend import recommend
 
     # eagle3 and ngram trade places prompt by prompt; neither is clearly ahead of plain either
     report = _timed_report({"plain": [2.0] * 6, "eagle3": [1.0, 3.0, 1.0, 3.0, 1.0, 2.9],
@@ -302,7 +302,7 @@ def test_recommendation_says_no_clear_winner_when_the_paired_interval_includes_o
 
 
 def test_recommendation_names_a_clear_winner():
-    from specforge_lite.decoding.recommend import recommend
+    from specforge_lite.measurement.recommend import recommend
 
     report = _timed_report({"plain": [2.0, 2.2, 1.8, 2.1], "eagle3": [1.0, 1.1, 0.9, 1.0],
                             "ngram": [1.5, 1.6, 1.4, 1.5]}, forwards={"eagle3": 8, "ngram": 12})
@@ -316,7 +316,7 @@ def test_recommendation_names_a_clear_winner():
 
 
 def test_methods_table_shows_intervals_and_counts():
-    from specforge_lite.decoding.report import methods_table
+    from specforge_lite.measurement.report import methods_table
 
     report = _timed_report({"plain": [2.0, 2.2, 1.8, 2.1], "eagle3": [1.0, 1.1, 0.9, 1.0]}, forwards={"eagle3": 8})
     for entry in report["methods"].values():
@@ -336,7 +336,7 @@ def test_methods_table_shows_intervals_and_counts():
 
 
 def test_report_names_the_target_forward_and_where_its_graphs_came_from():
-    from specforge_lite.decoding.report import _engine_sentence
+    from specforge_lite.measurement.report import _engine_sentence
 
     assert _engine_sentence(None) == ""
     loaded = _engine_sentence({"requested": "auto", "used": "compiled", "compile_s": 1.84, "graph": "loaded"})
@@ -356,10 +356,10 @@ def test_compiled_drafting_that_proposes_otherwise_falls_back_to_eager(tiny_targ
     drafts eagerly from then on and the report's engine line calls it a defect; a graph that is
     fine is kept. The drafter: the target itself as a draft model (every eager draft accepted), its
     compiled runner planted with a fault that makes every draft wrong."""
-    from specforge_lite.decoding import checks
+    from specforge_lite.measurement import checks
     from specforge_lite.decoding.drafters import DraftModelDrafter
     from specforge_lite.decoding.engine import generate_speculative
-    from specforge_lite.decoding.report import _engine_sentence
+    from specforge_lite.measurement.report import _engine_sentence
     from specforge_lite.decoding.verify import SamplingParams
     import torch
 
@@ -392,7 +392,7 @@ def test_compiled_drafting_that_proposes_otherwise_falls_back_to_eager(tiny_targ
 
 
 def test_the_cost_curve_says_how_much_the_widest_forward_costs():
-    from specforge_lite.decoding.report import _engine_sentence, flatness
+    from specforge_lite.measurement.report import _engine_sentence, flatness
 
     assert flatness({1: 10.0, 2: 10.5, 16: 13.0}) == " The widest, t=16, costs 1.30x the one-token forward."
     assert flatness({"1": 20.0, "16": 50.0}).startswith(" The widest, t=16, costs 2.50x")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from specforge_lite.decoding.metrics import expected_tokens_per_step
+from specforge_lite.measurement.metrics import expected_tokens_per_step
 from specforge_lite.records import gpu_check, gpu_section, projection
 from tests.conftest import REPO, compose
 

@@ -1,4 +1,4 @@
-"""bf16 verdicts of greedy speculative answers (decoding/identity.py): the pure rule on
+"""bf16 verdicts of greedy speculative answers (measurement/identity.py): the pure rule on
 hand-computed cases, real bf16 flips of a tiny random Llama, and a planted verifier bug."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import math
 import pytest
 import torch
 
-from specforge_lite.decoding import engine, identity
+from specforge_lite.decoding import engine
+from specforge_lite.measurement import identity
 from specforge_lite.decoding.drafters import NgramDrafter, ReplayDrafter
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
-from specforge_lite.decoding.identity import (IDENTICAL, MISMATCH, ROUNDING, Fp32Reference, StepEvidence, classify,
+from specforge_lite.measurement.identity import (IDENTICAL, MISMATCH, ROUNDING, Fp32Reference, StepEvidence, classify,
                                               first_difference, ulp, within_rounding)
-from specforge_lite.decoding.report import identity_cell, identity_notes
-from specforge_lite.decoding.recommend import recommend
+from specforge_lite.measurement.report import identity_cell, identity_notes
+from specforge_lite.measurement.recommend import recommend
 from specforge_lite.targets.loading import load_target
 from tests.conftest import target_cfg
 

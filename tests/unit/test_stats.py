@@ -1,4 +1,4 @@
-"""Bootstrap intervals of the evaluate report (specforge_lite/decoding/stats.py): seeded,
+"""Bootstrap intervals of the evaluate report (specforge_lite/measurement/stats.py): seeded,
 paired over prompts, recomputing the report's ratio-of-sums statistics on each resample."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specforge_lite.decoding import stats
+from specforge_lite.measurement import stats
 
 
 def _rows(method, tokens, forwards, seconds, turns=1):

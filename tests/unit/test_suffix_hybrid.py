@@ -385,7 +385,7 @@ def test_the_samples_corpus_comes_from_this_target_only(tmp_path):
 
 def test_the_report_gives_each_hybrids_sources():
     """The report's table of a hybrid's steps per source (hand-set counts), the cut included."""
-    from specforge_lite.decoding.report import sources_table
+    from specforge_lite.measurement.report import sources_table
 
     sources = {LOOKUP: {"steps": 6, "accepted": 9}, DRAFTER: {"steps": 3, "accepted": 3, "cut": 2},
                NONE: {"steps": 1, "accepted": 0}}

@@ -12,11 +12,11 @@ import pytest
 from specforge_lite.config.schema import TreeConfig
 from specforge_lite.decoding.drafters import NgramDrafter
 from specforge_lite.decoding.engine import Generation
-from specforge_lite.decoding.metrics import (best_tree, expected_tokens_per_step, full_tree_nodes,
+from specforge_lite.measurement.metrics import (best_tree, expected_tokens_per_step, full_tree_nodes,
                                              per_position_acceptance, tree_steps)
-from specforge_lite.decoding.report import best_tree_lines, render_markdown, trees_table
-from specforge_lite.decoding.recommend import recommend
-from specforge_lite.decoding import choices
+from specforge_lite.measurement.report import best_tree_lines, render_markdown, trees_table
+from specforge_lite.measurement.recommend import recommend
+from specforge_lite.measurement import choices
 from specforge_lite.stages import evaluate, export
 from tests.conftest import compose
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.recommend import recommend
+from specforge_lite.measurement.recommend import recommend
 from specforge_lite.drafters.methods import engine_needed, vllm_only_methods, vllm_override
 from specforge_lite.serving.engines import alone_markdown, alone_measured
 from specforge_lite.serving.vllm.report import Vllm

@@ -1,12 +1,12 @@
 """llama.cpp as an evaluate engine (`serving.engines.Engine`), and the `llamacpp` section of
 an evaluate report: llama.cpp's methods (`methods.run_methods`) on the report's own requests,
 tau from llama.cpp's draft counters, intervals by the report's paired bootstrap over prompts
-(`decoding.stats`), outputs compared with `llamacpp_plain` on the same target file."""
+(`measurement.stats`), outputs compared with `llamacpp_plain` on the same target file."""
 
 from __future__ import annotations
 
 from specforge_lite import SpecforgeError
-from specforge_lite.decoding.stats import (
+from specforge_lite.measurement.stats import (
     method_intervals,
     percentile_interval,
     prompt_totals,

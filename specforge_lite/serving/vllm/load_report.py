@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specforge_lite.decoding.stats import PromptTotals, percentile_interval, resample_indices, speed_ratio
+from specforge_lite.measurement.stats import PromptTotals, percentile_interval, resample_indices, speed_ratio
 from specforge_lite.serving.vllm.load import PLAIN, SCHEDULE_SUFFIX
 
 CONVENTIONS = {

@@ -139,7 +139,7 @@ def request_seed(base: int, *parts) -> int:
 
 def answer_rows(prompts: list[dict], requests: list[list[int]], results: dict, greedy: bool) -> list[dict]:
     """One row per prompt and vLLM method that ran, in the schema of our evaluate's `answers`
-    (what decoding/stats.py reads): decoding forwards = engine iterations - the prefill one;
+    (what measurement/stats.py reads): decoding forwards = engine iterations - the prefill one;
     outputs compared with vllm_plain's (first turns: one request per prompt)."""
     base = results[Vllm.plain]["outputs"]
     rows = []

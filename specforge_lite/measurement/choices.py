@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from specforge_lite.config.draft_tokens import draft_tokens
-from specforge_lite.decoding.metrics import best_k, best_tree, per_position_acceptance, tree_steps
+from specforge_lite.measurement.metrics import best_k, best_tree, per_position_acceptance, tree_steps
 
 log = logging.getLogger(__name__)
 _said: set[tuple] = set()

@@ -3,7 +3,7 @@ measurement lets us be (its Markdown is `report.py`'s)."""
 
 from __future__ import annotations
 
-from specforge_lite.decoding.stats import bootstrap_settings, prompt_totals, speed_ratio_interval
+from specforge_lite.measurement.stats import bootstrap_settings, prompt_totals, speed_ratio_interval
 
 
 SERVING_NOTES = {
@@ -20,7 +20,7 @@ def recommend(report: dict, notes: dict[str, str] | None = None) -> dict:
     """Which drafter to deploy, from the measured numbers of one evaluate run.
 
     `deploy`: the lossless method (identical to plain under greedy decoding, answers that differ
-    only by the dtype's rounding included: `lossless`, decoding/identity.py) with the highest
+    only by the dtype's rounding included: `lossless`, measurement/identity.py) with the highest
     tokens/s. `alternatives`: when another method is worth preferring, each with the numbers
     behind it: a higher tau (on a GPU, where a draft step costs little next to a big target's
     forward, tau decides), categories where another method is faster, and serving limits.

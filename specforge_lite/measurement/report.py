@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from specforge_lite.config.draft_tokens import own_draft_tokens, widest_k
-from specforge_lite.decoding.identity import verdict_text
-from specforge_lite.decoding.stats import bootstrap_settings
+from specforge_lite.measurement.identity import verdict_text
+from specforge_lite.measurement.stats import bootstrap_settings
 
 
 def _fmt(value, spec: str = ".2f", none: str = "-") -> str:

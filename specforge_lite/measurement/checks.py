@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from specforge_lite.decoding import identity
+from specforge_lite.measurement import identity
 from specforge_lite.decoding.drafters import ReplayDrafter
 from specforge_lite.decoding.engine import generate_speculative
 from specforge_lite.decoding.verify import SamplingParams
