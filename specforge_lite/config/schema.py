@@ -192,6 +192,9 @@ class EvalConfig:
     # eval.methods beside their chains); null: chains only (tree methods are refused)
     tree: Optional[TreeConfig] = field(default_factory=TreeConfig)
     suffix: SuffixConfig = field(default_factory=SuffixConfig)  # suffix and <drafter>_hybrid
+    # what a drafter with a confidence head (DSpark) gives as each draft's confidence, which the
+    # hybrid's draft-length cut prices: its head's prediction, or its softmax probability
+    draft_confidence: str = checked("head", choices=("head", "softmax"))
     # 0 means greedy (outputs are then checked against plain); a list [0,0.7] measures each whole,
     # the report's tables at the first and a table of tau and speedup by temperature
     temperature: Any = checked(0.0, ge=0.0)

@@ -121,6 +121,9 @@ def build_decoders(cfg: DictConfig, methods: list[str], model, tokenizer, eos_id
                 kind, module = trained[name]
                 drafter = DRAFTERS[kind].decoder(module.to(model.dtype))
             drafters[name] = drafter
+    for drafter in drafters.values():  # a confidence head's drafter: which confidence its drafts carry
+        if hasattr(drafter, "confidence_source"):
+            drafter.confidence_source = ecfg.get("draft_confidence", "head")
     layers = sorted({layer for d in drafters.values() for layer in d.hidden_state_layers})
     trees = ecfg.get("tree") and any(tree_base(name) for name in methods)
     target = build_target_engine(model, ecfg.engine, capacity or model.config.max_position_embeddings,

@@ -268,3 +268,26 @@ def test_compiled_drafting_equals_eager_drafting(tiny_target, forbid_recompiles,
     greedy = drive_compiled_drafting(eager, compiled, loaded, k, AUX, H, other_k=2)
     assert all(a == b == c and len(a) == k for a, b, c in greedy), greedy
     assert len({tuple(a) for a, _, _ in greedy}) > 3
+
+
+def test_the_confidence_source_is_the_head_or_the_softmax(tiny_target):
+    """eval.draft_confidence: a DSpark draft's confidence is its head's sigmoid, or with `softmax` the
+    probability its (Markov-biased) law gives the drafted token, as other drafters report it."""
+    drafter = tiny_drafter(tiny_target)
+    decode = dspark.decoder(drafter)
+    gen = torch.Generator().manual_seed(11)
+    aux = torch.randn(1, 8, 3 * H, generator=gen)
+    ctx = DraftContext(token_ids=torch.randint(0, 256, (9,), generator=gen).tolist(), num_prompt_tokens=8,
+                       hidden_states={layer: aux[:, :, H * i: H * (i + 1)] for i, layer in enumerate(AUX)})
+    assert decode.confidence_source == "head"
+    head = decode.propose(ctx, 4)
+    decode.confidence_source = "softmax"
+    softmax = decode.propose(ctx, 4)
+    assert head.tokens == softmax.tokens and head.confidence != softmax.confidence
+    base, normed = decode._draft(ctx, 4)
+    state, previous, expected = decode._start(normed, ctx.token_ids[-1]), ctx.token_ids[-1], []
+    for row, token in enumerate(softmax.tokens):
+        logits, state, _ = decode._law(base, normed, row, previous, state)
+        expected.append(float(torch.softmax(logits, -1).max()))
+        previous = token
+    assert softmax.confidence == pytest.approx(expected, abs=1e-6)
