@@ -69,17 +69,17 @@ class DSparkDecodeDrafter(DFlashDecodeDrafter):
             return DraftProposal([])
         base, normed = drafted
         d, previous = self.drafter, ctx.token_ids[-1]
+        vocab = d.draft_vocab  # a property that builds the map: once per step, not per row
         state = self._start(normed, previous)
         tokens, laws, confidence = [], [], []
         for row in range(self.first, self.first + base.shape[0]):
             logits, state, emb = self._law(base, normed, row, previous, state)
             if ctx.sampling.greedy:
                 best = int(logits.argmax(-1))
-                previous = int(d.draft_vocab[best])
+                previous = int(vocab[best])
                 confidence.append(self._confidence(logits, normed[row:row + 1], emb, best))
             else:
-                drawn, law = sample_independent_rows(logits, d.draft_vocab, d.config.vocab_size, ctx.sampling,
-                                                     ctx.generator)
+                drawn, law = sample_independent_rows(logits, vocab, d.config.vocab_size, ctx.sampling, ctx.generator)
                 previous = drawn[0]
                 laws.append(law)
             tokens.append(previous)
@@ -102,8 +102,9 @@ class DSparkDecodeDrafter(DFlashDecodeDrafter):
         frontier: list = []  # heap of (-score, pushed, row, target id, parent index, state)
         pushed = itertools.count()
 
-        def children(row: int, previous: int, state, score: float, parent: int) -> tuple[float, int] | None:
-            """Push the top-`branch` tokens of `row` after `previous`; return the best one (score, id)."""
+        def children(row: int, previous: int, state, score: float, parent: int) -> tuple:
+            """Push all but the best of `row`'s top-`branch` tokens after `previous`; return the best
+            (score, target id, the state after the row)."""
             logits, state, _ = self._law(base, normed, row, previous, state)
             top, index = torch.log_softmax(logits.float(), -1)[0].topk(min(branch, logits.shape[-1]))
             ranked = [(score + min(float(v), 0.0), vocab[int(i)]) for v, i in zip(top, index)]
