@@ -28,6 +28,7 @@ float32 recomputation (a float32 copy of the target, made once, on the first dif
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -38,6 +39,12 @@ IDENTICAL, ROUNDING, MISMATCH = "identical", "rounding", "mismatch"
 VERDICTS = (IDENTICAL, ROUNDING, MISMATCH)
 ROUNDING_ULPS = 4
 NOISE_FACTOR = 2.0
+
+
+def tokens_digest(tokens: Sequence[int]) -> str:
+    """An answer's token ids as 16 hex digits of their SHA-256: what the report keeps per answer,
+    so that two evaluates (or a recorded one and a new one) compare their answers token for token."""
+    return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()[:16]
 
 
 def first_difference(plain: Sequence[int], other: Sequence[int]) -> int | None:

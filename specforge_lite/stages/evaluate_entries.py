@@ -71,7 +71,8 @@ def our_entries(cfg, methods, answers, drafters, costs, context_len, model) -> t
                     "method": a["method"], "num_prompt_tokens": a["gen"].num_prompt_tokens,
                     "num_tokens": len(a["gen"].tokens), "num_forwards": a["gen"].num_forwards,
                     "total_s": a["gen"].total_s, "finish": a["gen"].finish, "tau": a["gen"].tau,
-                    "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s, "identical_to_plain": a["identical"]}
+                    "tokens_per_s": len(a["gen"].tokens) / a["gen"].total_s, "identical_to_plain": a["identical"],
+                    "tokens_digest": identity.tokens_digest(a["gen"].tokens)}
                    for a in answers]
     # intervals from the rows report.json keeps, so that they can be recomputed from the report alone
     boot = ecfg.bootstrap
