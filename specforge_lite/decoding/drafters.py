@@ -16,6 +16,7 @@ import torch
 
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal, Drafter  # noqa: F401  (the interface, re-exported)
+from specforge_lite.decoding.request_index import RequestIndex
 from specforge_lite.decoding.tree import DraftTree
 from specforge_lite.decoding.verify import warp_probs
 from specforge_lite.runtime.fast_engine import FastEngine
@@ -48,7 +49,7 @@ class NgramDrafter:
             raise SpecforgeError(f"ngram sizes need 1 <= ngram_min <= ngram_max, got {min_n}..{max_n}")
         if prefer not in ("first", "last"):
             raise SpecforgeError(f"ngram prefer must be 'first' or 'last', got {prefer!r}")
-        self.sizes = range(max_n, min_n - 1, -1)
+        self.max_n, self.min_n = max_n, min_n
         self.prefer_first = prefer == "first"
         self.reset()
 
@@ -56,42 +57,25 @@ class NgramDrafter:
     MATCHES = 8
 
     def reset(self) -> None:
-        # (n-gram tuple) -> end positions j of occurrences that have a continuation at j + 1,
-        # the first one then the latest MATCHES - 1 in order
-        self.index: dict[tuple[int, ...], list[int]] = {}
-        self.indexed_until = 0  # n-grams ending before this position are indexed
-
-    def _index(self, ids: list[int]) -> None:
-        for end in range(self.indexed_until, len(ids) - 1):  # the last token has no continuation yet
-            for n in self.sizes:
-                if end + 1 < n:
-                    continue
-                ends = self.index.setdefault(tuple(ids[end + 1 - n:end + 1]), [])
-                ends.append(end)
-                if len(ends) > self.MATCHES:
-                    del ends[1]
-        self.indexed_until = max(self.indexed_until, len(ids) - 1)
+        self.index = RequestIndex(self.max_n, self.min_n, keep=self.MATCHES)
 
     def _matches(self, ids: list[int]):
-        """End positions of the context's n-grams, longest n first, preferred occurrence first."""
-        self._index(ids)
-        for n in self.sizes:
-            if n <= len(ids):
-                ends = self.index.get(tuple(ids[-n:]), [])
-                yield from (ends if self.prefer_first else reversed(ends))
+        """Positions after the context's n-grams' occurrences, longest n first, preferred occurrence first."""
+        for _, after in self.index.matches(ids):
+            yield from (after if self.prefer_first else reversed(after))
 
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         ids = ctx.token_ids
-        for end in self._matches(ids):
-            return DraftProposal(ids[end + 1:end + 1 + k])
+        for start in self._matches(ids):
+            return DraftProposal(ids[start:start + k])
         return DraftProposal([])
 
     def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
         """Up to `branch` distinct continuations of `depth` tokens, from the matches in
         `propose`'s order, as one trie of at most `nodes` nodes (the first is `propose`'s chain)."""
         ids, tree, seen = ctx.token_ids, DraftTree(), set()
-        for end in self._matches(ids) if depth else ():
-            continuation = tuple(ids[end + 1:end + 1 + depth])
+        for start in self._matches(ids) if depth else ():
+            continuation = tuple(ids[start:start + depth])
             if continuation in seen:
                 continue
             seen.add(continuation)
@@ -150,8 +134,7 @@ class MixedTreeDrafter:
 
     def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
         tree = self.drafter.propose_tree(ctx, depth, branch, nodes)  # always: it sees every position
-        match = self.ngram.propose(ctx, depth).tokens
-        return DraftTree.chain(match).merged(tree, nodes) if match else tree
+        return tree.after_chain(self.ngram.propose(ctx, depth).tokens, nodes)
 
     def accept(self, num_accepted: int) -> None:
         self.drafter.accept(num_accepted)

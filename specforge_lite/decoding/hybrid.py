@@ -160,7 +160,7 @@ class HybridDrafter:
         if self.used == DRAFTER:
             tree = self._pruned(self._drafted(lambda: self.drafter.propose_tree(self._hand_over(ctx), depth,
                                                                                 branch, nodes)))
-            tree = DraftTree.chain(lookup).merged(tree, nodes) if lookup else tree
+            tree = tree.after_chain(lookup, nodes)
         self.width = len(tree) + 1
         return tree
 

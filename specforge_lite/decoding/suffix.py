@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from specforge_lite.contract import DraftContext, DraftProposal
+from specforge_lite.decoding.request_index import RequestIndex
 from specforge_lite.decoding.tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,20 @@ def follow_tree(array: np.ndarray, starts: np.ndarray, depth: int, branch: int, 
     return tree, score
 
 
-def draft_length(match_len: int, k: int, factor: float) -> int:
-    return max(1, min(k, math.ceil(factor * match_len)))
+def draft_length(match_len: int, k: int, length_per_match_token: float) -> int:
+    """A draft of `length_per_match_token` tokens per matched token (suffix decoding's `factor`), 1..k."""
+    return max(1, min(k, math.ceil(length_per_match_token * match_len)))
+
+
+def grown_at_longest_match(index, context: Sequence[int], grow):
+    """`grow(match length, the positions after each occurrence)` -> (draft, score) at the longest
+    match of `context`'s suffix in `index` (a `CorpusIndex` or a `request_index.RequestIndex`)
+    where it grows a non-empty draft: (match length, draft, score), or None."""
+    for length, after in index.matches(context):
+        grown, score = grow(length, np.asarray(after, dtype=np.int64))
+        if len(grown):
+            return length, grown, score
+    return None
 
 
 class CorpusIndex:
@@ -144,52 +157,6 @@ class CorpusIndex:
             if len(starts):
                 yield length, starts + length
 
-    def draft(self, context: Sequence[int], k: int, factor: float, min_prob: float) -> SuffixDraft:
-        """The corpus's draft for `context`: from its longest suffix found with a continuation."""
-        for length, after in self.matches(context):
-            tokens, score = follow(self.array, after, draft_length(length, k, factor), min_prob)
-            if tokens:
-                return SuffixDraft(tokens, length, score, "corpus")
-        return SuffixDraft([])
-
-
-class RequestIndex:
-    """The request's own tokens (prompt and answer so far), indexed as they arrive: every n-gram
-    of up to `max_depth` tokens maps to the positions that followed it."""
-
-    def __init__(self, max_depth: int = 16):
-        self.max_depth = max_depth
-        self.ids: list[int] = []
-        self.after: dict[tuple[int, ...], list[int]] = {}
-
-    def extend(self, ids: Sequence[int]) -> None:
-        """Index `ids` (the whole context, of which the already indexed part is a prefix)."""
-        start = len(self.ids)
-        self.ids.extend(int(t) for t in ids[start:])
-        for end in range(max(start - 1, 0), len(self.ids) - 1):  # an n-gram ending at `end` continues at end + 1
-            for n in range(1, min(self.max_depth, end + 1) + 1):
-                self.after.setdefault(tuple(self.ids[end + 1 - n:end + 1]), []).append(end + 1)
-
-    @property
-    def array(self) -> np.ndarray:
-        return np.asarray(self.ids, dtype=np.int64)
-
-    def matches(self, context: Sequence[int] | None = None):
-        """(length, the positions after each earlier occurrence) of the request's suffixes that
-        occurred before, longest first (`context` is the request itself, indexed by `extend`)."""
-        for length in range(min(self.max_depth, len(self.ids)), 0, -1):
-            starts = self.after.get(tuple(self.ids[-length:]))
-            if starts:
-                yield length, np.asarray(starts, dtype=np.int64)
-
-    def draft(self, k: int, factor: float, min_prob: float) -> SuffixDraft:
-        array = self.array
-        for length, after in self.matches():
-            tokens, score = follow(array, after, draft_length(length, k, factor), min_prob)
-            if tokens:
-                return SuffixDraft(tokens, length, score, "request")
-        return SuffixDraft([])
-
 
 class SuffixDrafter:
     """`suffix`: the better-scoring of the request's own draft and the corpus's (the target's
@@ -208,15 +175,22 @@ class SuffixDrafter:
     def reset(self) -> None:
         self.request = RequestIndex(self.max_depth)
 
+    def _sources(self, ctx: DraftContext):
+        """(name, index, its tokens) of the request (indexed up to `ctx`) and the corpus."""
+        self.request.extend(ctx.token_ids)
+        yield "request", self.request, self.request.array
+        if self.corpus is not None:
+            yield "corpus", self.corpus, self.corpus.array
+
     def best(self, ctx: DraftContext, k: int) -> SuffixDraft:
         """The draft `propose` would make, with its match length, score and source."""
-        if k == 0:
-            return SuffixDraft([])
-        self.request.extend(ctx.token_ids)
-        drafts = [self.request.draft(k, self.factor, self.min_prob)]
-        if self.corpus is not None:
-            drafts.append(self.corpus.draft(ctx.token_ids, k, self.factor, self.min_prob))
-        return max(drafts, key=lambda d: (d.score, len(d.tokens)))
+        drafts = [SuffixDraft([])]
+        for source, index, array in self._sources(ctx) if k else ():
+            def chain(length, after):
+                return follow(array, after, draft_length(length, k, self.factor), self.min_prob)
+            if found := grown_at_longest_match(index, ctx.token_ids, chain):
+                drafts.append(SuffixDraft(found[1], found[0], found[2], source))
+        return max(drafts[1:] or drafts, key=lambda d: (d.score, len(d.tokens)))
 
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         self.last = self.best(ctx, k)
@@ -226,18 +200,12 @@ class SuffixDrafter:
         """`suffix_tree`: each source's counts grown into a tree from its longest match with a
         continuation (`follow_tree`); the higher-scoring source's tree first, the other's nodes
         beside it while the budget lasts."""
-        self.request.extend(ctx.token_ids)
         grown = []
-        for index in (self.request, self.corpus):
-            if index is None or not depth:
-                continue
-            array = index.array
-            for length, after in index.matches(ctx.token_ids):
-                tree, score = follow_tree(array, after, draft_length(length, depth, self.factor), branch, nodes,
-                                          self.min_prob)
-                if len(tree):
-                    grown.append((score, tree))
-                    break
+        for _, index, array in self._sources(ctx) if depth else ():
+            def tree(length, after):
+                return follow_tree(array, after, draft_length(length, depth, self.factor), branch, nodes, self.min_prob)
+            if found := grown_at_longest_match(index, ctx.token_ids, tree):
+                grown.append((found[2], found[1]))
         if not grown:
             return DraftTree()
         grown.sort(key=lambda g: -g[0])

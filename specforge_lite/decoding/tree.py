@@ -138,6 +138,11 @@ class DraftTree:
             where[i] = child
         return out
 
+    def after_chain(self, chain: Sequence[int], budget: int) -> "DraftTree":
+        """A mixed tree: `chain` (a lookup's match) first, then this tree's nodes beside it while
+        the budget lasts (`merged`); this tree itself where the chain is empty."""
+        return DraftTree.chain(chain).merged(self, budget) if chain else self
+
     def node_paths(self) -> list[tuple[int, ...]]:
         """vLLM's `speculative_token_tree` form: each node as the child ranks along its path."""
         rank = [len([j for j in range(i) if self.parents[j] == p]) for i, p in enumerate(self.parents)]

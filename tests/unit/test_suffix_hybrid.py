@@ -20,10 +20,17 @@ from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
 from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, NONE, HybridDrafter
-from specforge_lite.decoding.suffix import CorpusIndex, RequestIndex, SuffixDrafter, follow, follow_tree
+from specforge_lite.decoding.request_index import RequestIndex
+from specforge_lite.decoding.suffix import CorpusIndex, SuffixDrafter, follow, follow_tree
 from specforge_lite.decoding.tree import DraftTree, TreeShape
 from specforge_lite.decoding.verify import SamplingParams
 from tests.conftest import assert_same_law, tokens_2_3_law
+
+
+def corpus_draft(corpus: CorpusIndex, context: list[int], k: int, factor: float, min_prob: float):
+    """The corpus's draft for a context without repeats of its own (the request's draft is empty)."""
+    lookup = SuffixDrafter(corpus, corpus.max_depth, factor, min_prob)
+    return lookup.best(DraftContext(token_ids=context, num_prompt_tokens=len(context)), k)
 
 
 def test_follow_takes_the_most_frequent_continuation_and_scores_it():
@@ -31,15 +38,15 @@ def test_follow_takes_the_most_frequent_continuation_and_scores_it():
     corpus = CorpusIndex([[1, 2, 3, 4, 6], [1, 2, 3, 5], [1, 2, 3, 4, 6]], max_depth=8)
     assert corpus.occurrences([1, 2, 3]).size == 3 and corpus.occurrences([2, 3, 4]).size == 2
     assert corpus.occurrences([7]).size == 0
-    draft = corpus.draft([9, 1, 2, 3], k=4, factor=1.0, min_prob=0.1)
+    draft = corpus_draft(corpus, [9, 1, 2, 3], k=4, factor=1.0, min_prob=0.1)
     assert draft.tokens == [4, 6] and draft.match_len == 3 and draft.source == "corpus"
     assert draft.score == pytest.approx(2 / 3 + 2 / 3)  # running products 2/3, then 2/3 * 1
     # the draft stops below min_prob, and at factor x the match's length
-    assert corpus.draft([1, 2, 3], 4, 1.0, min_prob=0.7).tokens == []
-    assert corpus.draft([3], 4, factor=1.0, min_prob=0.1).tokens == [4]
-    assert corpus.draft([3], 4, factor=2.0, min_prob=0.1).tokens == [4, 6]
+    assert corpus_draft(corpus, [1, 2, 3], 4, 1.0, min_prob=0.7).tokens == []
+    assert corpus_draft(corpus, [3], 4, factor=1.0, min_prob=0.1).tokens == [4]
+    assert corpus_draft(corpus, [3], 4, factor=2.0, min_prob=0.1).tokens == [4, 6]
     # never across a sequence's end
-    assert corpus.draft([5], 4, 1.0, 0.1).tokens == []
+    assert corpus_draft(corpus, [5], 4, 1.0, 0.1).tokens == []
     tokens, score = follow(np.array([1, 2, -1, 1, 2]), np.array([1, 4]), 3, 0.0)
     assert tokens == [2] and score == 1.0
 
@@ -78,13 +85,25 @@ def test_the_suffix_tree_decodes_greedily_as_plain_and_accepts(tiny_target):
 
 
 def test_the_request_index_matches_the_longest_suffix_as_tokens_arrive():
-    index = RequestIndex(max_depth=4)
-    index.extend([5, 6, 7, 8, 5, 6, 9, 5, 6])
-    draft = index.draft(k=3, factor=1.0, min_prob=0.0)  # 5 6 -> 7 once, 9 once: the tie goes to the smaller id
+    lookup = SuffixDrafter(None, max_depth=4, factor=1.0, min_prob=0.0)
+    context = [5, 6, 7, 8, 5, 6, 9, 5, 6]
+    draft = lookup.best(DraftContext(token_ids=context, num_prompt_tokens=3), 3)  # 5 6 -> 7 once, 9 once: the tie goes to the smaller id
     assert draft.match_len == 2 and draft.tokens == [7, 8] and draft.source == "request"
-    index.extend([5, 6, 7, 8, 5, 6, 9, 5, 6, 9])  # an extension of the same context
-    draft = index.draft(k=3, factor=1.0, min_prob=0.0)  # 5 6 9 occurred once, then 5 6 9
+    context = context + [9]  # an extension of the same context
+    draft = lookup.best(DraftContext(token_ids=context, num_prompt_tokens=3), 3)  # 5 6 9 occurred once, then 5 6 9
     assert (draft.match_len, draft.tokens, draft.score) == (3, [5, 6, 9], 3.0)
+
+
+def test_one_request_index_for_ngram_and_suffix_lookup():
+    """n-gram lookup keeps the first and the latest occurrences of an n-gram; suffix decoding all of them."""
+    context = [1, 2, 3] * 12 + [1, 2]
+    every, capped = RequestIndex(4), RequestIndex(3, 2, keep=8)
+    every.extend(context)
+    capped.extend(context)
+    assert every.continuations_of([1, 2]) == list(range(2, 36, 3))  # each position after "1 2"
+    assert capped.continuations_of([1, 2]) == [2] + list(range(17, 36, 3))  # the first and the latest 7
+    assert capped.continuations_of([2]) == [] and RequestIndex(4).continuations_of([1]) == []
+    assert [n for n, _ in every.matches(context)] == [4, 3, 2, 1] and [n for n, _ in capped.matches(context)] == [3, 2]
 
 
 def test_suffix_drafter_takes_the_better_scoring_source():
