@@ -1,21 +1,21 @@
-"""Decoding loops over a Hugging Face causal LM with a KV cache (batch 1).
+"""The decoding loop over a Hugging Face causal LM with a KV cache (batch 1).
 
-`generate_plain` is the baseline: one target forward per token.
-`generate_speculative` is chain speculative decoding with any `Drafter`:
+`generate_plain` is the baseline: one target forward per token. Speculative decoding is one loop
+(`_decode`) for chains and trees, a chain being the one-branch tree; each step:
 
-1. the drafter proposes up to k tokens after the committed tokens;
+1. the drafter proposes up to k tokens after the committed tokens (a tree: `propose_tree`);
 2. one target forward runs over the pending token and the k drafts, extending the
    target's KV cache (the committed prefix is never recomputed);
-3. the acceptance rule (`verify.py`) keeps a prefix of the drafts and picks the
-   next token (the correction, or the bonus token when all k were kept);
+3. the verifier (`verify.accept`) keeps a path of the drafts and picks the next token
+   (the correction, or the bonus token below the last draft kept);
 4. the target's KV cache is cropped to drop the rejected drafts, and the drafter
    is told how many it got right so it can roll back its own state (and, where it
    has `observe_verify`, the width and measured seconds of that verify forward);
 5. the kept drafts and the next token are emitted; stop on EOS or max_new_tokens.
 
-`generate_tree` is the same loop over a draft tree (`tree.py`): the drafter's `propose_tree`,
-one verify forward of every node under the tree mask, the longest accepted root path, and
-a cache compacted to that path (`runner.keep_rows`).
+`generate_speculative` runs it over a chain drafter's `propose` (a causal verify forward, the
+cache cropped), `generate_tree` over `propose_tree` (one verify forward of every node under the
+tree mask, `tree.py`, and a cache compacted to the accepted path, `runner.keep_rows`).
 
 Convention for tau: the prefill forward and the first token it yields are not a
 decoding step, so tau = (tokens emitted - 1) / decoding forwards, bonus token
@@ -33,9 +33,8 @@ import torch
 from specforge_lite.contract import DraftContext, Drafter
 from specforge_lite.decoding.drafters import MixedTreeDrafter, build_ngram, can_branch
 from specforge_lite.runtime.hf_runner import TargetRunner  # noqa: F401  (the decoders' runner)
-from specforge_lite.decoding.tree import TreeShape, greedy_accept, path_rows, sample_accept, verify_layout
-from specforge_lite.decoding.verify import (GREEDY, SamplingParams, greedy_verify, pick_tokens,
-                                            rejection_verify, warp_probs)
+from specforge_lite.decoding.tree import DraftTree, TreeShape, path_rows, verify_layout
+from specforge_lite.decoding.verify import GREEDY, SamplingParams, accept, pick_tokens
 
 
 @dataclass
@@ -147,99 +146,98 @@ def _finished(gen: "Generation", max_new_tokens: int, eos: frozenset, total_s: f
     return gen
 
 
-@torch.inference_mode()
-def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
-                         num_draft_tokens: int, sampling: SamplingParams = GREEDY,
-                         eos_ids: Iterable[int] = (), generator: torch.Generator | None = None,
-                         runner: TargetRunner | None = None) -> Generation:
-    """Chain speculative decoding; greedy output equals `generate_plain`'s token for
-    token, sampled output has the target's distribution."""
-    eos = frozenset(eos_ids)
-    runner = runner or TargetRunner(model, drafter.hidden_state_layers)
-    clock = time.perf_counter
-    start = clock()
-    gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
-    observe_verify = getattr(drafter, "observe_verify", None)  # a drafter that prices its steps by verify time
-    done = token in eos
-    while not done and len(gen.tokens) < max_new_tokens:
-        # 1. draft: never more than can still be emitted (the target adds one token itself)
-        k = min(num_draft_tokens, max_new_tokens - len(gen.tokens) - 1)
-        t0 = clock()
-        proposal = drafter.propose(ctx, k)  # also at k = 0, so a drafter sees every committed position
-        draft = proposal.tokens[:k]
-        runner._sync()
-        t1 = clock()
-        # 2. one target forward over the pending token and the drafts
-        committed = runner.length
-        logits, hidden = runner.forward([token] + draft)
-        runner._sync()
-        t2 = clock()
-        # 3. accept a prefix of the drafts, pick the next token
-        if sampling.greedy:
-            accepted, token = greedy_verify(draft, logits)
-        else:
-            q = proposal.probs[:len(draft)] if proposal.probs is not None else None
-            accepted, token = rejection_verify(draft, q, warp_probs(logits, sampling), generator)
-        # 4. roll back the target cache and the drafter to the accepted prefix
-        if accepted < len(draft):
-            runner.crop(committed + 1 + accepted)
-        t3 = clock()
-        drafter.accept(accepted)
-        t4 = clock()
-        if observe_verify:
-            observe_verify(len(draft) + 1, t2 - t1)
-        # 5. emit
-        new, done = _truncate_at_eos(draft[:accepted] + [token], eos)
-        gen.tokens += new
-        ctx.token_ids += new
-        if hidden:
-            ctx.hidden_states = {layer: h[:, :accepted + 1] for layer, h in hidden.items()}
-        gen.add_step(k, len(draft), accepted, (t1 - t0) + (t4 - t3), t2 - t1)
-        gen.confidences.append(list(proposal.confidence or [])[:len(draft)])
-    return _finished(gen, max_new_tokens, eos, clock() - start)
+class _ChainVerify:
+    """A chain (a one-branch tree) verified by the causal forward; the cache cropped to the path."""
+
+    chain = True
+
+    @staticmethod
+    def forward(runner, token: int, tree: DraftTree, committed: int):
+        return runner.forward([token] + tree.tokens)
+
+    @staticmethod
+    def keep(runner, committed: int, path: list[int], size: int) -> None:
+        if len(path) < size:
+            runner.crop(committed + 1 + len(path))
+
+    @staticmethod
+    def hidden(hidden: dict, path: list[int]) -> dict:
+        return {layer: h[:, :len(path) + 1] for layer, h in hidden.items()}
 
 
-@torch.inference_mode()
-def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, shape: TreeShape,
-                  sampling: SamplingParams = GREEDY, eos_ids: Iterable[int] = (),
-                  generator: torch.Generator | None = None, runner: TargetRunner | None = None) -> Generation:
-    """Tree speculative decoding (`decoding/tree.py`): the drafter's `propose_tree` gives up to
-    `shape.nodes` nodes, one target forward verifies them all under the tree mask, the
-    longest accepted root path and the target's next token are emitted, and the cache keeps
-    only that path (`runner.keep_rows`). Greedy output equals `generate_plain`'s; sampled
-    output has the target's law. Per step, draft_lengths counts the nodes verified and
-    draft_limits the depth allowed."""
-    eos = frozenset(eos_ids)
-    runner = runner or TargetRunner(model, drafter.hidden_state_layers)
-    clock = time.perf_counter
-    start = clock()
-    gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
-    observe_verify = getattr(drafter, "observe_verify", None)  # a drafter that prices its steps by verify time
-    done = token in eos
-    while not done and len(gen.tokens) < max_new_tokens:
-        # 1. draft a tree no deeper than what can still be emitted (depth 0: an empty tree)
-        depth = min(shape.depth, max_new_tokens - len(gen.tokens) - 1)
-        t0 = clock()
+class _TreeVerify:
+    """A tree verified under its mask (`tree.verify_layout`); the cache keeps the root and the path,
+    moved down to contiguous slots (`runner.keep_rows`)."""
+
+    chain = False
+
+    @staticmethod
+    def forward(runner, token: int, tree: DraftTree, committed: int):
+        positions, mask = verify_layout(tree, committed)
+        return runner.forward_tree([token] + tree.tokens, positions, mask)
+
+    @staticmethod
+    def keep(runner, committed: int, path: list[int], size: int) -> None:
+        runner.keep_rows(committed, path_rows(path))
+
+    @staticmethod
+    def hidden(hidden: dict, path: list[int]) -> dict:
+        index = torch.tensor(path_rows(path), device=next(iter(hidden.values())).device)
+        return {layer: h.index_select(1, index) for layer, h in hidden.items()}
+
+
+def _chain_proposer(drafter, num_draft_tokens: int):
+    """A chain drafter's step as a one-branch tree: (the depth allowed, propose(ctx, depth) ->
+    (tree, the drafter's confidence in each draft or None))."""
+    def propose(ctx: DraftContext, depth: int):
+        proposal = drafter.propose(ctx, depth)  # also at depth 0, so a drafter sees every committed position
+        tokens = proposal.tokens[:depth]
+        probs = proposal.probs[:len(tokens)] if proposal.probs is not None else None
+        return DraftTree.chain(tokens, probs), list(proposal.confidence or [])[:len(tokens)]
+    return num_draft_tokens, propose
+
+
+def _tree_proposer(drafter, shape: TreeShape):
+    """A tree drafter's step within `shape` (no confidences)."""
+    def propose(ctx: DraftContext, depth: int):
         tree = drafter.propose_tree(ctx, depth, shape.branch, shape.nodes)
         if len(tree) > shape.nodes or (len(tree) and max(tree.depths()) > depth):
             raise RuntimeError(f"{drafter.name} proposed {len(tree)} nodes of depth up to {max(tree.depths())}; "
                                f"the step allowed {shape.nodes} nodes of depth {depth}")
+        return tree, None
+    return shape.depth, propose
+
+
+@torch.inference_mode()
+def _decode(model, drafter, prompt_ids: list[int], max_new_tokens: int, proposer, verify, sampling: SamplingParams,
+            eos_ids: Iterable[int], generator: torch.Generator | None, runner: TargetRunner | None) -> Generation:
+    """The one speculative loop (the module's five steps), for chains and trees alike: `proposer`
+    is (the depth a step allows, propose(ctx, depth) -> (tree, confidences)), `verify` how the
+    target's forward runs the tree and what its cache keeps (`_ChainVerify`, `_TreeVerify`)."""
+    eos = frozenset(eos_ids)
+    runner = runner or TargetRunner(model, drafter.hidden_state_layers)
+    max_depth, propose = proposer
+    clock = time.perf_counter
+    start = clock()
+    gen, ctx, token = _prefill(runner, drafter, prompt_ids, sampling, generator)
+    observe_verify = getattr(drafter, "observe_verify", None)  # a drafter that prices its steps by verify time
+    done = token in eos
+    while not done and len(gen.tokens) < max_new_tokens:
+        # 1. draft: never deeper than can still be emitted (the target adds one token itself)
+        depth = min(max_depth, max_new_tokens - len(gen.tokens) - 1)
+        t0 = clock()
+        tree, confidences = propose(ctx, depth)
         runner._sync()
         t1 = clock()
-        # 2. one target forward over the root (the pending token) and every node
+        # 2. one target forward over the pending token and every draft
         committed = runner.length
-        positions, mask = verify_layout(tree, committed)
-        logits, hidden = runner.forward_tree([token] + tree.tokens, positions, mask)
+        logits, hidden = verify.forward(runner, token, tree, committed)
         runner._sync()
         t2 = clock()
-        # 3. the longest accepted root path and the next token
-        if sampling.greedy:
-            path, token = greedy_accept(tree, logits)
-        else:
-            path, token = sample_accept(tree, warp_probs(logits, sampling), generator)
-        # 4. the cache keeps the root and the path, moved down to contiguous slots
-        rows = path_rows(path)
-        runner.keep_rows(committed, rows)
+        # 3. the accepted path and the next token
+        path, token = accept(tree, verify.chain, logits, sampling, generator)
+        # 4. roll back the target cache and the drafter to the accepted path
+        verify.keep(runner, committed, path, len(tree))
         t3 = clock()
         drafter.accept(len(path))
         t4 = clock()
@@ -250,10 +248,34 @@ def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, sh
         gen.tokens += new
         ctx.token_ids += new
         if hidden:
-            index = torch.tensor(rows, device=next(iter(hidden.values())).device)
-            ctx.hidden_states = {layer: h.index_select(1, index) for layer, h in hidden.items()}
+            ctx.hidden_states = verify.hidden(hidden, path)
         gen.add_step(depth, len(tree), len(path), (t1 - t0) + (t4 - t3), t2 - t1)
+        if confidences is not None:
+            gen.confidences.append(confidences)
     return _finished(gen, max_new_tokens, eos, clock() - start)
+
+
+def generate_speculative(model, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
+                         num_draft_tokens: int, sampling: SamplingParams = GREEDY,
+                         eos_ids: Iterable[int] = (), generator: torch.Generator | None = None,
+                         runner: TargetRunner | None = None) -> Generation:
+    """Chain speculative decoding; greedy output equals `generate_plain`'s token for
+    token, sampled output has the target's distribution."""
+    return _decode(model, drafter, prompt_ids, max_new_tokens, _chain_proposer(drafter, num_draft_tokens),
+                   _ChainVerify, sampling, eos_ids, generator, runner)
+
+
+def generate_tree(model, drafter, prompt_ids: list[int], max_new_tokens: int, shape: TreeShape,
+                  sampling: SamplingParams = GREEDY, eos_ids: Iterable[int] = (),
+                  generator: torch.Generator | None = None, runner: TargetRunner | None = None) -> Generation:
+    """Tree speculative decoding (`decoding/tree.py`): the drafter's `propose_tree` gives up to
+    `shape.nodes` nodes, one target forward verifies them all under the tree mask, the
+    longest accepted root path and the target's next token are emitted, and the cache keeps
+    only that path (`runner.keep_rows`). Greedy output equals `generate_plain`'s; sampled
+    output has the target's law. Per step, draft_lengths counts the nodes verified and
+    draft_limits the depth allowed."""
+    return _decode(model, drafter, prompt_ids, max_new_tokens, _tree_proposer(drafter, shape), _TreeVerify,
+                   sampling, eos_ids, generator, runner)
 
 
 def tree_decoding(model, drafter, mixed: bool, cfg, sampling: SamplingParams, eos_ids, gen_for, target):

@@ -1,5 +1,5 @@
-"""Draft trees: their shape, their flattening into one verify forward, and the acceptance
-rules over them, as pure functions (EAGLE-2, SpecInfer).
+"""Draft trees: their shape and their flattening into one verify forward, as pure functions
+(EAGLE-2, SpecInfer). What the target accepts of a tree is decided in `verify.py`.
 
 A tree hangs below the pending token (the root: chosen by the target, not yet fed). Its N
 nodes are numbered in topological order (a parent before its children); node i holds
@@ -9,18 +9,8 @@ A chain of k drafts is the tree whose node i has parent i - 1.
 The verify forward feeds the root and the nodes as one row of N + 1 tokens: row 0 is the
 root, row 1 + i node i. Row r sits at position context + depth(r) (the root's depth is 0)
 and sees the context, the root and its own ancestors (`verify_layout`). Its logits are the
-target's prediction after the path root..r, so acceptance walks down from the root:
-
-- greedy: move to the child whose token equals the target's argmax at the current row;
-  stop where none does and emit the argmax there (the correction, or the bonus token below
-  an accepted leaf). The output is the target's own greedy output.
-- sampling (SpecInfer's multi-candidate rule, EAGLE-2's tree version): at the current row
-  with target law p, try its children in order; accept child x with probability
-  min(1, p(x) / q(x)); on rejection p <- normalise(max(0, p - q)). q is the law the child
-  was drawn from (siblings drawn independently from it), or a point mass on x for a
-  deterministic drafter (top-b children, n-gram matches). Where every child is rejected,
-  or below a leaf, the next token is drawn from p. The emitted tokens are distributed as
-  the target's own samples.
+target's prediction after the path root..r. After acceptance the cache keeps the root and the
+accepted path's rows (`path_rows`).
 """
 
 from __future__ import annotations
@@ -225,60 +215,6 @@ def verify_layout(tree: DraftTree, context: int) -> tuple[torch.Tensor, torch.Te
     rows = ancestor_mask(tree.parents)
     mask = torch.cat([torch.ones(len(tree) + 1, context, dtype=torch.bool), rows], dim=1)
     return positions, mask
-
-
-def greedy_accept(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """Greedy acceptance over a tree.
-
-    target_logits: [N + 1, V], row 0 after the root, row 1 + i after node i.
-    Returns (path, next_token): the accepted nodes from the root down (indices into the
-    tree; [] when the root's choice is no child) and the target's token after them."""
-    choices = target_logits.argmax(dim=-1).tolist()
-    path, node = [], -1
-    while True:
-        choice = choices[node + 1]
-        child = tree.find_child(node, choice)
-        if child is None:
-            return path, choice
-        path.append(child)
-        node = child
-
-
-def _draw(probs: torch.Tensor, generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def sample_accept(tree: DraftTree, target_probs: torch.Tensor,
-                  generator: torch.Generator | None = None) -> tuple[list[int], int]:
-    """The multi-candidate rejection rule over a tree (module docstring).
-
-    target_probs: [N + 1, V] the target's warped laws (rows as `greedy_accept`); tree.probs
-    the drafter's warped laws after the same transform, or None for point masses.
-    Returns (path, next_token) as `greedy_accept`."""
-    path, node = [], -1
-    while True:
-        p = target_probs[node + 1].clone()
-        moved = False
-        for child in tree.children(node):
-            x = tree.tokens[child]
-            q = tree.probs[child] if tree.probs is not None else None
-            q_x = float(q[x]) if q is not None else 1.0
-            u = float(torch.rand(1, generator=generator, device=p.device))
-            if u * q_x < float(p[x]):  # u < p(x) / q(x) without the division
-                path.append(child)
-                node, moved = child, True
-                break
-            if q is not None:
-                residual = (p - q).clamp_(min=0.0)
-            else:  # a copy: p must stay whole for the case below
-                residual = p.clone()
-                residual[x] = 0.0
-            total = residual.sum()
-            if total <= 0:  # p == q (or p all on x) up to rounding: p stays the right law
-                continue
-            p = residual / total
-        if not moved:
-            return path, _draw(p, generator)
 
 
 def path_rows(path: Sequence[int]) -> list[int]:

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from specforge_lite.decoding import engine
+from specforge_lite.decoding import verify as verifier
 from specforge_lite.measurement import identity
 from specforge_lite.decoding.drafters import NgramDrafter, ReplayDrafter
 from specforge_lite.decoding.engine import generate_plain, generate_speculative
@@ -135,7 +135,7 @@ def test_real_bf16_flips_are_rounding(bf16_target):
 def test_planted_verifier_bug_is_a_mismatch_in_bf16(bf16_target, monkeypatch):
     """A verifier that keeps one draft token more than the target agreed with: its answers part from
     plain's at a token the target did not choose, and bf16 rounding must not excuse it."""
-    honest = engine.greedy_verify
+    honest = verifier.greedy_verify
 
     def one_too_many(draft, logits):
         accepted, token = honest(draft, logits)
@@ -143,7 +143,7 @@ def test_planted_verifier_bug_is_a_mismatch_in_bf16(bf16_target, monkeypatch):
             return accepted + 1, int(logits[accepted + 1].argmax())
         return accepted, token
 
-    monkeypatch.setattr(engine, "greedy_verify", one_too_many)
+    monkeypatch.setattr(verifier, "greedy_verify", one_too_many)
     ngram = _answers(bf16_target, _prompts(bf16_target.config.vocab_size, 3), 24)
     verdicts = [a["verdict"]["verdict"] for a in ngram]
     assert MISMATCH in verdicts, verdicts
@@ -188,13 +188,13 @@ def test_evaluate_stage_reports_verdicts_and_fails_a_planted_bug_in_bf16(tmp_pat
         assert counts["mismatch"] == 0 and entry["lossless"] is True, (name, counts)
         assert counts["answers"] == report["num_answers"] and f"{counts['answers']}/{counts['answers']}" in counts["text"]
 
-    honest = engine.greedy_verify
+    honest = verifier.greedy_verify
 
     def one_too_many(draft, logits):
         accepted, token = honest(draft, logits)
         return (accepted + 1, int(logits[accepted + 1].argmax())) if accepted < len(draft) else (accepted, token)
 
-    monkeypatch.setattr(engine, "greedy_verify", one_too_many)
+    monkeypatch.setattr(verifier, "greedy_verify", one_too_many)
     evaluate.run(cfg)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     ngram = report["methods"]["ngram"]

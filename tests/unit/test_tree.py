@@ -9,9 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from specforge_lite.decoding.tree import (DraftTree, ancestor_mask, greedy_accept, path_rows, sample_accept,
-                                          verify_layout)
-from specforge_lite.decoding.verify import SamplingParams
+from specforge_lite.decoding.tree import DraftTree, ancestor_mask, path_rows, verify_layout
+from specforge_lite.decoding.verify import SamplingParams, greedy_accept, sample_accept
 from tests.unit.test_verify import V, ToyLM, chi_square, exact_first_two
 
 # root -> a(0) -> c(2) -> e(4)

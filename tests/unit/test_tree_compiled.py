@@ -12,7 +12,8 @@ import torch
 from specforge_lite.contract import DraftContext
 from specforge_lite.decoding.drafters import MixedTreeDrafter, NgramDrafter
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_tree
-from specforge_lite.decoding.tree import DraftTree, TreeShape, greedy_accept, path_rows, verify_layout
+from specforge_lite.decoding.tree import DraftTree, TreeShape, path_rows, verify_layout
+from specforge_lite.decoding.verify import greedy_accept
 from specforge_lite.runtime.fast_engine import FastEngine
 from tests.unit.test_engine import prompts
 from tests.unit.test_tree_engine import BranchyStub

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from specforge_lite.drafters.methods import method_problems, tree_methods
 from specforge_lite.contract import DraftContext
-from specforge_lite.decoding import engine
+from specforge_lite.decoding import verify as verifier
 from specforge_lite.decoding.drafters import MixedTreeDrafter, NgramDrafter, can_branch
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative, generate_tree
 from specforge_lite.decoding.tree import DraftTree, TreeShape, tree_from_position_logprobs
@@ -115,13 +115,13 @@ def test_greedy_trees_are_plain_decoding(tiny_target, name, monkeypatch):
     model = tiny_target[0]
     drafter = DECODERS[name](tiny_target)
     assert can_branch(drafter)
-    real, off_first = engine.greedy_accept, []
+    real, off_first = verifier.greedy_accept, []
 
     def recording(tree, logits):
         path, token = real(tree, logits)
         off_first.append(off_first_branch(tree, path))
         return path, token
-    monkeypatch.setattr(engine, "greedy_accept", recording)
+    monkeypatch.setattr(verifier, "greedy_accept", recording)
     for i, prompt in enumerate(prompts(4, seed=11)):
         plain = generate_plain(model, prompt, 20).tokens
         chain = generate_speculative(model, drafter, prompt, 20, 3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specforge_lite.contract import DraftContext, DraftProposal
-from specforge_lite.decoding import engine
+from specforge_lite.decoding import verify as verifier
 from specforge_lite.decoding.drafters import MixedTreeDrafter, NgramDrafter
 from specforge_lite.decoding.engine import TargetRunner, generate_plain, generate_speculative, generate_tree
 from specforge_lite.decoding.tree import DraftTree, TreeShape, verify_layout
@@ -119,7 +119,7 @@ def test_a_deep_non_first_branch_commits_exactly_its_path(target, which):
     runner.forward(prompt)
     positions, mask = verify_layout(tree, len(prompt))
     logits, _ = runner.forward_tree([pending] + tree.tokens, positions, mask)
-    path, token = engine.greedy_accept(tree, logits)
+    path, token = verifier.greedy_accept(tree, logits)
     assert path == [1, 3, 5] and token == plain[4]
     runner.keep_rows(len(prompt), [0, 2, 4, 6])
     assert runner.length == len(prompt) + 4
@@ -152,7 +152,7 @@ def test_the_identity_check_catches_a_sibling_accepted(target, monkeypatch):
     stub = BranchyStub(plain + [0] * 8, target.config.vocab_size)
     shape = TreeShape(3, 2, 6)
     assert generate_tree(target, stub, prompt, 16, shape).tokens == plain
-    monkeypatch.setattr(engine, "greedy_accept", accept_a_sibling)
+    monkeypatch.setattr(verifier, "greedy_accept", accept_a_sibling)
     assert generate_tree(target, stub, prompt, 16, shape).tokens != plain
 
 
