@@ -36,6 +36,7 @@ from operator import mul
 import torch
 
 from specforge_lite.contract import DraftContext, DraftProposal
+from specforge_lite.decoding.cost import CostModel
 from specforge_lite.decoding.policy import DRAFTER, LOOKUP, NONE, SourcePolicy
 from specforge_lite.decoding.suffix import SuffixDrafter
 from specforge_lite.decoding.tree import DraftTree
@@ -56,14 +57,14 @@ def cut_length(gains: list[float], verify_s) -> int:
 
 class HybridDrafter:
     def __init__(self, drafter, lookup: SuffixDrafter, prior: float = 1.0, prior_weight: float = 3.0,
-                 explore: float = 1.0):
+                 explore: float = 1.0, costs: CostModel | None = None):
         self.drafter, self.lookup = drafter, lookup
         self.name = f"{drafter.name}_hybrid"
         self.hidden_state_layers = drafter.hidden_state_layers
         self.sequential = drafter.sequential
         # the drafter's own limit on drafts (DFlash's block, P-EAGLE's depths); lookup drafts up to k
         self.drafter_limit = getattr(drafter, "max_drafts", None)
-        self.policy = SourcePolicy(prior, prior_weight, explore)  # over the drafter's life: times kept
+        self.policy = SourcePolicy(prior, prior_weight, explore, costs)  # over the drafter's life: times kept
         self.clear_sources()
         self.reset()
 
@@ -95,7 +96,7 @@ class HybridDrafter:
         self.used, self.width, self.score = None, None, 0.0
 
     def verify_s(self, width: int) -> float | None:
-        """This run's mean seconds of a verify of `width` (`policy.priced_verify`'s rule)."""
+        """The price of a verify of `width` (`cost.CostModel`'s rule)."""
         return self.policy.verify_s(width)
 
     def _hand_over(self, ctx: DraftContext) -> DraftContext:
@@ -111,7 +112,7 @@ class HybridDrafter:
     def _cut(self, proposal: DraftProposal) -> DraftProposal:
         """The drafter's proposal cut to the length that pays (the module's rule), where it says
         each token's probability and this run has verify times."""
-        if proposal.confidence is None or not self.policy.verify or not proposal.tokens:
+        if proposal.confidence is None or not self.policy.costs.known or not proposal.tokens:
             return proposal
         length = cut_length(list(accumulate(proposal.confidence[:len(proposal.tokens)], mul)), self.verify_s)
         self.sources[DRAFTER]["cut"] += len(proposal.tokens) - length
@@ -167,7 +168,7 @@ class HybridDrafter:
     def _pruned(self, tree: DraftTree) -> DraftTree:
         """The drafter's tree cut to its first nodes that pay (the module's rule), where it scores
         them (cumulative log-probabilities, best first) and this run has verify times."""
-        if tree.scores is None or not self.policy.verify or not len(tree):
+        if tree.scores is None or not self.policy.costs.known or not len(tree):
             return tree
         keep = cut_length([math.exp(score) for score in tree.scores], self.verify_s)
         self.sources[DRAFTER]["cut"] += len(tree) - keep

@@ -18,10 +18,10 @@ Neither estimate locks its source out after a bad start: each is raised by an ex
 (UCB1) `explore * sqrt(ln(steps + 1) / (prior_weight + source's steps))`, which grows while a source
 goes unmeasured and shrinks as it is measured (a source not chosen is otherwise never measured).
 
-verify_s(w) is the mean of the target's verify forwards of width w (drafts + 1) the engine reported
-(`observe_verify`). A width not yet timed is priced as the dearest timed width below it (a forward
-never costs less for more tokens), or the cheapest timed one where none is below; with no time at
-all every width costs the same and drafting nothing (the surer draft wins). The drafter is priced at
+verify_s(w) is the cost model's price of a verify of width w (drafts + 1, `cost.CostModel`): the
+mean of the verify forwards of that width the engine reported (`observe_verify`), else the measured
+curve the evaluate starts it from, scaled to what the loop paid, else the dearest priced width
+below; with no price at all every width costs the same and drafting nothing (the surer draft wins). The drafter is priced at
 the widths it verified after its draft was cut (before its first step: its full width), and draft_s
 is its mean drafting call, the calls that also wrote the anchors of skipped steps (catch-up) left out
 while any call without catch-up is timed.
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+
+from specforge_lite.decoding.cost import CostModel
 
 LOOKUP, DRAFTER, NONE = "lookup", "drafter", "none"
 
@@ -49,24 +51,14 @@ def exploration_bonus(explore: float, steps: int, measured: float) -> float:
     return explore * math.sqrt(math.log(steps + 1) / measured)
 
 
-def priced_verify(timed: dict[int, float], width: int) -> float | None:
-    """Seconds of a verify of `width` from the mean seconds per timed width (the module's rule for a
-    width not timed); None where nothing is timed."""
-    if not timed:
-        return None
-    if width in timed:
-        return timed[width]
-    below = [seconds for w, seconds in timed.items() if w < width]
-    return max(below) if below else min(timed.values())
-
-
 class SourcePolicy:
     """The choice rule (the module's docstring) and what it learns from the steps it chose."""
 
-    def __init__(self, prior_kept: float = 1.0, prior_weight: float = 3.0, explore: float = 1.0):
+    def __init__(self, prior_kept: float = 1.0, prior_weight: float = 3.0, explore: float = 1.0,
+                 costs: CostModel | None = None):
         self.prior_kept, self.prior_weight, self.explore = prior_kept, prior_weight, explore
         # the machine's costs: kept across resets of the estimates
-        self.verify: dict[int, list] = {}  # width -> [seconds, verifies]
+        self.costs = costs or CostModel()  # verify forwards by width
         self.draft = {"clean": [0.0, 0], "catch_up": [0.0, 0]}  # drafter calls without / with skipped anchors
         self.reset_estimates()
 
@@ -79,9 +71,7 @@ class SourcePolicy:
 
     # what the engine and the hybrid measure
     def observe_verify(self, width: int, seconds: float) -> None:
-        timed = self.verify.setdefault(width, [0.0, 0])
-        timed[0] += seconds
-        timed[1] += 1
+        self.costs.observe(width, seconds)
 
     def observe_draft(self, seconds: float, catch_up: bool) -> None:
         timed = self.draft["catch_up" if catch_up else "clean"]
@@ -103,7 +93,7 @@ class SourcePolicy:
 
     # the estimates
     def verify_s(self, width: int) -> float | None:
-        return priced_verify({w: seconds / n for w, (seconds, n) in self.verify.items() if n}, width)
+        return self.costs.seconds(width)
 
     def draft_s(self) -> float:
         """The drafter's mean call, catch-up calls only while no call without catch-up is timed."""
@@ -127,8 +117,8 @@ class SourcePolicy:
         """Expected tokens per second of each choice open this step (the module's rule): lookup
         where it has a draft of `lookup_drafts` tokens scored `lookup_score`; the drafter at most
         `drafter_drafts` kept of a verify `drafter_width` wide before any of its steps is measured."""
-        timed = bool(self.verify)
-        cost = (lambda width: self.verify_s(width)) if timed else (lambda width: 1.0)
+        timed = self.costs.known
+        cost = self.verify_s if timed else (lambda width: 1.0)
         rates = {}
         if lookup_score is not None and lookup_drafts:
             kept = min(lookup_score * self.lookup_ratio(), lookup_drafts)

@@ -280,7 +280,18 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     log.info("evaluating %s on %d prompts of %s (%s, %s)", ", ".join(methods), len(prompts), ecfg.dataset,
              k_text(ecfg), "greedy" if sampling.greedy else f"T={sampling.temperature}")
 
-    # 1. warm-up: every method, untimed, on the first prompt; a compiled drafter proposing otherwise there
+    # 1. a target forward's cost over 1..k+1 tokens (best k), and on to eval.cost_widths where the cache has
+    # room, after a context of a typical prompt and half an answer: the cost model the hybrids start from
+    context_len = int(statistics.median(len(prompt_ids(tokenizer, conversation(p, [], 0))) for p in prompts)
+                      + ecfg.max_new_tokens // 2)
+    room = (target.engine.capacity if target.engine else model.config.max_position_embeddings) - context_len
+    top = max(widest + 1, min(ecfg.cost_widths, room))
+    costs = measure_forward_costs(model, context_len, top, ecfg.cost_repeats, runner=target.runner())
+    for drafter in drafters.values():
+        if isinstance(drafter, HybridDrafter):
+            drafter.policy.costs.start_from(costs)
+
+    # 2. warm-up: every method, untimed, on the first prompt; a compiled drafter proposing otherwise there
     first, warm = prompt_ids(tokenizer, conversation(prompts[0], [], 0)), min(ecfg.warmup_tokens, ecfg.max_new_tokens)
     for _ in range(ecfg.warmup):
         for name in methods:
@@ -288,7 +299,7 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"))
     clear_sources(drafters.values())  # a hybrid counts which source drafted in the timed runs only
 
-    # 2. every prompt, every turn, every method (interleaved)
+    # 3. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}
     requests, plain_tokens = [], []  # every prompt and turn, for the serving engines
     for index, prompt in enumerate(tqdm(prompts, desc="evaluate", unit="prompt", dynamic_ncols=True)):
@@ -314,13 +325,7 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
                                                          measure=ecfg.rounding_baseline) or None
     reference.release()
 
-    # 3. a target forward's cost over 1..k+1 tokens (best k), and on to eval.cost_widths where the cache has room
     plain_gens = [a["gen"] for a in answers if a["method"] == PLAIN]
-    context_len = int(statistics.median(g.num_prompt_tokens + len(g.tokens) // 2 for g in plain_gens))
-    room = (target.engine.capacity if target.engine else model.config.max_position_embeddings) - context_len
-    top = max(widest + 1, min(ecfg.cost_widths, room))
-    costs = measure_forward_costs(model, context_len, top, ecfg.cost_repeats, runner=target.runner())
-
     entries, rows, fields = our_entries(cfg, methods, answers, drafters, costs, context_len, model)
     report = build_report(cfg, prompts, rows, entries, our_conventions(ecfg.bootstrap), **fields)
     report["machine_drift"] = drifted([g.target_s / max(g.num_forwards, 1) for g in plain_gens],

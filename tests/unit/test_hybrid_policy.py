@@ -14,8 +14,8 @@ import pytest
 from specforge_lite.contract import DraftProposal
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
 from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
-from specforge_lite.decoding.policy import (DRAFTER, LOOKUP, NONE, SourcePolicy, exploration_bonus, priced_verify,
-                                            pseudo_mean)
+from specforge_lite.decoding.cost import CostModel
+from specforge_lite.decoding.policy import DRAFTER, LOOKUP, NONE, SourcePolicy, exploration_bonus, pseudo_mean
 from specforge_lite.decoding.suffix import SuffixDraft
 from specforge_lite.decoding.tree import DraftTree, TreeShape
 
@@ -30,9 +30,28 @@ def test_the_estimates_pure_parts():
     assert exploration_bonus(1.0, 100, 30.0) < exploration_bonus(1.0, 100, 3.0)
     assert exploration_bonus(2.0, 7, 4.0) == pytest.approx(2.0 * math.sqrt(math.log(8) / 4))
     # a width not timed: the dearest timed width below it, else the cheapest timed; nothing timed: None
-    timed = {1: 0.008, 3: 0.010, 4: 0.012}
-    assert priced_verify(timed, 2) == 0.008 and priced_verify(timed, 9) == 0.012 and priced_verify(timed, 3) == 0.010
-    assert priced_verify({3: 0.010}, 1) == 0.010 and priced_verify({}, 1) is None
+    costs = timed_costs({1: 0.008, 3: 0.010, 4: 0.012})
+    assert costs.seconds(2) == 0.008 and costs.seconds(9) == 0.012 and costs.seconds(3) == 0.010
+    assert timed_costs({3: 0.010}).seconds(1) == 0.010 and CostModel().seconds(1) is None
+
+
+def timed_costs(seconds: dict[int, float]) -> CostModel:
+    costs = CostModel()
+    for width, s in seconds.items():
+        costs.observe(width, s)
+    return costs
+
+
+def test_the_cost_model_starts_from_the_measured_curve_and_learns_the_loops_scale():
+    """The report's curve prices every width before the loop times any; a timed width is its mean, and
+    the widths not timed follow the curve scaled by how the timed ones compared with it."""
+    costs = CostModel({1: 0.010, 2: 0.011, 4: 0.013})
+    assert costs.known and costs.seconds(2) == pytest.approx(0.011) and costs.seconds(3) == pytest.approx(0.011)
+    assert costs.seconds(16) == pytest.approx(0.013)  # past the curve: its dearest width below
+    costs.observe(1, 0.020)  # the loop pays twice what the curve's tight repeats measured
+    assert costs.seconds(1) == pytest.approx(0.020) and costs.seconds(4) == pytest.approx(0.026)
+    costs.observe(2, 0.011)  # timed at the curve's own price: the scale is the mean of 2 and 1
+    assert costs.seconds(2) == pytest.approx(0.011) and costs.seconds(4) == pytest.approx(0.013 * 1.5)
 
 
 def test_each_choice_is_priced_by_its_expected_tokens_per_second():
@@ -42,7 +61,7 @@ def test_each_choice_is_priced_by_its_expected_tokens_per_second():
     assert policy.choose(1.5, 3, 4, 3) == LOOKUP and policy.choose(0.5, 3, 4, 3) == DRAFTER
     assert policy.choose(None, 0, 4, 3) == DRAFTER
     # hand-set: a verify time for widths 1, 3 and 4 (the wider, the dearer) and one drafting call
-    policy.verify = {1: [0.008, 1], 3: [0.010, 1], 4: [0.024, 2]}
+    policy.costs.timed = {1: [0.008, 1], 3: [0.010, 1], 4: [0.024, 2]}
     policy.observe_draft(0.004, catch_up=False)
     policy.observe_draft(1.0, catch_up=True)  # a call that also wrote skipped steps' anchors: not its price
     assert policy.draft_s() == 0.004
@@ -58,7 +77,7 @@ def test_each_choice_is_priced_by_its_expected_tokens_per_second():
     assert policy.lookup_ratio() == pytest.approx(0.5) and policy.choose(0.3, 2, 4, 3) == NONE
     # the drafter priced at the width it verified after its cut (3), not at k + 1
     policy.reset_estimates()
-    assert policy.verify and policy.draft_s() == 0.004  # the times outlive the estimates
+    assert policy.costs.timed and policy.draft_s() == 0.004  # the times outlive the estimates
     policy.record(DRAFTER, 1, 3)
     assert policy.rates(None, 0, 4, 3)[DRAFTER] == pytest.approx((1 + 4 / 4) / 0.014)
     # never more kept than the drafter can draft (its own max_drafts)
@@ -192,7 +211,7 @@ def test_through_the_engine_a_drafter_kept_after_a_bad_start_takes_the_steps(tin
     hybrid = HybridDrafter(_Oracle(answers, wrong_first=2, vocab=model.config.vocab_size), _Lookup())
     _run(model, hybrid, answers, 24, tree)
     steps = {source: counts["steps"] for source, counts in hybrid.sources.items()}
-    assert hybrid.policy.verify and steps[DRAFTER] >= 0.8 * sum(steps.values()), steps
+    assert hybrid.policy.costs.timed and steps[DRAFTER] >= 0.8 * sum(steps.values()), steps
     assert hybrid.sources[DRAFTER]["accepted"] > 0
 
 
@@ -213,10 +232,10 @@ def test_what_was_learned_is_forgotten_after_the_warm_up_and_an_eager_switch_but
     hybrid = HybridDrafter(drafter, _Lookup())
     _run(model, hybrid, answers, 12)
     assert hybrid.policy.drafter_steps and hybrid.policy.steps
-    times = {width: list(timed) for width, timed in hybrid.policy.verify.items()}
+    times = {width: list(timed) for width, timed in hybrid.policy.costs.timed.items()}
     clear_sources([hybrid, drafter])
     assert hybrid.policy.steps == hybrid.policy.drafter_steps == 0 and hybrid.sources[DRAFTER]["steps"] == 0
-    assert hybrid.policy.verify == times and times
+    assert hybrid.policy.costs.timed == times and times
     _run(model, hybrid, answers, 12)
     hybrid.eager()  # forwarded to the drafter, and its estimates reset
-    assert drafter.eager_calls == 1 and hybrid.policy.drafter_steps == 0 and hybrid.policy.verify
+    assert drafter.eager_calls == 1 and hybrid.policy.drafter_steps == 0 and hybrid.policy.costs.timed

@@ -258,10 +258,10 @@ def test_a_drafters_tree_is_pruned_to_the_nodes_that_pay():
     hybrid = HybridDrafter(NgramDrafter(), SuffixDrafter(None))
     tree = DraftTree([5, 6, 7, 8], [-1, 0, 1, -1], scores=[math.log(p) for p in (0.9, 0.81, 0.729, 0.05)])
     assert hybrid._pruned(tree) is tree  # no times yet
-    hybrid.policy.verify = {1: [0.010, 1], 4: [0.010, 1], 5: [0.040, 1]}
+    hybrid.policy.costs.timed = {1: [0.010, 1], 4: [0.010, 1], 5: [0.040, 1]}
     pruned = hybrid._pruned(tree)  # the 4th node adds too little to pay for the dearer width
     assert (pruned.tokens, pruned.parents, hybrid.sources[DRAFTER]["cut"]) == ([5, 6, 7], [-1, 0, 1], 1)
-    hybrid.policy.verify[5] = [0.010, 1]
+    hybrid.policy.costs.timed[5] = [0.010, 1]
     assert hybrid._pruned(tree).tokens == [5, 6, 7, 8]  # flat costs: every node pays
 
 
@@ -292,7 +292,7 @@ def test_the_drafters_draft_is_cut_where_more_tokens_do_not_pay():
     assert hybrid.propose(ctx, 3).tokens == [5, 6, 7]  # no times yet: nothing is cut
     hybrid.accept(0)
     policy = hybrid.policy  # the drafter pays at the width it verified (3), priced as a plain step's
-    policy.verify, policy.draft["clean"] = {3: [0.010, 1], 4: [0.040, 1]}, [0.0, 1]
+    policy.costs.timed, policy.draft["clean"] = {3: [0.010, 1], 4: [0.040, 1]}, [0.0, 1]
     policy.drafter_kept, policy.drafter_steps, policy.drafter_widths = 6.0, 1, Counter({3: 1})
     assert hybrid.propose(ctx, 3).tokens == [5, 6] and hybrid.sources[DRAFTER]["cut"] == 1
 
@@ -303,7 +303,7 @@ def test_steps_where_no_source_pays_draft_nothing_and_stay_lossless(tiny_target)
     hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0)
     policy = hybrid.policy  # a drafter that never pays: 1 s a call, nothing kept in 1000 steps
     policy.draft["clean"], policy.drafter_kept, policy.drafter_steps = [1.0, 1], 0.0, 1000
-    policy.verify[1] = [0.001, 1]
+    policy.costs.timed[1] = [0.001, 1]
     for ids in _prompts(model.config.vocab_size, 2, seed=1) + _prompts(model.config.vocab_size, 2, seed=2):
         assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
     assert hybrid.sources[NONE]["steps"] > 0 and hybrid.sources[LOOKUP]["accepted"] > 0
