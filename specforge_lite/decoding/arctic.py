@@ -51,7 +51,7 @@ class ArcticSuffixDrafter:
     hidden_state_layers: tuple[int, ...] = ()
     sequential = False
 
-    def __init__(self, answers: list[list[int]] | None, max_depth: int = 16, factor: float = 1.0,
+    def __init__(self, answers: list[list[int]] | None, max_depth: int = 16, draft_per_match: float = 1.0,
                  min_prob: float = 0.1):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
@@ -60,7 +60,7 @@ class ArcticSuffixDrafter:
             self.cache.start_request(("sample", i), [])
             self.cache.add_active_response(("sample", i), [int(t) for t in answer])
             self.cache.stop_request(("sample", i))
-        self.max_depth, self.factor, self.min_prob = max_depth, factor, min_prob
+        self.max_depth, self.draft_per_match, self.min_prob = max_depth, draft_per_match, min_prob
         self.ids = itertools.count()
         self.request, self.fed = None, 0
 
@@ -84,7 +84,7 @@ class ArcticSuffixDrafter:
         if k == 0:
             return DraftProposal([])
         draft = self.cache.speculate(self.request, ids[-self.max_depth:], max_spec_tokens=k,
-                                     max_spec_factor=self.factor, min_token_prob=self.min_prob)
+                                     max_spec_factor=self.draft_per_match, min_token_prob=self.min_prob)
         return DraftProposal([int(t) for t in draft.token_ids[:k]])
 
     def accept(self, num_accepted: int) -> None:

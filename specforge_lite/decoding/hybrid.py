@@ -8,7 +8,7 @@ steps and raised by an exploration bonus (UCB1) so that no source is locked out 
 over the step's cost: the target's verify forward at that width, as the engine measures and reports
 it (`observe_verify`), plus the drafter's drafting time for its own. The drafter is priced at the
 widths it verified after its cut. What was learned is forgotten after the warm-up
-(`clear_sources`) and when the drafter starts drafting another way (`eager`, `reset_estimates`);
+(`clear_sources`, `clear_hybrid_sources`) and when the drafter starts drafting another way (`eager`, `reset_estimates`);
 the measured times are kept.
 
 The drafter's draft is then cut to the length that pays (EAGLE-2's confidence, priced by this
@@ -37,7 +37,7 @@ import torch
 
 from specforge_lite.contract import DraftContext, DraftProposal
 from specforge_lite.decoding.cost import CostModel
-from specforge_lite.decoding.policy import DRAFTER, LOOKUP, NONE, SourcePolicy
+from specforge_lite.decoding.policy import DRAFTER, LOOKUP, PLAIN_STEP, SourcePolicy
 from specforge_lite.decoding.suffix import SuffixDrafter
 from specforge_lite.decoding.tree import DraftTree
 
@@ -70,7 +70,7 @@ class HybridDrafter:
 
     def clear_sources(self) -> None:
         """Zero the source counts and forget what the sources kept (after a warm-up); times are kept."""
-        self.sources = {choice: {"steps": 0, "accepted": 0} for choice in (LOOKUP, DRAFTER, NONE)}
+        self.sources = {choice: {"steps": 0, "accepted": 0} for choice in (LOOKUP, DRAFTER, PLAIN_STEP)}
         self.sources[DRAFTER]["cut"] = 0  # drafted tokens the cut left unverified
         self.policy.reset_estimates()
 
@@ -93,7 +93,8 @@ class HybridDrafter:
         self.drafter.reset()
         self.lookup.reset()
         self.pending: dict[int, list[torch.Tensor]] = {}  # skipped steps' hidden states (copies), in order
-        self.used, self.width, self.score = None, None, 0.0
+        # this step's choice (None: a step of no choice, k = 0, which is not counted), its width and lookup's score
+        self.choice, self.width, self.score = None, None, 0.0
 
     def verify_s(self, width: int) -> float | None:
         """The price of a verify of `width` (`cost.CostModel`'s rule)."""
@@ -124,8 +125,8 @@ class HybridDrafter:
         lookup = self.lookup.best(ctx, k)
         tokens = lookup.tokens[:k]
         self.score = lookup.score if tokens else 0.0
-        self.used = self.policy.choose(lookup.score if tokens else None, len(tokens), drafter_width, drafter_drafts)
-        if self.used != DRAFTER:  # the drafter's forward is skipped: it gets these hidden states at its next one
+        self.choice = self.policy.choose(lookup.score if tokens else None, len(tokens), drafter_width, drafter_drafts)
+        if self.choice != DRAFTER:  # the drafter's forward is skipped: it gets these hidden states at its next one
             for layer in self.hidden_state_layers:
                 self.pending.setdefault(layer, []).append(ctx.hidden_states[layer].clone())
         return tokens
@@ -139,12 +140,12 @@ class HybridDrafter:
 
     def propose(self, ctx: DraftContext, k: int) -> DraftProposal:
         if k == 0:  # the drafter still sees every committed position; nothing is counted
-            self.used = None
+            self.choice = None
             return self.drafter.propose(self._hand_over(ctx), 0)
         drafts = min(k, self.drafter_limit) if self.drafter_limit is not None else k
         lookup = self._step(ctx, k, drafts + 1, drafts)
-        proposal = DraftProposal(lookup if self.used == LOOKUP else [])
-        if self.used == DRAFTER:
+        proposal = DraftProposal(lookup if self.choice == LOOKUP else [])
+        if self.choice == DRAFTER:
             proposal = self._cut(self._drafted(lambda: self.drafter.propose(self._hand_over(ctx), k)))
         self.width = len(proposal.tokens[:k]) + 1
         return proposal
@@ -154,11 +155,11 @@ class HybridDrafter:
         pruned to the nodes that pay (their path probabilities priced as a chain's confidences)
         with lookup's draft beside it (a mixed tree, lookup's chain first)."""
         if depth == 0:
-            self.used = None
+            self.choice = None
             return self.drafter.propose_tree(self._hand_over(ctx), 0, branch, nodes)
         lookup = self._step(ctx, depth, nodes + 1, depth)
-        tree = DraftTree.chain(lookup) if self.used == LOOKUP else DraftTree()
-        if self.used == DRAFTER:
+        tree = DraftTree.chain(lookup) if self.choice == LOOKUP else DraftTree()
+        if self.choice == DRAFTER:
             tree = self._pruned(self._drafted(lambda: self.drafter.propose_tree(self._hand_over(ctx), depth,
                                                                                 branch, nodes)))
             tree = tree.after_chain(lookup, nodes)
@@ -176,17 +177,17 @@ class HybridDrafter:
         return DraftTree(tree.tokens[:keep], tree.parents[:keep], probs, tree.scores[:keep])
 
     def accept(self, num_accepted: int) -> None:
-        if self.used is None:
+        if self.choice is None:
             self.drafter.accept(num_accepted)
             return
-        self.sources[self.used]["steps"] += 1
-        self.sources[self.used]["accepted"] += num_accepted
-        self.policy.record(self.used, num_accepted, self.width, self.score)
-        if self.used == DRAFTER:
+        self.sources[self.choice]["steps"] += 1
+        self.sources[self.choice]["accepted"] += num_accepted
+        self.policy.record(self.choice, num_accepted, self.width, self.score)
+        if self.choice == DRAFTER:
             self.drafter.accept(num_accepted)
 
 
-def clear_sources(drafters) -> None:
+def clear_hybrid_sources(drafters) -> None:
     """Zero the source counts of the hybrids among `drafters` and forget what their sources kept
     (after a warm-up: the timed runs learn afresh, on the machine's times measured so far)."""
     for drafter in drafters:

@@ -9,7 +9,7 @@ the highest score:
 
 What a source keeps is learned in this run with a prior worth `prior_weight` steps (pseudo-counts):
 
-- the drafter's expected kept tokens per step is `pseudo_mean(prior_kept, prior_weight, kept, steps)`;
+- the drafter's expected kept tokens per step is `pseudo_mean(prior_accepted, prior_weight, kept, steps)`;
 - lookup scores its own draft (`suffix.SuffixDraft.score`, its expected kept tokens), calibrated by
   the ratio of what the target kept of lookup's drafts to what their scores predicted: a prior of 1
   worth `prior_weight` predicted tokens, `pseudo_mean(1, prior_weight, kept, predicted)`.
@@ -37,7 +37,8 @@ from collections import Counter
 
 from specforge_lite.decoding.cost import CostModel
 
-LOOKUP, DRAFTER, NONE = "lookup", "drafter", "none"
+# the choices (PLAIN_STEP: no draft, a plain step; its report key is "none")
+LOOKUP, DRAFTER, PLAIN_STEP = "lookup", "drafter", "none"
 
 
 def pseudo_mean(prior: float, weight: float, total: float, count: float) -> float:
@@ -54,9 +55,9 @@ def exploration_bonus(explore: float, steps: int, measured: float) -> float:
 class SourcePolicy:
     """The choice rule (the module's docstring) and what it learns from the steps it chose."""
 
-    def __init__(self, prior_kept: float = 1.0, prior_weight: float = 3.0, explore: float = 1.0,
+    def __init__(self, prior_accepted: float = 1.0, prior_weight: float = 3.0, explore: float = 1.0,
                  costs: CostModel | None = None):
-        self.prior_kept, self.prior_weight, self.explore = prior_kept, prior_weight, explore
+        self.prior_accepted, self.prior_weight, self.explore = prior_accepted, prior_weight, explore
         # the machine's costs: kept across resets of the estimates
         self.costs = costs or CostModel()  # verify forwards by width
         self.draft = {"clean": [0.0, 0], "catch_up": [0.0, 0]}  # drafter calls without / with skipped anchors
@@ -65,9 +66,9 @@ class SourcePolicy:
     def reset_estimates(self) -> None:
         """Forget what each source kept and how wide the drafter verified; keep the times."""
         self.steps = 0  # steps of every choice since the reset
-        self.drafter_kept, self.drafter_steps = 0.0, 0
+        self.drafter_accepted, self.drafter_steps = 0.0, 0
         self.drafter_widths: Counter = Counter()  # width verified after the cut -> steps
-        self.lookup_kept, self.lookup_scored, self.lookup_steps = 0.0, 0.0, 0
+        self.lookup_accepted, self.lookup_scored, self.lookup_steps = 0.0, 0.0, 0
 
     # what the engine and the hybrid measure
     def observe_verify(self, width: int, seconds: float) -> None:
@@ -78,16 +79,16 @@ class SourcePolicy:
         timed[0] += seconds
         timed[1] += 1
 
-    def record(self, choice: str, kept: int, width: int, score: float = 0.0) -> None:
-        """A step of `choice` verified `width` (drafts + 1) and the target kept `kept` drafts;
+    def record(self, choice: str, accepted: int, width: int, score: float = 0.0) -> None:
+        """A step of `choice` verified `width` (drafts + 1) and the target kept `accepted` drafts;
         `score` what lookup predicted for its draft."""
         self.steps += 1
         if choice == DRAFTER:
-            self.drafter_kept += kept
+            self.drafter_accepted += accepted
             self.drafter_steps += 1
             self.drafter_widths[width] += 1
         elif choice == LOOKUP:
-            self.lookup_kept += kept
+            self.lookup_accepted += accepted
             self.lookup_scored += score
             self.lookup_steps += 1
 
@@ -103,13 +104,13 @@ class SourcePolicy:
     def drafter_expected(self) -> float:
         """The drafter's expected kept tokens per step, exploration bonus included."""
         measured = self.prior_weight + self.drafter_steps
-        return (pseudo_mean(self.prior_kept, self.prior_weight, self.drafter_kept, self.drafter_steps)
+        return (pseudo_mean(self.prior_accepted, self.prior_weight, self.drafter_accepted, self.drafter_steps)
                 + exploration_bonus(self.explore, self.steps, measured))
 
     def lookup_ratio(self) -> float:
         """Lookup's kept tokens per token its score predicts (prior 1), exploration bonus included."""
         measured = self.prior_weight + self.lookup_steps
-        ratio = pseudo_mean(1.0, self.prior_weight, self.lookup_kept, self.lookup_scored)  # prior: scores hold
+        ratio = pseudo_mean(1.0, self.prior_weight, self.lookup_accepted, self.lookup_scored)  # prior: scores hold
         return ratio + exploration_bonus(self.explore, self.steps, measured)
 
     def rates(self, lookup_score: float | None, lookup_drafts: int, drafter_width: int,
@@ -121,17 +122,17 @@ class SourcePolicy:
         cost = self.verify_s if timed else (lambda width: 1.0)
         rates = {}
         if lookup_score is not None and lookup_drafts:
-            kept = min(lookup_score * self.lookup_ratio(), lookup_drafts)
-            rates[LOOKUP] = (1 + kept) / cost(lookup_drafts + 1)
+            expected = min(lookup_score * self.lookup_ratio(), lookup_drafts)
+            rates[LOOKUP] = (1 + expected) / cost(lookup_drafts + 1)
         if drafter_drafts:
             widths = self.drafter_widths or {drafter_width: 1}
-            verify = sum(cost(w) * n for w, n in widths.items()) / sum(widths.values())
+            verify_s = sum(cost(w) * n for w, n in widths.items()) / sum(widths.values())
             drafting = self.draft_s() if timed else 0.0
-            rates[DRAFTER] = (1 + min(self.drafter_expected(), drafter_drafts)) / (verify + drafting)
-        rates[NONE] = 1 / cost(1)
+            rates[DRAFTER] = (1 + min(self.drafter_expected(), drafter_drafts)) / (verify_s + drafting)
+        rates[PLAIN_STEP] = 1 / cost(1)
         return rates
 
     def choose(self, lookup_score: float | None, lookup_drafts: int, drafter_width: int, drafter_drafts: int) -> str:
-        """LOOKUP, DRAFTER or NONE: the most expected tokens per second (ties: the cheaper draft first)."""
+        """LOOKUP, DRAFTER or PLAIN_STEP: the most expected tokens per second (ties: the cheaper draft first)."""
         rates = self.rates(lookup_score, lookup_drafts, drafter_width, drafter_drafts)
         return max(rates, key=rates.get)

@@ -5,7 +5,7 @@ Where n-gram lookup proposes what followed the latest match of at most a few tok
 decoding matches as long a suffix as it can (up to `max_depth` tokens) and, among all the places
 that suffix occurred, follows the most frequent continuation token by token: each token's
 probability is its share of the continuations still matching, and the draft stops where the
-product of those shares falls below `min_prob` or at `factor` times the match's length (a long
+product of those shares falls below `min_prob` or at `eval.suffix.factor` times the match's length (a long
 match earns a long draft). The score of a draft is the sum of those running products, the
 number of its tokens the target is expected to keep; between the request's own draft and the
 corpus's the higher score wins. (Suffix decoding as Arctic Inference describes it: a per-request
@@ -44,7 +44,7 @@ class SuffixDraft:
     source: str = "none"
 
 
-def follow(array: np.ndarray, starts: np.ndarray, k: int, min_prob: float) -> tuple[list[int], float]:
+def most_frequent_continuation(array: np.ndarray, starts: np.ndarray, k: int, min_prob: float) -> tuple[list[int], float]:
     """The most frequent continuation, token by token, from the corpus positions `starts` (the
     index of the token after each occurrence of the match): (tokens, score = sum of the running
     products of each token's share of the continuations still matching)."""
@@ -67,7 +67,7 @@ def follow(array: np.ndarray, starts: np.ndarray, k: int, min_prob: float) -> tu
     return tokens, score
 
 
-def follow_tree(array: np.ndarray, starts: np.ndarray, depth: int, branch: int, nodes: int,
+def most_frequent_tree(array: np.ndarray, starts: np.ndarray, depth: int, branch: int, nodes: int,
                 min_prob: float) -> tuple[DraftTree, float]:
     """The continuations from `starts` as a deterministic draft tree grown best first: of the
     candidate nodes, the one of highest running product (its share of the continuations times
@@ -103,17 +103,17 @@ def follow_tree(array: np.ndarray, starts: np.ndarray, depth: int, branch: int, 
     return tree, score
 
 
-def draft_length(match_len: int, k: int, length_per_match_token: float) -> int:
-    """A draft of `length_per_match_token` tokens per matched token (suffix decoding's `factor`), 1..k."""
-    return max(1, min(k, math.ceil(length_per_match_token * match_len)))
+def draft_length(match_len: int, k: int, draft_per_match: float) -> int:
+    """`draft_per_match` draft tokens per matched token (`eval.suffix.factor`, Arctic's max_spec_factor), 1..k."""
+    return max(1, min(k, math.ceil(draft_per_match * match_len)))
 
 
 def grown_at_longest_match(index, context: Sequence[int], grow):
     """`grow(match length, the positions after each occurrence)` -> (draft, score) at the longest
     match of `context`'s suffix in `index` (a `CorpusIndex` or a `request_index.RequestIndex`)
     where it grows a non-empty draft: (match length, draft, score), or None."""
-    for length, after in index.matches(context):
-        grown, score = grow(length, np.asarray(after, dtype=np.int64))
+    for length, continuations in index.matches(context):
+        grown, score = grow(length, np.asarray(continuations, dtype=np.int64))
         if len(grown):
             return length, grown, score
     return None
@@ -166,9 +166,9 @@ class SuffixDrafter:
     hidden_state_layers: tuple[int, ...] = ()
     sequential = False
 
-    def __init__(self, corpus: CorpusIndex | None = None, max_depth: int = 16, factor: float = 1.0,
+    def __init__(self, corpus: CorpusIndex | None = None, max_depth: int = 16, draft_per_match: float = 1.0,
                  min_prob: float = 0.1):
-        self.corpus, self.max_depth, self.factor, self.min_prob = corpus, max_depth, factor, min_prob
+        self.corpus, self.max_depth, self.draft_per_match, self.min_prob = corpus, max_depth, draft_per_match, min_prob
         self.last = SuffixDraft([])
         self.reset()
 
@@ -186,8 +186,9 @@ class SuffixDrafter:
         """The draft `propose` would make, with its match length, score and source."""
         drafts = [SuffixDraft([])]
         for source, index, array in self._sources(ctx) if k else ():
-            def chain(length, after):
-                return follow(array, after, draft_length(length, k, self.factor), self.min_prob)
+            def chain(length, continuations):
+                return most_frequent_continuation(array, continuations, draft_length(length, k, self.draft_per_match),
+                                                  self.min_prob)
             if found := grown_at_longest_match(index, ctx.token_ids, chain):
                 drafts.append(SuffixDraft(found[1], found[0], found[2], source))
         return max(drafts[1:] or drafts, key=lambda d: (d.score, len(d.tokens)))
@@ -198,12 +199,13 @@ class SuffixDrafter:
 
     def propose_tree(self, ctx: DraftContext, depth: int, branch: int, nodes: int) -> DraftTree:
         """`suffix_tree`: each source's counts grown into a tree from its longest match with a
-        continuation (`follow_tree`); the higher-scoring source's tree first, the other's nodes
+        continuation (`most_frequent_tree`); the higher-scoring source's tree first, the other's nodes
         beside it while the budget lasts."""
         grown = []
         for _, index, array in self._sources(ctx) if depth else ():
-            def tree(length, after):
-                return follow_tree(array, after, draft_length(length, depth, self.factor), branch, nodes, self.min_prob)
+            def tree(length, continuations):
+                return most_frequent_tree(array, continuations, draft_length(length, depth, self.draft_per_match),
+                                          branch, nodes, self.min_prob)
             if found := grown_at_longest_match(index, ctx.token_ids, tree):
                 grown.append((found[2], found[1]))
         if not grown:

@@ -40,7 +40,7 @@ from specforge_lite.decoding.drafters import BUILTIN, DraftModelDrafter
 from specforge_lite.targets.surgery import load_untrained_draft
 from specforge_lite.measurement import checks, identity
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, tree_decoding
-from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
+from specforge_lite.decoding.hybrid import HybridDrafter, clear_hybrid_sources
 from specforge_lite.decoding.suffix import lookup_factory
 from specforge_lite.runtime.dtype_choice import chosen_dtype
 from specforge_lite.runtime.compiled_run import prepare_compiled
@@ -297,7 +297,7 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
         for name in methods:
             decoders[name](first, warm, _seed(cfg.seed, "warmup"))
     checks.compiled_drafting(decoders, drafters, target.info, first, warm, _seed(cfg.seed, "warmup"))
-    clear_sources(drafters.values())  # a hybrid counts which source drafted in the timed runs only
+    clear_hybrid_sources(drafters.values())  # a hybrid counts which source drafted in the timed runs only
 
     # 3. every prompt, every turn, every method (interleaved)
     answers = []  # {"prompt", "turn", "method", "gen", "identical"}

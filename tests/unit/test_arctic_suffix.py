@@ -26,7 +26,7 @@ def built():
 def test_it_drafts_what_our_suffix_drafts_on_a_plain_corpus(built):
     # one continuation everywhere: both implementations must follow it, from the corpus and the request
     answers = [[1, 2, 3, 4, 5, 6]] * 3
-    ours, theirs = SuffixDrafter(CorpusIndex(answers), factor=2.0), arctic.ArcticSuffixDrafter(answers, factor=2.0)
+    ours, theirs = SuffixDrafter(CorpusIndex(answers), draft_per_match=2.0), arctic.ArcticSuffixDrafter(answers, draft_per_match=2.0)
     for ids, prompt in (([9, 1, 2, 3], 4), ([7, 8, 9, 7, 8], 5)):
         ctx = DraftContext(token_ids=ids, num_prompt_tokens=prompt)
         assert theirs.propose(ctx, 3).tokens == ours.propose(ctx, 3).tokens != []
@@ -36,7 +36,7 @@ def test_it_drafts_what_our_suffix_drafts_on_a_plain_corpus(built):
     # its request only stopped stays there and drafts its continuation for a later request; evicted, nothing
     query = DraftContext(token_ids=[50, 41, 42], num_prompt_tokens=3)
     for evict in (False, True):
-        drafter = arctic.ArcticSuffixDrafter([], factor=2.0)
+        drafter = arctic.ArcticSuffixDrafter([], draft_per_match=2.0)
         drafter.propose(DraftContext(token_ids=[40, 41, 42, 43, 44], num_prompt_tokens=2), 2)  # answer 42 43 44
         if evict:
             drafter.reset()

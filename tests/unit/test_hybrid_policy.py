@@ -13,9 +13,9 @@ import pytest
 
 from specforge_lite.contract import DraftProposal
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
-from specforge_lite.decoding.hybrid import HybridDrafter, clear_sources
+from specforge_lite.decoding.hybrid import HybridDrafter, clear_hybrid_sources
 from specforge_lite.decoding.cost import CostModel
-from specforge_lite.decoding.policy import DRAFTER, LOOKUP, NONE, SourcePolicy, exploration_bonus, pseudo_mean
+from specforge_lite.decoding.policy import DRAFTER, LOOKUP, PLAIN_STEP, SourcePolicy, exploration_bonus, pseudo_mean
 from specforge_lite.decoding.suffix import SuffixDraft
 from specforge_lite.decoding.tree import DraftTree, TreeShape
 
@@ -56,7 +56,7 @@ def test_the_cost_model_starts_from_the_measured_curve_and_learns_the_loops_scal
 
 def test_each_choice_is_priced_by_its_expected_tokens_per_second():
     """Hand-set timings and counts, no exploration (the rates alone)."""
-    policy = SourcePolicy(prior_kept=1.0, prior_weight=3.0, explore=0.0)
+    policy = SourcePolicy(prior_accepted=1.0, prior_weight=3.0, explore=0.0)
     # no times: every width costs the same and drafting nothing, so the surer draft wins
     assert policy.choose(1.5, 3, 4, 3) == LOOKUP and policy.choose(0.5, 3, 4, 3) == DRAFTER
     assert policy.choose(None, 0, 4, 3) == DRAFTER
@@ -68,27 +68,27 @@ def test_each_choice_is_priced_by_its_expected_tokens_per_second():
     # the drafter kept 1 of its 5 pseudo-steps' worth: its rate falls below a plain step's
     policy.record(DRAFTER, 0, 4)
     policy.record(DRAFTER, 0, 4)
-    assert policy.rates(None, 0, 4, 3) == pytest.approx({DRAFTER: 1.6 / 0.016, NONE: 125.0})
-    assert policy.choose(None, 0, 4, 3) == NONE
+    assert policy.rates(None, 0, 4, 3) == pytest.approx({DRAFTER: 1.6 / 0.016, PLAIN_STEP: 125.0})
+    assert policy.choose(None, 0, 4, 3) == PLAIN_STEP
     # a 2-token lookup scored 0.3, its scores so far held (ratio 1): it beats a plain step, 0.2 does not
-    assert policy.choose(0.3, 2, 4, 3) == LOOKUP and policy.choose(0.2, 2, 4, 3) == NONE
+    assert policy.choose(0.3, 2, 4, 3) == LOOKUP and policy.choose(0.2, 2, 4, 3) == PLAIN_STEP
     # lookup kept none of what its scores predicted: its ratio falls below 1 and 0.3 no longer pays
     policy.record(LOOKUP, 0, 3, score=3.0)
-    assert policy.lookup_ratio() == pytest.approx(0.5) and policy.choose(0.3, 2, 4, 3) == NONE
+    assert policy.lookup_ratio() == pytest.approx(0.5) and policy.choose(0.3, 2, 4, 3) == PLAIN_STEP
     # the drafter priced at the width it verified after its cut (3), not at k + 1
     policy.reset_estimates()
     assert policy.costs.timed and policy.draft_s() == 0.004  # the times outlive the estimates
     policy.record(DRAFTER, 1, 3)
     assert policy.rates(None, 0, 4, 3)[DRAFTER] == pytest.approx((1 + 4 / 4) / 0.014)
     # never more kept than the drafter can draft (its own max_drafts)
-    policy.drafter_kept = 100.0
+    policy.drafter_accepted = 100.0
     assert policy.rates(None, 0, 4, 1)[DRAFTER] == pytest.approx(2 / 0.014)
 
 
-def _simulate(policy: SourcePolicy, steps: int, drafter_kept, lookup: tuple[float, int] | None,
+def _simulate(policy: SourcePolicy, steps: int, drafter_accepted, lookup: tuple[float, int] | None,
               verify=lambda width: 0.010 + 0.004 * (width - 1), draft_s: float = 0.004) -> Counter:
     """`steps` steps of k = 3 chosen by `policy`, each source keeping what the hand-set rule says
-    (drafter_kept(n): what the drafter's n-th step keeps; lookup: (its score, what it keeps), or no
+    (drafter_accepted(n): what the drafter's n-th step keeps; lookup: (its score, what it keeps), or no
     draft); the costs simulated, widths 1 and 4 and a drafting call timed beforehand (as after a
     warm-up). Returns the steps per choice."""
     policy.observe_verify(1, verify(1))
@@ -97,8 +97,8 @@ def _simulate(policy: SourcePolicy, steps: int, drafter_kept, lookup: tuple[floa
     chosen, drafter_steps = Counter(), 0
     for _ in range(steps):
         choice = policy.choose(lookup[0] if lookup else None, 3 if lookup else 0, 4, 3)
-        kept, width = {DRAFTER: (drafter_kept(drafter_steps), 4), LOOKUP: (lookup and lookup[1], 4),
-                       NONE: (0, 1)}[choice]
+        kept, width = {DRAFTER: (drafter_accepted(drafter_steps), 4), LOOKUP: (lookup and lookup[1], 4),
+                       PLAIN_STEP: (0, 1)}[choice]
         if choice == DRAFTER:
             drafter_steps += 1
             policy.observe_draft(draft_s, catch_up=False)
@@ -111,7 +111,7 @@ def _simulate(policy: SourcePolicy, steps: int, drafter_kept, lookup: tuple[floa
 def test_a_drafter_whose_prior_does_not_pay_is_explored_and_then_chosen():
     """The prior says the drafter's step ((1 + 1) / 26 ms) loses to a plain step (1 / 10 ms); it keeps
     all 3 drafts: exploration tries it, the estimate learns it, it takes the steps."""
-    chosen = _simulate(SourcePolicy(prior_kept=1.0, prior_weight=3.0, explore=1.0), 200, lambda n: 3, lookup=None)
+    chosen = _simulate(SourcePolicy(prior_accepted=1.0, prior_weight=3.0, explore=1.0), 200, lambda n: 3, lookup=None)
     assert chosen[DRAFTER] >= 180, chosen
 
 
@@ -233,7 +233,7 @@ def test_what_was_learned_is_forgotten_after_the_warm_up_and_an_eager_switch_but
     _run(model, hybrid, answers, 12)
     assert hybrid.policy.drafter_steps and hybrid.policy.steps
     times = {width: list(timed) for width, timed in hybrid.policy.costs.timed.items()}
-    clear_sources([hybrid, drafter])
+    clear_hybrid_sources([hybrid, drafter])
     assert hybrid.policy.steps == hybrid.policy.drafter_steps == 0 and hybrid.sources[DRAFTER]["steps"] == 0
     assert hybrid.policy.costs.timed == times and times
     _run(model, hybrid, answers, 12)

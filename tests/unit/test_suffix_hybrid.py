@@ -19,17 +19,17 @@ import torch
 from specforge_lite import SpecforgeError
 from specforge_lite.contract import DraftContext, DraftProposal
 from specforge_lite.decoding.engine import generate_plain, generate_speculative, generate_tree
-from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, NONE, HybridDrafter
+from specforge_lite.decoding.hybrid import DRAFTER, LOOKUP, PLAIN_STEP, HybridDrafter
 from specforge_lite.decoding.request_index import RequestIndex
-from specforge_lite.decoding.suffix import CorpusIndex, SuffixDrafter, follow, follow_tree
+from specforge_lite.decoding.suffix import CorpusIndex, SuffixDrafter, most_frequent_continuation, most_frequent_tree
 from specforge_lite.decoding.tree import DraftTree, TreeShape
 from specforge_lite.decoding.verify import SamplingParams
 from tests.conftest import assert_same_law, tokens_2_3_law
 
 
-def corpus_draft(corpus: CorpusIndex, context: list[int], k: int, factor: float, min_prob: float):
+def corpus_draft(corpus: CorpusIndex, context: list[int], k: int, draft_per_match: float, min_prob: float):
     """The corpus's draft for a context without repeats of its own (the request's draft is empty)."""
-    lookup = SuffixDrafter(corpus, corpus.max_depth, factor, min_prob)
+    lookup = SuffixDrafter(corpus, corpus.max_depth, draft_per_match, min_prob)
     return lookup.best(DraftContext(token_ids=context, num_prompt_tokens=len(context)), k)
 
 
@@ -38,16 +38,16 @@ def test_follow_takes_the_most_frequent_continuation_and_scores_it():
     corpus = CorpusIndex([[1, 2, 3, 4, 6], [1, 2, 3, 5], [1, 2, 3, 4, 6]], max_depth=8)
     assert corpus.occurrences([1, 2, 3]).size == 3 and corpus.occurrences([2, 3, 4]).size == 2
     assert corpus.occurrences([7]).size == 0
-    draft = corpus_draft(corpus, [9, 1, 2, 3], k=4, factor=1.0, min_prob=0.1)
+    draft = corpus_draft(corpus, [9, 1, 2, 3], k=4, draft_per_match=1.0, min_prob=0.1)
     assert draft.tokens == [4, 6] and draft.match_len == 3 and draft.source == "corpus"
     assert draft.score == pytest.approx(2 / 3 + 2 / 3)  # running products 2/3, then 2/3 * 1
     # the draft stops below min_prob, and at factor x the match's length
     assert corpus_draft(corpus, [1, 2, 3], 4, 1.0, min_prob=0.7).tokens == []
-    assert corpus_draft(corpus, [3], 4, factor=1.0, min_prob=0.1).tokens == [4]
-    assert corpus_draft(corpus, [3], 4, factor=2.0, min_prob=0.1).tokens == [4, 6]
+    assert corpus_draft(corpus, [3], 4, draft_per_match=1.0, min_prob=0.1).tokens == [4]
+    assert corpus_draft(corpus, [3], 4, draft_per_match=2.0, min_prob=0.1).tokens == [4, 6]
     # never across a sequence's end
     assert corpus_draft(corpus, [5], 4, 1.0, 0.1).tokens == []
-    tokens, score = follow(np.array([1, 2, -1, 1, 2]), np.array([1, 4]), 3, 0.0)
+    tokens, score = most_frequent_continuation(np.array([1, 2, -1, 1, 2]), np.array([1, 4]), 3, 0.0)
     assert tokens == [2] and score == 1.0
 
 
@@ -55,18 +55,18 @@ def test_the_suffix_tree_grows_best_first_by_running_product():
     # after 1 2: 3 four times (then 4 three times, 5 once), 6 twice
     corpus = CorpusIndex([[1, 2, 3, 4]] * 3 + [[1, 2, 3, 5]] + [[1, 2, 6, 7]] * 2, max_depth=8)
     starts = corpus.occurrences([1, 2]) + 2
-    tree, score = follow_tree(corpus.array, starts, depth=2, branch=2, nodes=3, min_prob=0.0)
+    tree, score = most_frequent_tree(corpus.array, starts, depth=2, branch=2, nodes=3, min_prob=0.0)
     # 3 (4/6), then 3->4 (4/6 * 3/4 = 1/2), then 6 (2/6): the budget of 3 keeps the three best
     assert tree.tokens == [3, 4, 6] and tree.parents == [-1, 0, -1]
     assert score == pytest.approx(4 / 6 + 1 / 2 + 2 / 6)
-    # one child per node is a chain, the same as `follow`'s draft
-    chain, chain_score = follow_tree(corpus.array, starts, depth=4, branch=1, nodes=8, min_prob=0.0)
-    assert chain.tokens == follow(corpus.array, starts, 4, 0.0)[0] and chain.parents == [-1, 0]
-    assert chain_score == pytest.approx(follow(corpus.array, starts, 4, 0.0)[1])
+    # one child per node is a chain, the same as `most_frequent_continuation`'s draft
+    chain, chain_score = most_frequent_tree(corpus.array, starts, depth=4, branch=1, nodes=8, min_prob=0.0)
+    assert chain.tokens == most_frequent_continuation(corpus.array, starts, 4, 0.0)[0] and chain.parents == [-1, 0]
+    assert chain_score == pytest.approx(most_frequent_continuation(corpus.array, starts, 4, 0.0)[1])
     # below min_prob no node
-    assert len(follow_tree(corpus.array, starts, 2, 2, 8, min_prob=0.9)[0]) == 0
+    assert len(most_frequent_tree(corpus.array, starts, 2, 2, 8, min_prob=0.9)[0]) == 0
     # the request's tree (1 2 -> 8 1, score 2) before the corpus's (score 1.5), whose nodes follow
-    drafter = SuffixDrafter(corpus, max_depth=8, factor=2.0, min_prob=0.0)
+    drafter = SuffixDrafter(corpus, max_depth=8, draft_per_match=2.0, min_prob=0.0)
     tree = drafter.propose_tree(DraftContext(token_ids=[1, 2, 8, 1, 2], num_prompt_tokens=5), 2, 2, 6)
     assert tree.tokens == [8, 1, 3, 4, 6, 7] and tree.parents == [-1, 0, -1, 2, -1, 4]
     assert len(drafter.propose_tree(DraftContext(token_ids=[1, 2, 8, 1, 2], num_prompt_tokens=5), 2, 2, 3)) == 3
@@ -85,7 +85,7 @@ def test_the_suffix_tree_decodes_greedily_as_plain_and_accepts(tiny_target):
 
 
 def test_the_request_index_matches_the_longest_suffix_as_tokens_arrive():
-    lookup = SuffixDrafter(None, max_depth=4, factor=1.0, min_prob=0.0)
+    lookup = SuffixDrafter(None, max_depth=4, draft_per_match=1.0, min_prob=0.0)
     context = [5, 6, 7, 8, 5, 6, 9, 5, 6]
     draft = lookup.best(DraftContext(token_ids=context, num_prompt_tokens=3), 3)  # 5 6 -> 7 once, 9 once: the tie goes to the smaller id
     assert draft.match_len == 2 and draft.tokens == [7, 8] and draft.source == "request"
@@ -108,10 +108,10 @@ def test_one_request_index_for_ngram_and_suffix_lookup():
 
 def test_suffix_drafter_takes_the_better_scoring_source():
     corpus = CorpusIndex([[1, 2, 3, 4]] * 5, max_depth=8)
-    drafter = SuffixDrafter(corpus, max_depth=8, factor=2.0, min_prob=0.1)
+    drafter = SuffixDrafter(corpus, max_depth=8, draft_per_match=2.0, min_prob=0.1)
     ctx = DraftContext(token_ids=[7, 1, 2, 3], num_prompt_tokens=4)
     assert drafter.propose(ctx, 3).tokens == [4] and drafter.last.source == "corpus"
-    alone = SuffixDrafter(None, max_depth=8, factor=2.0)
+    alone = SuffixDrafter(None, max_depth=8, draft_per_match=2.0)
     ctx = DraftContext(token_ids=[1, 2, 3, 9, 1, 2, 3], num_prompt_tokens=7)
     assert alone.propose(ctx, 3).tokens == [9, 1, 2] and alone.last.source == "request"
 
@@ -293,7 +293,7 @@ def test_the_drafters_draft_is_cut_where_more_tokens_do_not_pay():
     hybrid.accept(0)
     policy = hybrid.policy  # the drafter pays at the width it verified (3), priced as a plain step's
     policy.costs.timed, policy.draft["clean"] = {3: [0.010, 1], 4: [0.040, 1]}, [0.0, 1]
-    policy.drafter_kept, policy.drafter_steps, policy.drafter_widths = 6.0, 1, Counter({3: 1})
+    policy.drafter_accepted, policy.drafter_steps, policy.drafter_widths = 6.0, 1, Counter({3: 1})
     assert hybrid.propose(ctx, 3).tokens == [5, 6] and hybrid.sources[DRAFTER]["cut"] == 1
 
 
@@ -302,12 +302,12 @@ def test_steps_where_no_source_pays_draft_nothing_and_stay_lossless(tiny_target)
     corpus = CorpusIndex([generate_plain(model, p, 24).tokens for p in _prompts(model.config.vocab_size, 2, seed=1)])
     hybrid = HybridDrafter(_eagle3(tiny_target), SuffixDrafter(corpus), prior=0.0)
     policy = hybrid.policy  # a drafter that never pays: 1 s a call, nothing kept in 1000 steps
-    policy.draft["clean"], policy.drafter_kept, policy.drafter_steps = [1.0, 1], 0.0, 1000
+    policy.draft["clean"], policy.drafter_accepted, policy.drafter_steps = [1.0, 1], 0.0, 1000
     policy.costs.timed[1] = [0.001, 1]
     for ids in _prompts(model.config.vocab_size, 2, seed=1) + _prompts(model.config.vocab_size, 2, seed=2):
         assert generate_speculative(model, hybrid, ids, 24, 3).tokens == generate_plain(model, ids, 24).tokens
-    assert hybrid.sources[NONE]["steps"] > 0 and hybrid.sources[LOOKUP]["accepted"] > 0
-    assert hybrid.sources[DRAFTER]["steps"] == 0 and hybrid.sources[NONE]["accepted"] == 0
+    assert hybrid.sources[PLAIN_STEP]["steps"] > 0 and hybrid.sources[LOOKUP]["accepted"] > 0
+    assert hybrid.sources[DRAFTER]["steps"] == 0 and hybrid.sources[PLAIN_STEP]["accepted"] == 0
 
 
 def test_a_drafter_after_skipped_steps_holds_what_a_drafter_of_every_step_holds(tiny_target):
@@ -326,7 +326,7 @@ def test_a_drafter_after_skipped_steps_holds_what_a_drafter_of_every_step_holds(
         drafter.propose = lambda ctx, k, p=propose, log=seen[name]: (log.append((len(ctx.token_ids), k)), p(ctx, k))[1]
     order = []
     accept = hybrid.accept
-    hybrid.accept = lambda n: (order.append(hybrid.used), accept(n))[1]
+    hybrid.accept = lambda n: (order.append(hybrid.choice), accept(n))[1]
     a = generate_speculative(model, hybrid, ids, 30, 3)
     b = generate_speculative(model, every, ids, 30, 3)
     assert a.tokens == b.tokens == plain.tokens
@@ -350,7 +350,7 @@ def test_the_sampled_hybrid_keeps_the_target_law():
     from specforge_lite.decoding.drafters import DraftModelDrafter
 
     corpus = CorpusIndex([[1, 2, 3, 4, 5, 6]] * 4 + [[2, 3, 5, 5]], max_depth=8)
-    hybrid = HybridDrafter(DraftModelDrafter(draft), SuffixDrafter(corpus, factor=4.0), prior=0.0, explore=0.0)
+    hybrid = HybridDrafter(DraftModelDrafter(draft), SuffixDrafter(corpus, draft_per_match=4.0), prior=0.0, explore=0.0)
     observe_verify = hybrid.policy.observe_verify  # every width costs the same: lookup wherever it drafts
     hybrid.policy.observe_verify = lambda width, seconds: observe_verify(width, 0.010)
     gen, n = torch.Generator().manual_seed(0), 4000
@@ -407,7 +407,7 @@ def test_the_report_gives_each_hybrids_sources():
     from specforge_lite.measurement.report import sources_table
 
     sources = {LOOKUP: {"steps": 6, "accepted": 9}, DRAFTER: {"steps": 3, "accepted": 3, "cut": 2},
-               NONE: {"steps": 1, "accepted": 0}}
+               PLAIN_STEP: {"steps": 1, "accepted": 0}}
     table = sources_table({"methods": {"plain": {}, "eagle3_hybrid": {"sources": sources}}})
     assert table.splitlines()[2] == "| eagle3_hybrid | 60% (6) | 1.50 | 30% (3) | 1.00 | 2 | 10% (1) |"
     assert sources_table({"methods": {"plain": {}}}) == ""
