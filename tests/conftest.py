@@ -121,7 +121,7 @@ def _vllm_runner_server(request):
     """Where this session runs vLLM (tests marked `vllm` or `slow`): its runner forked from a server
     that imported vLLM once (tests/zygote.py); off with SPECFORGE_LITE_TEST_FRESH_PROCESS=1
     or a $SPECFORGE_LITE_VLLM_PYTHON of the caller's."""
-    from specforge_lite.serving.vllm.engine import find_python
+    from specforge_lite.serving.vllm.interpreter import find_python
 
     wanted = any(item.get_closest_marker("vllm") or item.get_closest_marker("slow") for item in request.session.items)
     python = find_python() if wanted and os.environ.get(forked_cli.FRESH_ENV) != "1" \

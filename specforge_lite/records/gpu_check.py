@@ -268,7 +268,7 @@ def step_projection(record: dict, doc: dict) -> None:
 
 def step_vllm_tree(record: dict, doc: dict) -> None:
     from specforge_lite import SpecforgeError
-    from specforge_lite.serving.vllm.engine import find_python
+    from specforge_lite.serving.vllm.interpreter import find_python
     from specforge_lite.serving.vllm.trees import tree_support
 
     python = find_python()

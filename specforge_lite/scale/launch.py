@@ -75,7 +75,7 @@ def sample_uses_vllm(cfg) -> bool:
     """sample.backend=vllm, or auto where an interpreter with vLLM is found (as the stage resolves it)."""
     requested = getattr(cfg.sample.backend, "value", cfg.sample.backend)
     if requested == "auto":
-        from specforge_lite.serving.vllm.engine import find_python
+        from specforge_lite.serving.vllm.interpreter import find_python
 
         return find_python(cfg.sample.vllm.python) is not None
     return requested == "vllm"

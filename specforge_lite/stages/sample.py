@@ -34,7 +34,8 @@ from specforge_lite.data.samples import (completed_shards, damaged_shards, remov
                                          shard_path, stats_path, write_shard)
 from specforge_lite.targets.digest import target_files
 from specforge_lite.runtime.static_llama import unsupported_reason
-from specforge_lite.serving.vllm.engine import find_python, on_gpu, sampling_params
+from specforge_lite.serving.vllm.engine import sampling_params
+from specforge_lite.serving.vllm.interpreter import find_python, on_gpu
 from specforge_lite.serving.vllm.sampler import VllmSampleBackend
 from specforge_lite.targets.loading import load_target, load_target_config, load_tokenizer, resolve_target_path
 from specforge_lite.stages.sample_backends import HFBackend, StaticBackend

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from specforge_lite import SpecforgeError
 from specforge_lite.data.samples import dtype_problem, recorded_dtype, samples_meta, wait_for_recorded_dtype
 from specforge_lite.runtime.dtype_choice import chosen_dtype, timed_choice
-from specforge_lite.serving.vllm.engine import on_gpu
+from specforge_lite.serving.vllm.interpreter import on_gpu
 from specforge_lite.targets.loading import resolve_dtype
 
 

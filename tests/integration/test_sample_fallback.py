@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.serving.vllm.engine import find_python
+from specforge_lite.serving.vllm.interpreter import find_python
 from tests.conftest import REPO, run_cli, terminal_signals
 from tests.zygote import real_env
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.serving.vllm.engine import INSTALL_HINT, find_python
+from specforge_lite.serving.vllm.interpreter import INSTALL_HINT, find_python
 from tests.conftest import run_cli, shared
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

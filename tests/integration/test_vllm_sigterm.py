@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specforge_lite.serving.vllm.engine import find_python
+from specforge_lite.serving.vllm.interpreter import find_python
 from tests.conftest import REPO
 from tests.integration.test_sample_fallback import left_behind, runners
 from tests.zygote import real_env

@@ -167,7 +167,7 @@ def meta_llama(config):
 def test_cpu_workers_get_disjoint_cores(monkeypatch):
     """Tensor parallelism on CPU: vLLM's automatic binding wants a NUMA node per worker, so the
     cores are split over the workers ourselves."""
-    from specforge_lite.serving.vllm.engine import cpu_binding
+    from specforge_lite.serving.vllm.interpreter import cpu_binding
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert cpu_binding(2, None) == "0,1|2,3"

@@ -50,7 +50,7 @@ def test_process_layout_on_cpu(monkeypatch):
     """On a CPU vLLM runs engine and worker in the runner's process unless tensor parallelism
     needs workers (or the user says single_process=false); the thread count follows cpu_threads."""
     from specforge_lite.config.schema import VllmConfig
-    from specforge_lite.serving.vllm.engine import engine_kwargs, runner_env
+    from specforge_lite.serving.vllm.interpreter import engine_kwargs, runner_env
 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)

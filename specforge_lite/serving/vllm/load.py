@@ -140,7 +140,7 @@ def sustained(num_prompts: int, level: int, depth: int = 4) -> list[int]:
 def seeded_at_load() -> bool:
     """Whether sampled requests at load carry their own seeds: on a GPU. vLLM's CPU sampler cannot
     seed requests batched together ("CPU Generator does not use offset"), so there they draw unseeded."""
-    from specforge_lite.serving.vllm.engine import on_gpu
+    from specforge_lite.serving.vllm.interpreter import on_gpu
 
     return on_gpu()
 
@@ -149,7 +149,8 @@ def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out:
                nested: bool = False) -> dict:
     """One engine (`max_num_seqs` = the largest load), warmed up, then the requests at each load:
     {N: reply} (or {"runs": {N: reply}} with `nested`), or {"error": message} where vLLM refused or failed."""
-    from specforge_lite.serving.vllm.engine import VllmEngine, engine_kwargs, sampling_params
+    from specforge_lite.serving.vllm.engine import VllmEngine, sampling_params
+    from specforge_lite.serving.vllm.interpreter import engine_kwargs
 
     ecfg = cfg.eval
     kwargs = engine_kwargs(target.path, target.dtype, ecfg.vllm, cfg.seed, spec)

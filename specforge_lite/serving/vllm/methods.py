@@ -9,7 +9,8 @@ from pathlib import Path
 
 from specforge_lite import SpecforgeError
 from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF, served_drafters
-from specforge_lite.serving.vllm.engine import VllmEngine, account_workers, engine_kwargs, sampling_params
+from specforge_lite.serving.vllm.engine import VllmEngine, account_workers, sampling_params
+from specforge_lite.serving.vllm.interpreter import engine_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF
 from specforge_lite.serving.vllm import load, load_report
-from specforge_lite.serving.vllm.engine import on_gpu, single_process
+from specforge_lite.serving.vllm.interpreter import on_gpu, single_process
 from specforge_lite.serving.vllm.methods import run_methods
 
 CONVENTIONS = {
@@ -219,7 +219,7 @@ class Vllm:
         import torch
 
         from specforge_lite import SpecforgeError
-        from specforge_lite.serving.vllm.engine import require_python
+        from specforge_lite.serving.vllm.interpreter import require_python
         from specforge_lite.serving.vllm.methods import gpu_runner_problem
         from specforge_lite.stage_table import runs
 

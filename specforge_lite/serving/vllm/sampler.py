@@ -6,8 +6,10 @@ from pathlib import Path
 
 import torch
 
-from specforge_lite.serving.vllm.engine import (VllmEngine, account_workers, engine_kwargs, eos_ids_of, on_gpu,
-                                                prompt_seed, sampling_params)
+from specforge_lite.serving.vllm.engine import (VllmEngine, account_workers, eos_ids_of, prompt_seed,
+                                                sampling_params)
+
+from specforge_lite.serving.vllm.interpreter import engine_kwargs, on_gpu
 from specforge_lite.targets.loading import load_target_config, resolve_dtype
 
 
