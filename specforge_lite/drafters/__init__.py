@@ -8,6 +8,13 @@
 - `__init__.py`: the contract (`specforge_lite.contract.DrafterModule`) plus its dry-run size.
 
 `specforge_lite.drafters.registry.DRAFTERS` lists them; `common.py` and `vocab.py` hold what several share.
+Modules:
+- `common`: what several drafters share (soft labels, the chained loss, saved-weights selection);
+- `dflash/`, `dspark/`, `distilled/`, `eagle3/`, `medusa/`, `peagle/`: one drafter each;
+- `eagle_family`: what EAGLE-3 and P-EAGLE share (layers, rules, config blocks);
+- `methods`: the catalogue of evaluation methods and the one check of a method list;
+- `registry`: the one list of trainable drafters;
+- `vocab`: EAGLE-3's reduced draft vocabulary and its maps.
 """
 
 # the packages this one may import besides the ground (tests/unit/test_package_structure.py)

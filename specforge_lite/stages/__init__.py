@@ -5,7 +5,8 @@ modules and folders are listed once, in specforge_lite/stage_table.py.
 - `door`: the whole config checked before any stage works;
 - `sample`, `sample_backends` (the target generating in this process), `sample_dtype`;
 - `train`, `train_keys` (what a resume must find unchanged);
-- `evaluate`, `evaluate_entries` (the report's tables, more than one temperature);
+- `evaluate` (the measurement protocol), `evaluate_decoders` (which decoder each method runs),
+  `evaluate_entries` (the report's tables, more than one temperature);
 - `export`.
 """
 

@@ -234,3 +234,52 @@ def test_the_package_never_imports_benchmarks():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             found += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n == "benchmarks" or n.startswith("benchmarks.")]
     assert found == []
+
+
+# the rooms of decoding/ (its __init__ names them), lowest first: a room imports only rooms below it
+DECODING_ROOMS = {"verifier": {"tree", "verify"}, "policy": {"cost", "policy"},
+                  "proposers": {"request_index", "drafters", "suffix", "arctic", "hybrid"},
+                  "loop": {"engine"}, "peers": {"peers"}}
+
+
+def decoding_arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    rank = {module: (i, room) for i, (room, modules) in enumerate(DECODING_ROOMS.items()) for module in modules}
+    prefix = "specforge_lite.decoding."
+    wrong = []
+    for name, deps in graph.items():
+        if not name.startswith(prefix):
+            continue
+        here = rank[name.removeprefix(prefix)]
+        for dep in sorted(d for d in deps if d.startswith(prefix)):
+            there = rank[dep.removeprefix(prefix)]
+            if there[1] != here[1] and there[0] > here[0]:
+                wrong.append(f"{name} ({here[1]}) imports {dep} ({there[1]})")
+            if here[1] in ("verifier", "policy") and there[1] != here[1]:
+                wrong.append(f"{name} ({here[1]}) imports {dep} ({there[1]}): the {here[1]} stands alone")
+    return sorted(wrong)
+
+
+def test_every_decoding_module_is_in_a_room_and_no_arrow_runs_back_up():
+    graph = module_imports()
+    modules = {n.removeprefix("specforge_lite.decoding.") for n in graph if n.startswith("specforge_lite.decoding.")}
+    assert modules == set().union(*DECODING_ROOMS.values()), "decoding modules outside the rooms (name them)"
+    assert not decoding_arrows_up(graph)
+    graph["specforge_lite.decoding.verify"].add("specforge_lite.decoding.engine")  # planted
+    graph["specforge_lite.decoding.drafters"].add("specforge_lite.decoding.engine")
+    assert decoding_arrows_up(graph) == [
+        "specforge_lite.decoding.drafters (proposers) imports specforge_lite.decoding.engine (loop)",
+        "specforge_lite.decoding.verify (verifier) imports specforge_lite.decoding.engine (loop)",
+        "specforge_lite.decoding.verify (verifier) imports specforge_lite.decoding.engine (loop): the verifier stands alone"]
+
+
+def test_every_package_docstring_names_each_of_its_modules():
+    """A reader finds a module's room from its package's `__init__` docstring alone."""
+    unnamed = {}
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        modules = [p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        modules += [f"{d.name}/" for d in init.parent.iterdir() if (d / "__init__.py").exists()]
+        missing = [m for m in modules if f"`{m}`" not in doc and f"`{m.rstrip('/')}`" not in doc]
+        if missing:
+            unnamed[str(init.parent.relative_to(PACKAGE.parent))] = sorted(missing)
+    assert not unnamed, f"modules their package's docstring does not name: {unnamed}"

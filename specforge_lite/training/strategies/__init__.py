@@ -19,6 +19,10 @@ ranks), which the train stage undoes with its global loss-position normalisation
 Checkpoints: `ddp` writes plain full files (resume on any number of ranks); `fsdp`
 writes a torch.distributed.checkpoint folder (resharded on load: N ranks -> M ranks);
 DeepSpeed writes its own ZeRO shards, which resume on the same number of ranks only.
+Modules:
+- `base`: the strategy interface, the DDP strategy and what every strategy shares;
+- `deepspeed`: DeepSpeed ZeRO-2 / ZeRO-3;
+- `fsdp`: torch FSDP2.
 """
 
 from __future__ import annotations
