@@ -39,7 +39,7 @@ def test_the_probe_reads_the_installed_vllm_and_the_gpu_check_records_it(vllm_py
     record = {}
     gpu_check.step_vllm_tree(record, {})
     assert record == info and probed == [(vllm_python, gpu_check.STEP_LIMITS_S["vllm_tree"])]
-    monkeypatch.setattr("specforge_lite.serving.vllm.engine.find_python", lambda configured=None: None)
+    monkeypatch.setattr("specforge_lite.serving.vllm.interpreter.find_python", lambda configured=None: None)
     record = {}
     with pytest.raises(gpu_check.StepSkipped, match="no vLLM on this machine"):  # recorded as skipped, not ok
         gpu_check.step_vllm_tree(record, {})

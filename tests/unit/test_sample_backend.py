@@ -106,11 +106,11 @@ def test_auto_picks_vllm_where_installed_then_our_compiled_forward_then_hf(tiny_
 def test_launch_keeps_a_vllm_sampler_in_one_process(monkeypatch):
     """auto resolves to vLLM where it is installed: one process then drives the engine, as for vllm."""
     from specforge_lite.scale import launch
-    from specforge_lite.serving.vllm import engine as vllm_engine
+    from specforge_lite.serving.vllm import interpreter as vllm_interpreter
 
     cfg = OmegaConf.create({"sample": {"backend": "auto", "vllm": {"python": None, "tensor_parallel_size": 2}},
                             "train": {"dry_run": False}})
-    monkeypatch.setattr(vllm_engine, "find_python", lambda configured=None: None)
+    monkeypatch.setattr(vllm_interpreter, "find_python", lambda configured=None: None)
     assert launch.single_process_reason(cfg, "sample") is None
     cfg.sample.vllm.python = "/opt/vllm/bin/python"  # a configured interpreter is taken as found
     monkeypatch.undo()

@@ -50,11 +50,12 @@ def test_no_module_but_the_stage_table_lists_stage_names():
 def test_the_table_names_exactly_the_stage_modules():
     # stages/ holds the stage modules, the door (door.py), the runner (__init__.py) and the stages'
     # helpers: what decides a trained drafter's reuse (train_keys.py), the samples' dtype record
-    # (sample_dtype.py), the target generating for the sample stage (sample_backends.py) and the
-    # evaluate report's body (evaluate_entries.py)
+    # (sample_dtype.py), the target generating for the sample stage (sample_backends.py), which
+    # decoder each evaluate method runs (evaluate_decoders.py) and the evaluate report's body
+    # (evaluate_entries.py)
     on_disk = {f"specforge_lite.stages.{p.stem}" for p in (PACKAGE / "stages").glob("*.py")
                if p.stem not in ("__init__", "door", "train_keys", "sample_dtype", "sample_backends",
-                                 "evaluate_entries")}
+                                 "evaluate_decoders", "evaluate_entries")}
     assert {s.module for s in STAGES} == on_disk
     for stage in STAGES:
         assert stage.module.rsplit(".", 1)[1] == stage.name
