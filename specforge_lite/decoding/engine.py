@@ -188,7 +188,7 @@ class _TreeVerify:
 
 def _chain_proposer(drafter, num_draft_tokens: int):
     """A chain drafter's step as a one-branch tree: (the depth allowed, propose(ctx, depth) ->
-    (tree, the drafter's confidence in each draft or None))."""
+    (tree, the drafter's confidence in each draft; [] where it gave none))."""
     def propose(ctx: DraftContext, depth: int):
         proposal = drafter.propose(ctx, depth)  # also at depth 0, so a drafter sees every committed position
         tokens = proposal.tokens[:depth]
@@ -198,7 +198,7 @@ def _chain_proposer(drafter, num_draft_tokens: int):
 
 
 def _tree_proposer(drafter, shape: TreeShape):
-    """A tree drafter's step within `shape` (no confidences)."""
+    """A tree drafter's step within `shape` (confidences None: a tree step records none)."""
     def propose(ctx: DraftContext, depth: int):
         tree = drafter.propose_tree(ctx, depth, shape.branch, shape.nodes)
         if len(tree) > shape.nodes or (len(tree) and max(tree.depths()) > depth):
