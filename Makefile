@@ -77,7 +77,7 @@ demo: setup  ## the main job: all stages on the embedded default (RECIPE=eagle_s
 
 test: setup  ## run the whole test suite (TEST_WORKERS processes side by side, a test file each; the 15 slowest listed)
 	# our sources' bytecode, written once: where PYTHONDONTWRITEBYTECODE is set no process writes it, and
-	# each of the suite's hundreds of CLI, rank and engine processes would compile every module it imports
+	# each CLI, rank and engine process the suite starts would compile every module of ours it imports
 	$(PY) -m compileall -q specforge_lite tests benchmarks >/dev/null
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(ARGS)
 

@@ -13,7 +13,8 @@ the verify forwards the decoding loop times and reports to it (`observe`, the en
   the cheapest priced one; with nothing timed and no curve, no price (None).
 
 The hybrid's policy (`policy.SourcePolicy`) prices its choices with it; the report's best k and tree
-pricing read the same curve scaled to what decoding paid (`measurement.metrics.costs_as_decoding_paid`).
+pricing read the same curve through it, with plain decoding's mean forward as the one width timed
+(`measurement.metrics.costs_as_decoding_paid`).
 """
 
 from __future__ import annotations
@@ -42,15 +43,17 @@ class CostModel:
     def means(self) -> dict[int, float]:
         return {w: seconds / n for w, (seconds, n) in self.timed.items() if n}
 
-    def curve_scale(self) -> float:
+    def curve_scale(self, means: dict[int, float] | None = None) -> float:
         """Timed over curve, averaged over the timed widths on the curve (1 while none is)."""
-        ratios = [mean / self.curve[w] for w, mean in self.means().items() if w in self.curve]
+        means = self.means() if means is None else means
+        ratios = [mean / self.curve[w] for w, mean in means.items() if w in self.curve]
         return sum(ratios) / len(ratios) if ratios else 1.0
 
     def seconds(self, width: int) -> float | None:
         """The price of a verify of `width` (the module's rule)."""
-        scale = self.curve_scale()
-        prices = {**{w: seconds * scale for w, seconds in self.curve.items()}, **self.means()}
+        means = self.means()
+        scale = self.curve_scale(means)
+        prices = {**{w: seconds * scale for w, seconds in self.curve.items()}, **means}
         if width in prices:
             return prices[width]
         if not prices:

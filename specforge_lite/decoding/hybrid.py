@@ -85,6 +85,10 @@ class HybridDrafter:
             self.drafter.eager()
         self.reset_estimates()
 
+    def start_costs_from(self, curve: dict[int, float]) -> None:
+        """Price the verify widths not yet timed from the evaluate's measured curve (`cost.CostModel`)."""
+        self.policy.costs.start_from(curve)
+
     def observe_verify(self, width: int, seconds: float) -> None:
         """The engine's measured verify forward of `width` (drafts + 1)."""
         self.policy.observe_verify(width, seconds)

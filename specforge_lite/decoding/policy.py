@@ -9,7 +9,7 @@ the highest score:
 
 What a source keeps is learned in this run with a prior worth `prior_weight` steps (pseudo-counts):
 
-- the drafter's expected kept tokens per step is `pseudo_mean(prior_accepted, prior_weight, kept, steps)`;
+- the drafter's expected kept tokens per step is `pseudo_mean(prior_accepted, prior_weight, accepted, steps)`;
 - lookup scores its own draft (`suffix.SuffixDraft.score`, its expected kept tokens), calibrated by
   the ratio of what the target kept of lookup's drafts to what their scores predicted: a prior of 1
   worth `prior_weight` predicted tokens, `pseudo_mean(1, prior_weight, kept, predicted)`.

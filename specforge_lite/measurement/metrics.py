@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from specforge_lite.decoding.engine import Generation, TargetRunner
+from specforge_lite.decoding.cost import CostModel
 from specforge_lite.runtime.width_timing import time_forwards
 
 
@@ -140,8 +141,9 @@ def costs_as_decoding_paid(forward_costs: dict[int, float], plain_forward_ms: fl
     memory traffic of a longer context, the machine's state while other work ran). None: as timed."""
     if not plain_forward_ms or forward_costs.get(1, 0) <= 0:
         return dict(forward_costs), 1.0
-    scale = 1e-3 * plain_forward_ms / forward_costs[1]
-    return {t: s * scale for t, s in forward_costs.items()}, scale
+    paid = CostModel(forward_costs)  # the hybrids' cost model, plain's forwards its one width timed
+    paid.observe(1, 1e-3 * plain_forward_ms)
+    return {t: paid.seconds(t) for t in forward_costs}, paid.curve_scale()
 
 
 def _tokens_per_s(tokens_per_step: float, step_s: float, prefill_s: float, answer_tokens) -> float:

@@ -168,7 +168,7 @@ def measure_ours(cfg: DictConfig, methods: list[str], prompts: list[dict], path:
     costs = measure_forward_costs(model, context_len, top, ecfg.cost_repeats, runner=target.runner())
     for drafter in drafters.values():
         if isinstance(drafter, HybridDrafter):
-            drafter.policy.costs.start_from(costs)
+            drafter.start_costs_from(costs)
 
     # 2. warm-up: every method, untimed, on the first prompt; a compiled drafter proposing otherwise there
     first, warm = prompt_ids(tokenizer, conversation(prompts[0], [], 0)), min(ecfg.warmup_tokens, ecfg.max_new_tokens)
