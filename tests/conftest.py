@@ -59,6 +59,10 @@ os.environ.setdefault("SPECFORGE_LITE_AUTOTUNE", "0")
 # at -O0 instead of -O1: the kernels, whose numbers the tests check, keep their flags; every
 # package builds faster (docs/TESTING.md); read when inductor's config loads, before any import of it
 os.environ.setdefault("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", "O0")
+# vLLM's n-gram proposer as the plain Python its numba functions are written in: the same proposals,
+# without the JIT compile each TP worker of each vllm_ngram engine would pay at its first draft
+# (docs/TESTING.md); read by numba when vLLM's processes import it
+os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
 
 
 @pytest.fixture

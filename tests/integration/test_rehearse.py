@@ -6,26 +6,28 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from specforge_lite.scale.rehearse import load_spec
-from tests.conftest import REPO, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("recipe", ["eagle_llama70b", "distill_llama70b"])
-def test_rehearse(tmp_path, recipe, rank_python):
-    """Each card command in a process forked from the rank server (conftest's rank_python); the
-    ranks the train stage launches are fresh interpreters, as the card's."""
+def test_rehearse(tmp_path, recipe, rank_python, capsys):
+    """The rehearsal run in this process, each card command in a process forked from the rank server
+    (conftest's rank_python); the ranks the train stage launches are fresh interpreters, as the card's."""
+    import torch
+
+    from specforge_lite.scale.rehearse import main
+
     results = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "specforge_lite.scale.rehearse", recipe, "--work", str(tmp_path / "work"),
-                           "--results", str(results), "--python", rank_python], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    with torch.random.fork_rng():  # in this process (torch imported once): it seeds the stand-in's weights
+        returncode = main([recipe, "--work", str(tmp_path / "work"), "--results", str(results), "--python", rank_python])
+    stdout = capsys.readouterr().out
+    assert returncode == 0, stdout[-4000:]
     result = json.loads((results / f"rehearse_{recipe}.json").read_text())["runs"]["2"]
     spec = load_spec(recipe)
     assert [c["card"] for c in result["commands"]] == [c["run"] for c in spec["commands"]]
@@ -55,7 +57,7 @@ def test_rehearse(tmp_path, recipe, rank_python):
             assert len(workers) == 2 and all(0 < b <= acc["layer_bytes_share"] for b in workers), acc
             assert acc["verdict"] == "within share" and acc["layer_bytes_share"] < acc["layer_bytes_total"]
             assert acc["ranks"].get("0", 0) == 0  # our own process holds none of the target
-        assert "NOT YET" not in proc.stdout
+        assert "NOT YET" not in stdout
     else:
         assert not os.environ.get("SPECFORGE_LITE_REQUIRE_VLLM"), "vLLM required but the rehearsal ran without it"
     # without vLLM, a stage the card does not shard yet is said to be over its share, with the reason
@@ -64,7 +66,7 @@ def test_rehearse(tmp_path, recipe, rank_python):
         acc = by_label[label]["stages"][stage]
         if not acc["within_share"]:
             assert acc["verdict"].startswith("NOT YET within share") and acc["layer_bytes_peak"] > acc["layer_bytes_share"]
-            assert f"{stage}" in proc.stdout and "NOT YET within share" in proc.stdout
+            assert f"{stage}" in stdout and "NOT YET within share" in stdout
     # one tracker run per training job, however many ranks (only rank 0 logs)
     wandb_runs = list((tmp_path / "work" / "run" / "train" / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2, wandb_runs  # the offline train and the online train_online job
