@@ -145,10 +145,13 @@ def test_vllm_only_evaluate_measures_against_vllm_plain_and_at_load(smollm2_run)
     run_dir, args = smollm2_run
     only_dir = run_dir / "vllm_only"
     own = [a for a in args if not a.startswith("run_dir=")]
-    run_cli("evaluate", *own, f"run_dir={only_dir}", f"eval.vllm.export_dir={run_dir / 'export'}",
-            "eval.max_prompts=3", "eval.max_new_tokens=24", "eval.num_draft_tokens=1", "eval.warmup=0",
-            "eval.methods=[vllm_eagle3]", "eval.concurrency=[1,2]", "eval.load_schedule=[[1,1,1],[2,2,0]]",
-            check=True, timeout=1200)
+    proc = run_cli("evaluate", *own, f"run_dir={only_dir}", f"eval.vllm.export_dir={run_dir / 'export'}",
+                   "eval.max_prompts=3", "eval.max_new_tokens=12", "eval.num_draft_tokens=1", "eval.warmup=0",
+                   "eval.methods=[vllm_eagle3]", "eval.concurrency=[1,2]", "eval.load_schedule=[[1,1,1],[2,2,0]]",
+                   check=True, timeout=1200)
+    # three engines: vllm_plain and vllm_eagle3 at k=1, each measuring batch 1 and then the loads
+    # (load.batch1_k), and the schedule's; 12 tokens an answer: every run decodes each prompt 1 + 4 times
+    assert (proc.stdout + proc.stderr).count("starting vLLM") == 3, proc.stdout[-3000:]
     report = json.loads((only_dir / "eval" / "report.json").read_text())
     assert report["baseline"] == "vllm_plain" and report["recommendation"]["baseline"] == "vllm_plain"
     assert list(report["methods"]) == ["vllm_plain", "vllm_eagle3"]

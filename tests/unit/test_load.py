@@ -138,3 +138,19 @@ def test_every_load_keeps_its_requests_in_flight():
     assert sustained(16, 1) == list(range(16))
     assert sustained(16, 16) == [i % 16 for i in range(64)]
     assert sustained(3, 2) == [0, 1, 2, 0, 1, 2, 0, 1]
+
+
+def test_a_methods_batch1_engine_is_its_engine_at_load_where_their_k_agree():
+    """`batch1_k`: vllm_plain's batch-1 engine is its k = 0 engine at load; a speculative method's
+    (k = eval.num_draft_tokens) is its engine at that k where the loads sweep it; none without a load."""
+    from specforge_lite.serving.vllm.load import batch1_k
+
+    def k_of(name, *overrides):
+        return batch1_k(name, compose(["eval.methods=[plain,vllm_ngram]", *overrides]).eval)
+
+    load = ["eval.concurrency=[1,4]", "eval.num_draft_tokens=3"]
+    assert k_of(PLAIN, *load) == 0 and k_of("vllm_ngram", *load) == 3
+    assert k_of("vllm_ngram", *load, "eval.load_draft_tokens=2") is None  # the loads sweep k = 1, 2 only
+    assert k_of("vllm_ngram", *load, "eval.load_draft_tokens=5") == 3
+    assert k_of("vllm_ngram", "eval.num_draft_tokens=3") is None  # batch 1 alone: no load engine
+    assert k_of("ngram", *load) is None  # our engine's method, not vLLM's

@@ -5,7 +5,9 @@ offline engine decodes the stage's requests with N of them in flight, a new one 
 each finishes (`vllm_runner.py`'s `load` op), in one engine per method and draft length whose
 `max_num_seqs` is the largest N. The offline engine rather than the OpenAI server: the same
 scheduler and batches a server runs, without an HTTP client competing for this machine's
-cores, so that the figures are the engine's own.
+cores, so that the figures are the engine's own. A method's batch-1 engine (`methods.run_methods`,
+k = eval.num_draft_tokens) measures its load too where that k is among the loads' (`batch1_k`):
+one engine load less per method, minutes for a large target.
 
 Each speculative method (`vllm_<drafter>`, `vllm_ngram`, ...) runs at k = 1..K
 (`eval.load_draft_tokens`, else `eval.num_draft_tokens`), `vllm_plain` is k = 0. At each N
@@ -95,21 +97,40 @@ def concurrency_problems(ecfg) -> list[str]:
     return problems
 
 
-def measure(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
-    """Every load of eval.concurrency, for vllm_plain and each speculative method at each k.
+def levels_of(ecfg) -> list[int]:
+    return sorted({int(n) for n in ecfg.concurrency})
+
+
+def batch1_k(name: str, ecfg) -> int | None:
+    """The k at which `name`'s batch-1 engine (k = eval.num_draft_tokens, vllm_plain's 0) is also
+    one of its engines at load, so that one engine serves both; None where no load engine is the same."""
+    if not wanted(ecfg) or name not in VLLM_METHODS:
+        return None
+    if name == PLAIN:
+        return 0
+    k = int(ecfg.num_draft_tokens)
+    return k if k in draft_lengths(ecfg) else None
+
+
+def measure(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of,
+            done: dict | None = None) -> dict:
+    """Every load of eval.concurrency, for vllm_plain and each speculative method at each k; `done`:
+    {method: {k: replies}} already measured in the batch-1 engines (`batch1_k`), not run again.
 
     Returns {"runs": {method: {k: {N: the runner's reply} | {"error": message}}}, "levels",
     "draft_lengths"}; the schedules (`load_report.schedules`) run afterwards in `measure_schedules`.
     """
     from specforge_lite.serving.vllm.methods import speculative_config
 
-    ecfg = cfg.eval
-    levels = sorted({int(n) for n in ecfg.concurrency})
-    runs = {PLAIN: {0: run_levels(cfg, None, levels, requests, target, out, seed_of, PLAIN)}}
+    ecfg, done = cfg.eval, done or {}
+    levels = levels_of(ecfg)
+    runs = {PLAIN: {0: done[PLAIN][0] if 0 in done.get(PLAIN, {}) else
+                    run_levels(cfg, None, levels, requests, target, out, seed_of, PLAIN)}}
     for name in speculative_methods(methods):
         base = speculative_config(name, cfg, target.model, target.tokenizer, out)
-        runs[name] = {k: run_levels(cfg, {**base, "num_speculative_tokens": k}, levels, requests, target, out,
-                                    seed_of, f"{name} k={k}")
+        runs[name] = {k: done[name][k] if k in done.get(name, {}) else
+                      run_levels(cfg, {**base, "num_speculative_tokens": k}, levels, requests, target, out, seed_of,
+                                 f"{name} k={k}")
                       for k in draft_lengths(ecfg)}
     return {"runs": runs, "levels": levels, "draft_lengths": draft_lengths(ecfg)}
 
@@ -149,30 +170,38 @@ def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out:
                nested: bool = False) -> dict:
     """One engine (`max_num_seqs` = the largest load), warmed up, then the requests at each load:
     {N: reply} (or {"runs": {N: reply}} with `nested`), or {"error": message} where vLLM refused or failed."""
-    from specforge_lite.serving.vllm.engine import VllmEngine, sampling_params
+    from specforge_lite.serving.vllm.engine import VllmEngine
     from specforge_lite.serving.vllm.interpreter import engine_kwargs
 
-    ecfg = cfg.eval
-    kwargs = engine_kwargs(target.path, target.dtype, ecfg.vllm, cfg.seed, spec)
+    kwargs = engine_kwargs(target.path, target.dtype, cfg.eval.vllm, cfg.seed, spec)
     kwargs["max_num_seqs"] = max(levels)
+    try:
+        with VllmEngine(kwargs, cfg.eval.vllm, out / "vllm.log") as engine:
+            replies = levels_in(engine, cfg, levels, requests, target, seed_of, label)
+    except SpecforgeError as err:
+        log.error("%s at load failed: %s", label, err)
+        return {"error": str(err).split("\n--- last lines")[0]}
+    return {"runs": replies} if nested else replies
+
+
+def levels_in(engine, cfg, levels: list[int], requests, target, seed_of, label: str) -> dict:
+    """In a started engine (`max_num_seqs` >= the largest load): warmed up at the widest batch,
+    then the requests at each load; {N: reply}."""
+    from specforge_lite.serving.vllm.engine import sampling_params
+
+    ecfg = cfg.eval
     seeded = seeded_at_load()
     seeds = [seed_of(i, "load") for i in range(len(requests))] if seeded else None
     params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, target.eos_ids, seeds)
     warm = sampling_params(min(ecfg.warmup_tokens, ecfg.max_new_tokens), ecfg.temperature, ecfg.top_p,
                            target.eos_ids, [seed_of("warmup")] * max(levels) if seeded else None)
     replies = {}
-    try:
-        with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
-            for _ in range(ecfg.warmup):  # the widest batch once, so that no load pays a first-use cost
-                engine.load([requests[i % len(requests)] for i in range(max(levels))], warm, max(levels))
-            for level in levels:
-                sent = sustained(len(requests), level)  # N in flight for most of the run, not a draining batch
-                each = {**params, "seeds": [params["seeds"][i] for i in sent]} if "seeds" in params else params
-                replies[level] = engine.load([requests[i] for i in sent], each, level)
-                reply = replies[level]
-                log.info("%s at %d in flight: %d tokens in %.1f s", label, level,
-                         sum(len(o["token_ids"]) for o in reply["outputs"]), reply["seconds"])
-    except SpecforgeError as err:
-        log.error("%s at load failed: %s", label, err)
-        return {"error": str(err).split("\n--- last lines")[0]}
-    return {"runs": replies} if nested else replies
+    for _ in range(ecfg.warmup):  # the widest batch once, so that no load pays a first-use cost
+        engine.load([requests[i % len(requests)] for i in range(max(levels))], warm, max(levels))
+    for level in levels:
+        sent = sustained(len(requests), level)  # N in flight for most of the run, not a draining batch
+        each = {**params, "seeds": [params["seeds"][i] for i in sent]} if "seeds" in params else params
+        replies[level] = reply = engine.load([requests[i] for i in sent], each, level)
+        log.info("%s at %d in flight: %d tokens in %.1f s", label, level,
+                 sum(len(o["token_ids"]) for o in reply["outputs"]), reply["seconds"])
+    return replies

@@ -19,7 +19,7 @@ CONVENTIONS = {
     "how": "vLLM's offline engine, max_num_seqs = the largest load, stepped by our runner with N requests in flight "
            "(a new one admitted as each finishes); at load N the prompts are sent in turn until at least 4 x N "
            "requests have been, so that N stay in flight for most of the run; one engine per method and k, warmed "
-           "up once at the widest batch",
+           "up once at the widest batch (at k = eval.num_draft_tokens, the engine that measured batch 1)",
     "throughput_tokens_per_s": "output tokens of every request / wall time of the whole run at that load",
     "per_request_tokens_per_s": "output tokens / seconds from admission to finish, summed over requests: what one "
                                 "user's stream sees (prefill and queueing included)",

@@ -68,21 +68,26 @@ def gpu_runner_problem(methods, has_cuda: bool) -> str | None:
             f"{', '.join(dict.fromkeys(needing.values()))} with our engine here and serve it on a GPU node")
 
 
-def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
+def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of,
+                after: dict | None = None, max_num_seqs: int | None = None) -> dict:
     """Every vLLM method over every request (prompt ids of each prompt and turn), batch 1, on
     `target` (`serving.engines.ServedTarget`: the path resolved once by the stage, its config,
     the dtype our engine loads it in, its stop ids, our engine's model and tokenizer or None).
+    `after`: {name: f}, f(engine) run in the method's engine after its batch-1 answers (the
+    measurement at load, whose `max_num_seqs` the engine then has).
 
     Returns name -> {"outputs", "load_s", "speculative_config", "vllm_version", "draft_as_read"},
     or {"error": message} for a method vLLM could not load or run (the others still run; the
     engine's `failures` fail the stage once the report is written).
     """
-    ecfg = cfg.eval
+    ecfg, after = cfg.eval, after or {}
     dtype, eos_ids = target.dtype, target.eos_ids
     results = {}
     for name in methods:
         spec = speculative_config(name, cfg, target.model, target.tokenizer, out)
         kwargs = engine_kwargs(target.path, dtype, ecfg.vllm, cfg.seed, spec)
+        if name in after and max_num_seqs:
+            kwargs["max_num_seqs"] = max_num_seqs
         try:
             with VllmEngine(kwargs, ecfg.vllm, out / "vllm.log") as engine:
                 account_workers(engine, target.config, dtype, f"vLLM workers ({name}, tensor_parallel_size="
@@ -94,6 +99,8 @@ def run_methods(cfg, methods: list[str], requests: list[list[int]], target, out:
                 seeds = [seed_of(i, name) for i in range(len(requests))]
                 params = sampling_params(ecfg.max_new_tokens, ecfg.temperature, ecfg.top_p, eos_ids, seeds)
                 reply = engine.generate(requests, params, one_at_a_time=True)
+                if name in after:
+                    after[name](engine)
         except SpecforgeError as err:
             log.error("%s failed: %s", name, err)
             results[name] = {"error": str(err).split("\n--- last lines")[0], "speculative_config": spec}

@@ -6,12 +6,17 @@ engine does not run), its answer rows and its Markdown."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
+
+from specforge_lite import SpecforgeError
 
 from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF
 from specforge_lite.serving.vllm import load, load_report
 from specforge_lite.serving.vllm.interpreter import on_gpu, single_process
 from specforge_lite.serving.vllm.methods import run_methods
+
+log = logging.getLogger(__name__)
 
 CONVENTIONS = {
     "vllm_mean_acceptance_length": "vLLM's own figure (what its metrics logger prints): 1 + accepted draft tokens / "
@@ -161,11 +166,13 @@ class VllmResults(dict):
     load: dict | None = None
 
 
-def at_load(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of) -> dict:
-    """The report's `vllm.load` section: every load and k measured, each method's schedule (or
-    eval.load_schedule) run as vLLM serves it, and what to deploy at eval.expected_concurrency."""
+def at_load(cfg, methods: list[str], requests: list[list[int]], target, out: Path, seed_of,
+            done: dict | None = None) -> dict:
+    """The report's `vllm.load` section: every load and k measured (`done`: those the batch-1
+    engines measured), each method's schedule (or eval.load_schedule) run as vLLM serves it, and
+    what to deploy at eval.expected_concurrency."""
     ecfg = cfg.eval
-    measured = load.measure(cfg, methods, requests, target, out, seed_of)
+    measured = load.measure(cfg, methods, requests, target, out, seed_of, done)
     greedy = ecfg.temperature == 0
     section = load_report.analyse(measured, ecfg.bootstrap, greedy)
     mine = [list(map(int, entry)) for entry in ecfg.load_schedule]
@@ -192,9 +199,26 @@ class Vllm:
 
     def run(self, cfg, methods: list[str], requests: list[list[int]], target, out: Path) -> dict:
         seed_of = lambda *parts: request_seed(cfg.seed, *parts)  # noqa: E731
-        results = VllmResults(run_methods(cfg, methods, requests, target, out, seed_of))
-        if load.wanted(cfg.eval):  # then the same requests at every load of eval.concurrency
-            results.load = at_load(cfg, methods, requests, target, out, seed_of)
+        if not load.wanted(cfg.eval):
+            return VllmResults(run_methods(cfg, methods, requests, target, out, seed_of))
+        # the same requests at every load of eval.concurrency; a method's batch-1 engine measures
+        # them too where it is one of its engines at load (one engine load less per method)
+        done, levels = {}, load.levels_of(cfg.eval)
+
+        def in_batch1_engine(name: str, k: int):
+            def measure(engine):
+                label = name if name == load.PLAIN else f"{name} k={k}"
+                try:
+                    done[name] = {k: load.levels_in(engine, cfg, levels, requests, target, seed_of, label)}
+                except SpecforgeError as err:  # the batch-1 answers stand; the failure is reported at load
+                    log.error("%s at load failed: %s", label, err)
+                    done[name] = {k: {"error": str(err).split("\n--- last lines")[0]}}
+            return measure
+
+        after = {name: in_batch1_engine(name, k) for name in methods
+                 if (k := load.batch1_k(name, cfg.eval)) is not None}
+        results = VllmResults(run_methods(cfg, methods, requests, target, out, seed_of, after, max(levels)))
+        results.load = at_load(cfg, methods, requests, target, out, seed_of, done)
         return results
 
     def rows(self, results: dict, prompts: list[dict], requests: list[list[int]], greedy: bool) -> list[dict]:
