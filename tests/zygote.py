@@ -1,7 +1,8 @@
 """Python processes for the tests, forked from a server that imported their heavy packages once.
 
 A stage starts vLLM as `PYTHON vllm_runner.py` (specforge_lite/serving/vllm/engine.py), and a
-distributed test starts its ranks as `PYTHON -m specforge_lite ...` (torchrun's `--no-python`);
+distributed test starts torchrun as `PYTHON -m torch.distributed.run` and its ranks as
+`PYTHON -m specforge_lite ...` (torchrun's `--no-python`);
 each such interpreter spends much of a small run importing vLLM, or torch and transformers. For
 the tests, PYTHON is a shim (`install`) that asks a server of this test process, one that
 imported those packages once in the right interpreter and ran nothing else, to fork the command:
@@ -54,10 +55,14 @@ SPAWN = "from multiprocessing.spawn import spawn_main; spawn_main("  # multiproc
 MAX_FDS = 64  # descriptors a command may inherit (the standard streams and multiprocessing's pipes)
 
 
+FORKED_MODULES = (["-m", "specforge_lite"], ["-m", "torch.distributed.run"])  # a stage; torchrun, a test's launcher
+
+
 def forked(argv: list[str]) -> bool:
-    """The commands the server forks: vLLM's runner, `-m specforge_lite`, and the children that
-    multiprocessing's `spawn` starts from a forked process (vLLM's engine core and workers)."""
-    return (len(argv) == 1 and os.path.basename(argv[0]) == RUNNER_NAME) or argv[:2] == ["-m", "specforge_lite"] \
+    """The commands the server forks: vLLM's runner, `-m specforge_lite`, torchrun (whose ranks are
+    `-m specforge_lite` through the shim again) and the children that multiprocessing's `spawn`
+    starts from a forked process (vLLM's engine core and workers)."""
+    return (len(argv) == 1 and os.path.basename(argv[0]) == RUNNER_NAME) or argv[:2] in FORKED_MODULES \
         or spawned(argv)
 
 

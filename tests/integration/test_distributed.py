@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 from safetensors.torch import load_file
@@ -28,7 +27,7 @@ def test_two_ranks_match_one_rank(tmp_path, batch_size, rank_python):
     args = [*ARGS, f"train.batch_size={batch_size}"]
     run_cli("train", *ARGS, f"train.batch_size={max(batch_size, 2)}", f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    proc = subprocess.run([rank_python, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(free_port()), "--no-python", rank_python, "-m", "specforge_lite",
                            "train", *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -121,7 +121,7 @@ def test_two_ranks_count_the_tokens_of_one_rank(sampled, tmp_path, rank_python):
     args = ["+recipe=smoke", *FEW, "train.batch_size=2"]
     run_cli("train", *args, f"run_dir={one}", check=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    proc = subprocess.run([rank_python, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(free_port()), "--no-python", rank_python,
                            "-m", "specforge_lite", "train", *args, f"run_dir={two}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -79,7 +79,7 @@ def train_ranks(run_dir, ranks: int, *overrides: str, python: str = sys.executab
     """The real train stage on `ranks` torchrun processes (gloo) of `python` (conftest's rank_python),
     as tests/integration/test_strategies.py runs it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+    launcher = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                 "--master_port", str(free_port()), "--no-python", python] if ranks > 1 else [python]
     proc = subprocess.run([*launcher, "-m", "specforge_lite", "train", *OFFLINE, *overrides, f"run_dir={run_dir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -48,7 +48,7 @@ def train(run_dir, ranks: int, *overrides: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1",
                TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR",
                                                    os.path.expanduser("~/.cache/torch_extensions")))
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+    launcher = [_RANK_PYTHON[0], "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                 "--master_port", str(free_port()), "--no-python", _RANK_PYTHON[0]] if ranks > 1 else _RANK_PYTHON[:1]
     recipe = [o for o in overrides if o.startswith("+recipe=")]  # another smoke recipe replaces ARGS' one
     args = [a for a in ARGS if not (recipe and a.startswith("+recipe="))]
