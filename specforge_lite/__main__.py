@@ -219,6 +219,18 @@ def unresolved_run_dir(stage: str, overrides: list[str]) -> str | None:
     return None
 
 
+def compose_once(overrides: list[str]) -> None:
+    """Hydra's `main` composes the whole config once only to read `hydra.mode`, then again to run
+    (a third of a command's start). Our configs set no hydra.mode (tests/unit/test_config.py checks
+    every recipe), so unless an override sets it the answer is None, which is what the first
+    compose would find: Hydra then takes the mode from its -m flag, as it does now."""
+    if any(item.lstrip("+~").startswith("hydra.mode") for item in overrides):
+        return
+    from hydra._internal.hydra import Hydra
+
+    Hydra.get_mode = lambda self, config_name, overrides: None
+
+
 def main(argv: list[str] | None = None) -> None:
     global _dispatched
     _dispatched = False
@@ -253,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(USER_ERROR)
     if os.environ.get(DEBUG_ENV):
         os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    compose_once(rest)
     task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_dispatch)
     sys.argv = [f"specforge_lite {stage}", f"stage={stage}", *rest]
     from omegaconf.errors import InterpolationResolutionError

@@ -14,6 +14,28 @@ def test_every_recipe_composes(compose_cfg, recipe):
     assert cfg.run_dir == f"runs/{recipe}"
 
 
+def test_no_config_sets_hydra_mode_so_the_cli_composes_once(monkeypatch):
+    """`__main__.compose_once` skips Hydra's compose that only reads hydra.mode: right while no
+    recipe sets it (None then, as that compose would find); an override of it keeps Hydra's own way."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.hydra import Hydra
+
+    from specforge_lite.__main__ import compose_once
+    from specforge_lite.drafters.registry import register_configs
+
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        for recipe in sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml")):
+            cfg = compose(config_name="config", overrides=[f"+recipe={recipe}"], return_hydra_config=True)
+            assert cfg.hydra.mode is None, recipe
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)  # restored after the test
+    hydras_own = Hydra.get_mode
+    compose_once(["+recipe=smoke", "hydra.mode=MULTIRUN"])
+    assert Hydra.get_mode is hydras_own
+    compose_once(["+recipe=smoke"])
+    assert Hydra.get_mode is not hydras_own and Hydra.get_mode(None, "config", []) is None
+
+
 def test_smoke_recipe_overrides_groups(compose_cfg):
     cfg = compose_cfg(["+recipe=smoke"])
     assert cfg.target.path == "builtin:tiny-llama"
