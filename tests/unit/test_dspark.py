@@ -227,6 +227,45 @@ def test_export_round_trip_and_readme(tiny_target, tmp_path):
         check_speculators_dir(folder, DSPARK)
 
 
+@pytest.mark.parametrize("kind,layout", [("vanilla", "export"), ("gated", "ready_to_serve"), ("rnn", "older_names")])
+def test_a_specforge_dspark_folder_reads_back(tiny_target, tmp_path, kind, layout):
+    """SpecForge's DSpark export (`DSparkDraftModel`: DFlash's SpecForge folder with
+    dflash_config.projector_type "dspark", the heads' settings in dflash_config, their weights under
+    our names, no drafting from the anchor), the same made ready to serve (`Qwen3DSparkModel`, the
+    settings at the top level) and older checkpoints' `logit_head.` names: read by drafter=dspark
+    with the same forward; read as DFlash it is refused, naming the way."""
+    from specforge_lite.drafters.dflash.export import max_logit_difference
+    from tests.unit.test_dflash_interop import write_specforge_dir
+
+    model, _ = tiny_target
+    drafter = tiny_drafter(tiny_target, markov_head_type=kind, draft_vocab_size=model.config.vocab_size,
+                           mask_token_id=300, sample_from_anchor=False, confidence_with_markov=kind != "rnn")
+    heads = {"markov_rank": 16, "markov_head_type": kind, "enable_confidence_head": True,
+             "confidence_head_with_markov": kind != "rnn", "confidence_head_alpha": 1.0}
+    folder = tmp_path / "sf"
+    config = write_specforge_dir(drafter, folder, projector_type="dspark", **heads)
+    config["architectures"], config["auto_map"] = ["DSparkDraftModel"], {"AutoModel": "dspark.DSparkDraftModel"}
+    if layout == "ready_to_serve":  # SpecForge's serving script: the settings copied up, its SGLang name
+        config.update(heads, architectures=["Qwen3DSparkModel"])
+        config.pop("auto_map")
+        config["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if k not in heads}
+    if layout == "older_names":
+        weights = load_file(str(folder / "model.safetensors"))
+        save_file({("logit_head." + k if k.startswith(("markov_head.", "confidence_head.")) else k): v
+                   for k, v in weights.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    assert detect_drafter(folder) == ("dspark", "specforge")
+    loaded = dspark.load(folder, model)
+    assert (loaded.config.markov_head_type, loaded.config.sample_from_anchor, loaded.config.aux_layer_ids) == \
+        (kind, False, AUX)
+    assert max_logit_difference(drafter, loaded) == 0.0
+    from specforge_lite import SpecforgeError
+    from specforge_lite.drafters.dflash.interop import load_specforge
+
+    with pytest.raises(SpecforgeError, match="projector_type 'dspark'.*read it as drafter=dspark"):
+        load_specforge(folder, model)
+
+
 def test_calibration_counts_reached_positions_only():
     from specforge_lite.decoding.engine import Generation
 

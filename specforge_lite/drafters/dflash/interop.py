@@ -46,8 +46,13 @@ TRAINING_ONLY = ("verifier_norm.weight", "verifier_lm_head.weight")
 # what SpecForge's drafter borrows from the target instead of saving (its embedding too, which an
 # export may still ship)
 TARGET_OWNED = ("lm_head.weight", "d2t", "t2d")
-# config.json keys of SpecForge's folder that are not the Qwen3 layer config
-SPECFORGE_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers", "model_type")
+# config.json keys of SpecForge's folder that are not the Qwen3 layer config (the heads' settings of a
+# DSpark export, which SpecForge's serving script copies to the top level, and its loss weight too)
+SPECFORGE_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers", "model_type",
+                  "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+                  "confidence_head_alpha")
+# weight names older SpecForge DSpark checkpoints use for the heads
+SPECFORGE_RENAMES = ("logit_head.", "")
 
 
 def layout(config: dict) -> str | None:
@@ -130,15 +135,18 @@ def load_speculators(directory: Path, target, fmt: Format = DFLASH) -> DFlashDra
 
 # --------------------------------------------------------------------------- SpecForge / z-lab
 
-def load_specforge(directory: Path, target) -> DFlashDrafter:
-    """SpecForge's `DFlashDraftModel` folder: its body weights, the target's embedding and full head."""
+def load_specforge(directory: Path, target, fmt: Format = DFLASH) -> DFlashDrafter:
+    """SpecForge's `DFlashDraftModel` folder (or a variant's of `fmt`: its `DSparkDraftModel`, the
+    heads' settings in `dflash_config` or, once made ready to serve, at the top level): its body
+    and heads' weights, the target's embedding and full head; it drafts from block position 1."""
     where = Path(directory) / "config.json"
     config = read_json_object(where)
     method = config["dflash_config"]
     projector = method.get("projector_type")
-    if projector not in (None, "dflash"):
+    if projector not in ((None, "dflash") if fmt is DFLASH else (fmt.model_type,)):
+        hint = " (read it as drafter=dspark)" if projector == "dspark" else ""
         raise SpecforgeError(f"{where}: dflash_config.projector_type {projector!r} is a DFlash-family variant with "
-                             "heads our DFlash drafter does not implement")
+                             f"heads our {fmt.label} drafter does not implement{hint}")
     layer = qwen3_layers({k: v for k, v in config.items() if k not in SPECFORGE_KEYS}, where)
     ids = method.get("target_layer_ids")
     if ids is None and isinstance(config.get("num_target_layers"), int):  # SpecForge's own default
@@ -150,11 +158,15 @@ def load_specforge(directory: Path, target) -> DFlashDrafter:
                          block_size=config.get("block_size", method.get("block_size")),
                          mask_token_id=method.get("mask_token_id"), draft_vocab_size=layer.vocab_size,
                          causal=block_causal(layer, False, where), mask_key="dflash_config.mask_token_id")
+    if fmt is not DFLASH:
+        cfg = fmt.config_class(**{**cfg.to_dict(), "sample_from_anchor": False,
+                                  **fmt.read({**method, **{k: config[k] for k in SPECFORGE_KEYS if k in config}}, where)})
     check_target(cfg, target, where)
-    drafter = DFlashDrafter(cfg)
+    drafter = fmt.drafter_class(cfg)
     vocab = torch.arange(cfg.vocab_size, device=target.get_input_embeddings().weight.device)
     copy_target_head(drafter, target, vocab, cfg.vocab_size)
-    weights = read_weights(Path(directory))
+    old, new = SPECFORGE_RENAMES
+    weights = {new + k[len(old):] if k.startswith(old) else k: v for k, v in read_weights(Path(directory)).items()}
     expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in TARGET_OWNED}
     check_weights(weights_path(Path(directory)), weights, expected, optional=("embed_tokens.weight",))
     drafter.load_state_dict(weights, strict=False)

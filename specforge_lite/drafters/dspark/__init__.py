@@ -6,7 +6,7 @@ The drafter contract (`specforge_lite.contract.DrafterModule`), DFlash's where D
 nothing: `options` (typed config: DFlash's and the heads'), `model` (the heads and the
 training forward), `train` (build, save / load, memory; the loss is DFlash's, which adds the
 confidence loss), `decode` (the engine drafter: rows read out in order through the Markov
-head), `export` (speculators' dspark format), `interop` (our train folder, speculators').
+head), `export` (speculators' dspark format), `interop` (our train folder, speculators', SpecForge's).
 """
 
 from __future__ import annotations

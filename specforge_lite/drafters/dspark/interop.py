@@ -1,7 +1,9 @@
-"""DSpark drafters in the layouts users have, read into our `DSparkDrafter`: `ours` (a train folder)
-and `speculators` (`speculators_model_type: "dspark"`, our export or speculators' trainer: DFlash's
+"""DSpark drafters in the layouts users have, read into our `DSparkDrafter`: `ours` (a train folder),
+`speculators` (`speculators_model_type: "dspark"`, our export or speculators' trainer: DFlash's
 reading, `dflash/interop.py`, with the heads' fields and weights: `DSPARK`, the format the export
-writes too)."""
+writes too) and `specforge` (SpecForge's `DSparkDraftModel` export, `dflash_config.projector_type:
+"dspark"`, or the same made ready to serve as `Qwen3DSparkModel`: DFlash's SpecForge reading with the
+heads; SpecForge trains no drafting from the anchor position)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,15 @@ from typing import Any
 
 from specforge_lite import SpecforgeError
 from specforge_lite.checked_io import read_json_object
-from specforge_lite.drafters.dflash.interop import load_speculators
+from specforge_lite.drafters.dflash.interop import load_specforge, load_speculators
 from specforge_lite.drafters.dflash.model import Format
 from specforge_lite.drafters.dspark.model import DSparkConfig, DSparkDrafter
 from specforge_lite.drafters.dspark.train import load
 
 ARCHITECTURE = "DSparkDraftModel"  # what speculators saves; vLLM reads the layers as its Qwen3DSparkModel
 HEAD_TYPES = ("vanilla", "gated", "rnn")
+# SpecForge's export, and its serving script's name for the same folder
+SPECFORGE_ARCHITECTURES = ("DSparkDraftModel", "Qwen3DSparkModel")
 
 
 def fields(cfg: DSparkConfig) -> dict[str, Any]:
@@ -77,6 +81,10 @@ def layout(config: dict) -> str | None:
         return "ours"
     if config.get("speculators_model_type") == "dspark":
         return "speculators"
+    method = config.get("dflash_config")
+    if isinstance(method, dict) and method.get("projector_type") == "dspark" \
+            and set(config.get("architectures") or []) & set(SPECFORGE_ARCHITECTURES):
+        return "specforge"
     return None
 
 
@@ -87,5 +95,7 @@ def load_any(directory: Path, target) -> DSparkDrafter:
         return load(directory, target)
     if found == "speculators":
         return load_speculators(directory, target, fmt=DSPARK)
+    if found == "specforge":
+        return load_specforge(directory, target, fmt=DSPARK)
     raise SpecforgeError(f"{directory.name}/config.json describes no DSpark layout we read (our train folder, "
-                         "speculators dspark)")
+                         "speculators dspark, SpecForge DSparkDraftModel)")
