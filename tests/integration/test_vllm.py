@@ -87,7 +87,7 @@ def test_vllm_serves_eagle3_export_losslessly_and_counts_like_us(smollm2_run):
     """The export loads in vLLM as {"method": "eagle3", "model": DIR, ...}; speculative output
     equals plain (vLLM's and ours); vLLM's tau agrees with our engine's for the same drafter."""
     run_dir, args = smollm2_run
-    run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=24", "eval.num_draft_tokens=3",
+    run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=16", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
             "eval.rounding_baseline=false", "eval.methods=[plain,eagle3,vllm_plain,vllm_eagle3]", check=True,
             timeout=1200)
@@ -120,7 +120,7 @@ def test_vllm_serves_peagle_export_losslessly(smollm2_run):
                    f"run_dir={peagle_dir}", "drafter.num_depths=3"]
     for stage in ("train", "export"):
         run_cli(stage, *peagle_args, check=True, timeout=900)
-    run_cli("evaluate", *peagle_args, "eval.max_prompts=3", "eval.max_new_tokens=24", "eval.num_draft_tokens=3",
+    run_cli("evaluate", *peagle_args, "eval.max_prompts=3", "eval.max_new_tokens=16", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
             "eval.rounding_baseline=false", "eval.methods=[plain,peagle,vllm_peagle]", check=True, timeout=1200)
     report = json.loads((peagle_dir / "eval" / "report.json").read_text())

@@ -37,7 +37,7 @@ def test_vllm_serves_dflash_export_losslessly_and_counts_like_us(tmp_path, vllm_
             f"drafter.causal={str(causal).lower()}"]
     for stage in ("train", "export"):
         run_cli(stage, *args, check=True, timeout=900)
-    run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=24", "eval.num_draft_tokens=3",
+    run_cli("evaluate", *args, "eval.max_prompts=3", "eval.max_new_tokens=16", "eval.num_draft_tokens=3",
             "eval.plots=false", "eval.cost_repeats=1", "eval.cost_widths=4", "eval.warmup=0", "eval.engine=static",
             "eval.rounding_baseline=false", "eval.methods=[plain,dflash,vllm_dflash]", check=True, timeout=1200)
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
