@@ -220,10 +220,10 @@ def unresolved_run_dir(stage: str, overrides: list[str]) -> str | None:
 
 
 def compose_once(overrides: list[str]) -> None:
-    """Hydra's `main` composes the whole config once only to read `hydra.mode`, then again to run
-    (a third of a command's start). Our configs set no hydra.mode (tests/unit/test_config.py checks
-    every recipe), so unless an override sets it the answer is None, which is what the first
-    compose would find: Hydra then takes the mode from its -m flag, as it does now."""
+    """Hydra's `main` composes the whole config once only to read `hydra.mode`, then again to run.
+    Our configs set no hydra.mode (tests/unit/test_cli_config.py checks every recipe), so unless an
+    override sets it the answer is None, which is what the first compose would find: Hydra then
+    takes the mode from its -m flag, as it does now."""
     if any(item.lstrip("+~").startswith("hydra.mode") for item in overrides):
         return
     from hydra._internal.hydra import Hydra

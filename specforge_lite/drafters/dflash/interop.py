@@ -46,13 +46,15 @@ TRAINING_ONLY = ("verifier_norm.weight", "verifier_lm_head.weight")
 # what SpecForge's drafter borrows from the target instead of saving (its embedding too, which an
 # export may still ship)
 TARGET_OWNED = ("lm_head.weight", "d2t", "t2d")
-# config.json keys of SpecForge's folder that are not the Qwen3 layer config (the heads' settings of a
-# DSpark export, which SpecForge's serving script copies to the top level, and its loss weight too)
+# a SpecForge DSpark export's heads' settings (and loss weight), which its serving script copies from
+# dflash_config to the top level
+SPECFORGE_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+                       "confidence_head_alpha")
+# config.json keys of SpecForge's folder that are not the Qwen3 layer config
 SPECFORGE_KEYS = ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers", "model_type",
-                  "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-                  "confidence_head_alpha")
-# weight names older SpecForge DSpark checkpoints use for the heads
-SPECFORGE_RENAMES = ("logit_head.", "")
+                  *SPECFORGE_HEAD_KEYS)
+# what older SpecForge DSpark checkpoints put before the heads' weight names
+SPECFORGE_OLD_PREFIX = "logit_head."
 
 
 def layout(config: dict) -> str | None:
@@ -160,13 +162,13 @@ def load_specforge(directory: Path, target, fmt: Format = DFLASH) -> DFlashDraft
                          causal=block_causal(layer, False, where), mask_key="dflash_config.mask_token_id")
     if fmt is not DFLASH:
         cfg = fmt.config_class(**{**cfg.to_dict(), "sample_from_anchor": False,
-                                  **fmt.read({**method, **{k: config[k] for k in SPECFORGE_KEYS if k in config}}, where)})
+                                  **fmt.read({**method, **{k: config[k] for k in SPECFORGE_HEAD_KEYS if k in config}},
+                                             where)})
     check_target(cfg, target, where)
     drafter = fmt.drafter_class(cfg)
     vocab = torch.arange(cfg.vocab_size, device=target.get_input_embeddings().weight.device)
     copy_target_head(drafter, target, vocab, cfg.vocab_size)
-    old, new = SPECFORGE_RENAMES
-    weights = {new + k[len(old):] if k.startswith(old) else k: v for k, v in read_weights(Path(directory)).items()}
+    weights = {k.removeprefix(SPECFORGE_OLD_PREFIX): v for k, v in read_weights(Path(directory)).items()}
     expected = {k: tuple(v.shape) for k, v in drafter.state_dict().items() if k not in TARGET_OWNED}
     check_weights(weights_path(Path(directory)), weights, expected, optional=("embed_tokens.weight",))
     drafter.load_state_dict(weights, strict=False)

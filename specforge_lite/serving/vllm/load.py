@@ -6,8 +6,9 @@ each finishes (`vllm_runner.py`'s `load` op), in one engine per method and draft
 `max_num_seqs` is the largest N. The offline engine rather than the OpenAI server: the same
 scheduler and batches a server runs, without an HTTP client competing for this machine's
 cores, so that the figures are the engine's own. A method's batch-1 engine (`methods.run_methods`,
-k = eval.num_draft_tokens) measures its load too where that k is among the loads' (`batch1_k`):
-one engine load less per method, minutes for a large target.
+k = eval.num_draft_tokens) measures its load too where that k is among the loads' (`batch1_k`,
+`in_batch1_engines`): one engine load less per method (the target's weights read, and on a GPU its
+graphs captured, once less).
 
 Each speculative method (`vllm_<drafter>`, `vllm_ngram`, ...) runs at k = 1..K
 (`eval.load_draft_tokens`, else `eval.num_draft_tokens`), `vllm_plain` is k = 0. At each N
@@ -124,15 +125,35 @@ def measure(cfg, methods: list[str], requests: list[list[int]], target, out: Pat
 
     ecfg, done = cfg.eval, done or {}
     levels = levels_of(ecfg)
-    runs = {PLAIN: {0: done[PLAIN][0] if 0 in done.get(PLAIN, {}) else
-                    run_levels(cfg, None, levels, requests, target, out, seed_of, PLAIN)}}
+
+    def at(name: str, k: int, spec: dict | None) -> dict:
+        if k in done.get(name, {}):
+            return done[name][k]
+        return run_levels(cfg, spec, levels, requests, target, out, seed_of, label_of(name, k))
+
+    runs = {PLAIN: {0: at(PLAIN, 0, None)}}
     for name in speculative_methods(methods):
         base = speculative_config(name, cfg, target.model, target.tokenizer, out)
-        runs[name] = {k: done[name][k] if k in done.get(name, {}) else
-                      run_levels(cfg, {**base, "num_speculative_tokens": k}, levels, requests, target, out, seed_of,
-                                 f"{name} k={k}")
-                      for k in draft_lengths(ecfg)}
+        runs[name] = {k: at(name, k, {**base, "num_speculative_tokens": k}) for k in draft_lengths(ecfg)}
     return {"runs": runs, "levels": levels, "draft_lengths": draft_lengths(ecfg)}
+
+
+def in_batch1_engines(cfg, methods: list[str], requests, target, seed_of, done: dict) -> dict:
+    """`methods.run_methods`' `after` for the methods `batch1_k` names: {name: f(engine)}, f measuring
+    the loads in the method's batch-1 engine into done[name][k] (a failure as {"error": message},
+    the batch-1 answers standing)."""
+    levels = levels_of(cfg.eval)
+
+    def measure_in(name: str, k: int):
+        def measure(engine) -> None:
+            try:
+                replies = levels_in(engine, cfg, levels, requests, target, seed_of, label_of(name, k))
+            except SpecforgeError as err:
+                replies = failure(label_of(name, k), err)
+            done[name] = {k: replies}
+        return measure
+
+    return {name: measure_in(name, k) for name in methods if (k := batch1_k(name, cfg.eval)) is not None}
 
 
 def measure_schedules(cfg, schedules: dict[str, list], requests, target, out: Path, seed_of, levels) -> dict:
@@ -179,9 +200,19 @@ def run_levels(cfg, spec: dict | None, levels: list[int], requests, target, out:
         with VllmEngine(kwargs, cfg.eval.vllm, out / "vllm.log") as engine:
             replies = levels_in(engine, cfg, levels, requests, target, seed_of, label)
     except SpecforgeError as err:
-        log.error("%s at load failed: %s", label, err)
-        return {"error": str(err).split("\n--- last lines")[0]}
+        return failure(label, err)
     return {"runs": replies} if nested else replies
+
+
+def label_of(name: str, k: int) -> str:
+    """A method at k, as the log names it (vllm_plain alone)."""
+    return name if name == PLAIN else f"{name} k={k}"
+
+
+def failure(label: str, err: SpecforgeError) -> dict:
+    """vLLM refused or failed at load: logged, and the reply that says so."""
+    log.error("%s at load failed: %s", label, err)
+    return {"error": str(err).split("\n--- last lines")[0]}
 
 
 def levels_in(engine, cfg, levels: list[int], requests, target, seed_of, label: str) -> dict:

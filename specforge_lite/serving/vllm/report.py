@@ -6,17 +6,12 @@ engine does not run), its answer rows and its Markdown."""
 from __future__ import annotations
 
 import hashlib
-import logging
 from pathlib import Path
-
-from specforge_lite import SpecforgeError
 
 from specforge_lite.drafters.methods import VLLM_METHODS, VLLM_OF
 from specforge_lite.serving.vllm import load, load_report
 from specforge_lite.serving.vllm.interpreter import on_gpu, single_process
 from specforge_lite.serving.vllm.methods import run_methods
-
-log = logging.getLogger(__name__)
 
 CONVENTIONS = {
     "vllm_mean_acceptance_length": "vLLM's own figure (what its metrics logger prints): 1 + accepted draft tokens / "
@@ -203,21 +198,10 @@ class Vllm:
             return VllmResults(run_methods(cfg, methods, requests, target, out, seed_of))
         # the same requests at every load of eval.concurrency; a method's batch-1 engine measures
         # them too where it is one of its engines at load (one engine load less per method)
-        done, levels = {}, load.levels_of(cfg.eval)
-
-        def in_batch1_engine(name: str, k: int):
-            def measure(engine):
-                label = name if name == load.PLAIN else f"{name} k={k}"
-                try:
-                    done[name] = {k: load.levels_in(engine, cfg, levels, requests, target, seed_of, label)}
-                except SpecforgeError as err:  # the batch-1 answers stand; the failure is reported at load
-                    log.error("%s at load failed: %s", label, err)
-                    done[name] = {k: {"error": str(err).split("\n--- last lines")[0]}}
-            return measure
-
-        after = {name: in_batch1_engine(name, k) for name in methods
-                 if (k := load.batch1_k(name, cfg.eval)) is not None}
-        results = VllmResults(run_methods(cfg, methods, requests, target, out, seed_of, after, max(levels)))
+        done = {}
+        after = load.in_batch1_engines(cfg, methods, requests, target, seed_of, done)
+        results = VllmResults(run_methods(cfg, methods, requests, target, out, seed_of, after,
+                                          max(load.levels_of(cfg.eval))))
         results.load = at_load(cfg, methods, requests, target, out, seed_of, done)
         return results
 
